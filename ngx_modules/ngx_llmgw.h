@@ -1,0 +1,210 @@
+/*
+ * llmgw nginx glue: types shared by the module's files.
+ */
+
+#ifndef NGX_LLMGW_H
+#define NGX_LLMGW_H
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#include <libpq-fe.h>
+
+#include "llmgw.h"
+
+
+#define NGX_LLMGW_MAX_TRIES       10
+#define NGX_LLMGW_REQUEST_ID_LEN  24
+
+
+typedef struct {
+    ngx_str_t                  database;
+    ngx_uint_t                 pg_pool_size;
+    ngx_msec_t                 pg_timeout;
+    ngx_msec_t                 flush_interval;
+    ngx_msec_t                 refresh_interval;
+    ngx_uint_t                 key_cache_size;
+    ngx_shm_zone_t            *shm_zone;
+    ssize_t                    shm_size;
+    ngx_uint_t                 keepalive;
+    ngx_msec_t                 keepalive_timeout;
+} ngx_llmgw_main_conf_t;
+
+
+typedef enum {
+    NGX_LLMGW_ROLE_NONE = 0,
+    NGX_LLMGW_ROLE_GATEWAY,
+    NGX_LLMGW_ROLE_ADMIN,
+    NGX_LLMGW_ROLE_METRICS
+} ngx_llmgw_role_e;
+
+
+typedef struct {
+    ngx_uint_t                 role;
+    ngx_uint_t                 max_tries;
+    ngx_str_t                  request_id_header;
+    ngx_http_upstream_conf_t   upstream;
+    ngx_flag_t                 ssl_verify;
+    ngx_str_t                  ssl_trusted_certificate;
+    ngx_uint_t                 ssl_verify_depth;
+} ngx_llmgw_loc_conf_t;
+
+
+#define NGX_LLMGW_LATENCY_BUCKETS  12
+
+/* The node-wide shared state (one slab zone): rate limiter and metrics. */
+typedef struct {
+    ngx_rbtree_t               rl_tree;
+    ngx_rbtree_node_t          rl_sentinel;
+    ngx_queue_t                rl_lru;
+    ngx_rbtree_t               m_tree;
+    ngx_rbtree_node_t          m_sentinel;
+    ngx_uint_t                 m_count;
+    ngx_atomic_t               retries;
+    ngx_atomic_t               rate_limited;
+    ngx_atomic_t               latency[NGX_LLMGW_LATENCY_BUCKETS + 1];
+    ngx_atomic_t               latency_count;
+    ngx_atomic_t               latency_sum_us;
+} ngx_llmgw_shm_t;
+
+typedef struct {
+    ngx_llmgw_shm_t           *sh;
+    ngx_slab_pool_t           *shpool;
+} ngx_llmgw_shm_ctx_t;
+
+
+typedef struct ngx_llmgw_ctx_s  ngx_llmgw_ctx_t;
+
+struct ngx_llmgw_ctx_s {
+    ngx_http_request_t        *request;
+    u_char                     request_id[NGX_LLMGW_REQUEST_ID_LEN + 1];
+
+    llmgw_endpoint_t           endpoint;
+    llmgw_token_t             *token;
+    llmgw_req_t               *req;
+    llmgw_snapshot_t          *snapshot;     /* a reference held while used */
+    llmgw_resp_t              *resp;
+
+    ngx_str_t                  model;        /* the client's name */
+    ngx_str_t                  upstream_model;
+    ngx_str_t                  group;
+    char                       key_hash[65];
+
+    /* routing and tries */
+    const llmgw_channel_t     *channels[NGX_LLMGW_MAX_TRIES];
+    ngx_uint_t                 nchannels;
+    ngx_int_t                  current;      /* index into channels, -1 */
+    ngx_uint_t                 tried;
+    int64_t                    tried_ids[NGX_LLMGW_MAX_TRIES];
+    int                        usage_injected;
+
+    /* upstream response */
+    ngx_http_chunked_t         chunked;
+    off_t                      length;       /* upstream body left, -1 */
+    ngx_uint_t                 status;
+    ngx_buf_t                 *error_body;   /* kept to rewrite an error */
+    ngx_msec_t                 start_msec;
+    ngx_msec_t                 upstream_start;
+
+    /* the answer sent */
+    ngx_str_t                  own_body;     /* rewritten error page */
+    void                      *rl_node;      /* rate limiter node */
+    uint64_t                   rl_key;
+    int64_t                    user_id;
+    int64_t                    token_id;
+    ngx_str_t                  body;         /* the client's body */
+    unsigned                   responded:1;  /* a body was sent by us */
+    unsigned                   upstream_header:1;
+    unsigned                   error_mode:1;
+    unsigned                   errpage:1;
+    unsigned                   errpage_sent:1;
+    unsigned                   waiting:1;
+    unsigned                   logged:1;
+    unsigned                   stream_started:1;
+};
+
+
+extern ngx_module_t  ngx_http_llmgw_module;
+
+
+/* ngx_llmgw_module.c */
+ngx_llmgw_ctx_t *ngx_llmgw_get_ctx(ngx_http_request_t *r);
+ngx_int_t ngx_llmgw_send_error(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    const llmgw_verdict_t *v);
+ngx_int_t ngx_llmgw_send_json(ngx_http_request_t *r, ngx_uint_t status,
+    u_char *data, size_t len);
+ngx_int_t ngx_llmgw_read_body(ngx_http_request_t *r, ngx_str_t *body);
+
+/* ngx_llmgw_pg.c */
+typedef void (*ngx_llmgw_pg_handler_pt)(void *data, PGresult *res,
+    const char *err);
+typedef void (*ngx_llmgw_pg_notify_pt)(const char *channel,
+    const char *payload);
+
+ngx_int_t ngx_llmgw_pg_init_process(ngx_cycle_t *cycle,
+    ngx_llmgw_main_conf_t *mcf, ngx_llmgw_pg_notify_pt notify);
+void ngx_llmgw_pg_exit_process(ngx_cycle_t *cycle);
+ngx_int_t ngx_llmgw_pg_query(const char *sql, int nparams,
+    const char *const *params, const int *lengths,
+    ngx_llmgw_pg_handler_pt handler, void *data);
+/* One blocking statement at worker exit only, never while serving. */
+ngx_int_t ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param);
+
+/* ngx_llmgw_cache.c */
+ngx_int_t ngx_llmgw_cache_init_process(ngx_cycle_t *cycle,
+    ngx_llmgw_main_conf_t *mcf);
+void ngx_llmgw_cache_exit_process(ngx_cycle_t *cycle);
+llmgw_snapshot_t *ngx_llmgw_cache_snapshot(void);
+void ngx_llmgw_cache_release(llmgw_snapshot_t *s);
+/* rc: NGX_OK (token set, maybe NULL for unknown), NGX_AGAIN (resumes). */
+typedef void (*ngx_llmgw_token_handler_pt)(ngx_http_request_t *r,
+    llmgw_token_t *t, const char *err);
+ngx_int_t ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
+    llmgw_token_t **t, ngx_llmgw_token_handler_pt handler);
+void ngx_llmgw_cache_on_notify(const char *channel, const char *payload);
+typedef void (*ngx_llmgw_refresh_handler_pt)(ngx_http_request_t *r);
+ngx_int_t ngx_llmgw_cache_refresh_now(ngx_http_request_t *r,
+    ngx_llmgw_refresh_handler_pt handler);
+
+/* ngx_llmgw_gateway.c */
+ngx_int_t ngx_llmgw_gateway_handler(ngx_http_request_t *r);
+void ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+
+/* ngx_llmgw_upstream.c */
+ngx_int_t ngx_llmgw_upstream_start(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
+void ngx_llmgw_keepalive_init_process(ngx_cycle_t *cycle,
+    ngx_llmgw_main_conf_t *mcf);
+char *ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
+    ngx_llmgw_loc_conf_t *conf);
+
+/* ngx_llmgw_ratelimit.c */
+ngx_int_t ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data);
+ngx_llmgw_shm_ctx_t *ngx_llmgw_shm(void);
+/* NGX_OK, or NGX_DECLINED with retry-after seconds in *retry. */
+ngx_int_t ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *ctx,
+    const llmgw_rate_limit_t *rl, int64_t user_id, int *which,
+    ngx_uint_t *retry);
+void ngx_llmgw_rl_success(ngx_llmgw_ctx_t *ctx);
+
+/* ngx_llmgw_metrics.c */
+void ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+void ngx_llmgw_metrics_retry(void);
+void ngx_llmgw_metrics_rate_limited(void);
+ngx_int_t ngx_llmgw_metrics_handler(ngx_http_request_t *r);
+
+/* ngx_llmgw_admin.c */
+ngx_int_t ngx_llmgw_admin_handler(ngx_http_request_t *r);
+
+/* ngx_llmgw_ledger.c */
+ngx_int_t ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle,
+    ngx_llmgw_main_conf_t *mcf);
+void ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle);
+void ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+
+/* ngx_llmgw_errpage.c */
+ngx_int_t ngx_llmgw_errpage_init(ngx_conf_t *cf);
+
+
+#endif /* NGX_LLMGW_H */

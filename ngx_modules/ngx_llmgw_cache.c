@@ -1,0 +1,428 @@
+/*
+ * A worker's view of the configuration: the routing snapshot and the key
+ * cache, kept fresh by LISTEN/NOTIFY and, as a safety net, by a revision
+ * check every llmgw_refresh_interval.
+ *
+ * Notices arrive in commit order and carry the revision they made, so a
+ * worker that sees every revision in turn drops exactly what changed; one
+ * that finds a gap (a lost listener, a missed notice) drops every cached key
+ * and reloads the snapshot.
+ */
+
+#include "ngx_llmgw.h"
+
+
+typedef struct ngx_llmgw_snap_holder_s  ngx_llmgw_snap_holder_t;
+
+struct ngx_llmgw_snap_holder_s {
+    llmgw_snapshot_t          *snapshot;
+    ngx_uint_t                 refs;
+    ngx_llmgw_snap_holder_t   *next;
+};
+
+
+typedef struct {
+    ngx_http_request_t            *request;
+    ngx_llmgw_token_handler_pt     handler;
+    char                           hash[65];
+    ngx_uint_t                     epoch;
+} ngx_llmgw_lookup_t;
+
+
+typedef struct ngx_llmgw_waiter_s  ngx_llmgw_waiter_t;
+
+struct ngx_llmgw_waiter_s {
+    ngx_http_request_t            *request;
+    ngx_llmgw_refresh_handler_pt   handler;
+    ngx_uint_t                     need;
+    ngx_llmgw_waiter_t            *next;
+};
+
+
+static void ngx_llmgw_cache_load(void);
+static void ngx_llmgw_cache_loaded(void *data, PGresult *res,
+    const char *err);
+static void ngx_llmgw_cache_tick(ngx_event_t *ev);
+static void ngx_llmgw_cache_rev_checked(void *data, PGresult *res,
+    const char *err);
+static void ngx_llmgw_cache_token_found(void *data, PGresult *res,
+    const char *err);
+static void ngx_llmgw_cache_invalidate_all(void);
+
+
+static ngx_llmgw_snap_holder_t  *ngx_llmgw_current;
+static ngx_llmgw_snap_holder_t  *ngx_llmgw_retired;
+static llmgw_tcache_t           *ngx_llmgw_tcache;
+static ngx_uint_t                ngx_llmgw_epoch;
+static int64_t                   ngx_llmgw_seen_rev;
+static ngx_uint_t                ngx_llmgw_loading;
+static ngx_uint_t                ngx_llmgw_load_again;
+static ngx_uint_t                ngx_llmgw_loads_started;
+static ngx_llmgw_waiter_t       *ngx_llmgw_waiters;
+static ngx_event_t               ngx_llmgw_tick_ev;
+static ngx_llmgw_main_conf_t    *ngx_llmgw_cache_mcf;
+static ngx_log_t                *ngx_llmgw_cache_log;
+
+
+ngx_int_t
+ngx_llmgw_cache_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
+{
+    ngx_llmgw_cache_mcf = mcf;
+    ngx_llmgw_cache_log = cycle->log;
+
+    ngx_llmgw_tcache = llmgw_tcache_new(mcf->key_cache_size);
+    if (ngx_llmgw_tcache == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_llmgw_tick_ev.handler = ngx_llmgw_cache_tick;
+    ngx_llmgw_tick_ev.log = cycle->log;
+    ngx_llmgw_tick_ev.cancelable = 1;
+
+    ngx_llmgw_cache_load();
+    ngx_add_timer(&ngx_llmgw_tick_ev, mcf->refresh_interval);
+
+    return NGX_OK;
+}
+
+
+void
+ngx_llmgw_cache_exit_process(ngx_cycle_t *cycle)
+{
+    if (ngx_llmgw_tick_ev.timer_set) {
+        ngx_del_timer(&ngx_llmgw_tick_ev);
+    }
+}
+
+
+llmgw_snapshot_t *
+ngx_llmgw_cache_snapshot(void)
+{
+    if (ngx_llmgw_current == NULL) {
+        return NULL;
+    }
+
+    ngx_llmgw_current->refs++;
+
+    return ngx_llmgw_current->snapshot;
+}
+
+
+static void
+ngx_llmgw_holder_unref(ngx_llmgw_snap_holder_t *h)
+{
+    ngx_llmgw_snap_holder_t  **pp;
+
+    if (--h->refs > 0) {
+        return;
+    }
+
+    for (pp = &ngx_llmgw_retired; *pp; pp = &(*pp)->next) {
+        if (*pp == h) {
+            *pp = h->next;
+            break;
+        }
+    }
+
+    llmgw_snapshot_free(h->snapshot);
+    ngx_free(h);
+}
+
+
+void
+ngx_llmgw_cache_release(llmgw_snapshot_t *s)
+{
+    ngx_llmgw_snap_holder_t  *h;
+
+    if (ngx_llmgw_current && ngx_llmgw_current->snapshot == s) {
+        ngx_llmgw_holder_unref(ngx_llmgw_current);
+        return;
+    }
+
+    for (h = ngx_llmgw_retired; h; h = h->next) {
+        if (h->snapshot == s) {
+            ngx_llmgw_holder_unref(h);
+            return;
+        }
+    }
+}
+
+
+ngx_int_t
+ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
+    llmgw_token_t **t, ngx_llmgw_token_handler_pt handler)
+{
+    const char          *params[1];
+    ngx_llmgw_lookup_t  *lk;
+
+    if (llmgw_tcache_get(ngx_llmgw_tcache, hash, t)) {
+        return NGX_OK;
+    }
+
+    lk = ngx_palloc(r->pool, sizeof(ngx_llmgw_lookup_t));
+    if (lk == NULL) {
+        return NGX_ERROR;
+    }
+
+    lk->request = r;
+    lk->handler = handler;
+    lk->epoch = ngx_llmgw_epoch;
+    ngx_memcpy(lk->hash, hash, 65);
+
+    params[0] = lk->hash;
+
+    if (ngx_llmgw_pg_query("select llmgw_token_lookup($1)::text", 1, params,
+                           NULL, ngx_llmgw_cache_token_found, lk)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return NGX_AGAIN;
+}
+
+
+static void
+ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
+{
+    ngx_llmgw_lookup_t  *lk = data;
+
+    llmgw_token_t       *t;
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+
+    r = lk->request;
+    c = r->connection;
+    t = NULL;
+
+    if (err == NULL && !PQgetisnull(res, 0, 0)) {
+        t = llmgw_token_parse(PQgetvalue(res, 0, 0), PQgetlength(res, 0, 0));
+        if (t == NULL) {
+            err = "unreadable key record";
+        }
+    }
+
+    /* a lookup that raced an invalidation is used, never cached */
+    if (err == NULL && lk->epoch == ngx_llmgw_epoch) {
+        llmgw_tcache_put(ngx_llmgw_tcache, lk->hash, t);
+    }
+
+    lk->handler(r, t, err);
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+ngx_int_t
+ngx_llmgw_cache_refresh_now(ngx_http_request_t *r,
+    ngx_llmgw_refresh_handler_pt handler)
+{
+    ngx_llmgw_waiter_t  *w;
+
+    w = ngx_palloc(r->pool, sizeof(ngx_llmgw_waiter_t));
+    if (w == NULL) {
+        return NGX_ERROR;
+    }
+
+    w->request = r;
+    w->handler = handler;
+    w->need = ngx_llmgw_loads_started + 1;
+    w->next = ngx_llmgw_waiters;
+    ngx_llmgw_waiters = w;
+
+    /* what the admin changed also reached the keys cached here */
+    ngx_llmgw_cache_invalidate_all();
+    ngx_llmgw_cache_load();
+
+    return NGX_AGAIN;
+}
+
+
+void
+ngx_llmgw_cache_on_notify(const char *channel, const char *payload)
+{
+    llmgw_notice_t  n;
+
+    if (payload == NULL
+        || llmgw_notice_parse(payload, ngx_strlen(payload), &n) != 0)
+    {
+        ngx_llmgw_cache_invalidate_all();
+        ngx_llmgw_cache_load();
+        return;
+    }
+
+    if (n.rev <= ngx_llmgw_seen_rev) {
+        return;
+    }
+
+    if (n.rev != ngx_llmgw_seen_rev + 1) {
+        ngx_llmgw_seen_rev = n.rev;
+        ngx_llmgw_cache_invalidate_all();
+        ngx_llmgw_cache_load();
+        return;
+    }
+
+    ngx_llmgw_seen_rev = n.rev;
+    ngx_llmgw_epoch++;
+
+    if (ngx_strcmp(n.kind, "token") == 0) {
+        llmgw_tcache_drop_token(ngx_llmgw_tcache, n.id);
+
+    } else if (ngx_strcmp(n.kind, "user") == 0) {
+        llmgw_tcache_drop_user(ngx_llmgw_tcache, n.id);
+
+    } else {
+        ngx_llmgw_cache_load();
+    }
+}
+
+
+static void
+ngx_llmgw_cache_invalidate_all(void)
+{
+    ngx_llmgw_epoch++;
+    llmgw_tcache_clear(ngx_llmgw_tcache);
+}
+
+
+static void
+ngx_llmgw_cache_load(void)
+{
+    if (ngx_llmgw_loading) {
+        ngx_llmgw_load_again = 1;
+        return;
+    }
+
+    if (ngx_llmgw_pg_query("select llmgw_snapshot()::text", 0, NULL, NULL,
+                           ngx_llmgw_cache_loaded, NULL)
+        != NGX_OK)
+    {
+        return;
+    }
+
+    ngx_llmgw_loading = 1;
+    ngx_llmgw_loads_started++;
+}
+
+
+static void
+ngx_llmgw_cache_run_waiters(ngx_uint_t done, ngx_uint_t all)
+{
+    ngx_connection_t     *c;
+    ngx_llmgw_waiter_t   *w, **pp;
+
+    pp = &ngx_llmgw_waiters;
+
+    while (*pp) {
+        w = *pp;
+
+        if (!all && w->need > done) {
+            pp = &w->next;
+            continue;
+        }
+
+        *pp = w->next;
+        c = w->request->connection;
+        w->handler(w->request);
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+static void
+ngx_llmgw_cache_loaded(void *data, PGresult *res, const char *err)
+{
+    char                      errbuf[256];
+    ngx_uint_t                done;
+    llmgw_snapshot_t         *s;
+    ngx_llmgw_snap_holder_t  *h;
+
+    ngx_llmgw_loading = 0;
+    done = ngx_llmgw_loads_started;
+
+    if (err != NULL) {
+        ngx_log_error(NGX_LOG_ERR, ngx_llmgw_cache_log, 0,
+                      "llmgw: loading the configuration failed: %s", err);
+        goto next;
+    }
+
+    s = llmgw_snapshot_parse(PQgetvalue(res, 0, 0), PQgetlength(res, 0, 0),
+                             errbuf, sizeof(errbuf));
+    if (s == NULL) {
+        ngx_log_error(NGX_LOG_ERR, ngx_llmgw_cache_log, 0,
+                      "llmgw: unreadable configuration: %s", errbuf);
+        goto next;
+    }
+
+    h = ngx_alloc(sizeof(ngx_llmgw_snap_holder_t), ngx_llmgw_cache_log);
+    if (h == NULL) {
+        llmgw_snapshot_free(s);
+        goto next;
+    }
+
+    h->snapshot = s;
+    h->refs = 1;
+    h->next = NULL;
+
+    if (ngx_llmgw_current) {
+        ngx_llmgw_current->next = ngx_llmgw_retired;
+        ngx_llmgw_retired = ngx_llmgw_current;
+        ngx_llmgw_holder_unref(ngx_llmgw_current);
+    }
+
+    ngx_llmgw_current = h;
+
+    if (llmgw_snapshot_revision(s) > ngx_llmgw_seen_rev) {
+        ngx_llmgw_seen_rev = llmgw_snapshot_revision(s);
+    }
+
+next:
+
+    if (ngx_llmgw_load_again) {
+        ngx_llmgw_load_again = 0;
+        ngx_llmgw_cache_load();
+    }
+
+    /* waiters are answered even after a failure: they report it */
+    ngx_llmgw_cache_run_waiters(done, err != NULL);
+}
+
+
+static void
+ngx_llmgw_cache_tick(ngx_event_t *ev)
+{
+    if (ngx_exiting || ngx_terminate) {
+        return;
+    }
+
+    if (ngx_llmgw_current == NULL) {
+        ngx_llmgw_cache_load();
+
+    } else {
+        (void) ngx_llmgw_pg_query("select rev from config_revision", 0, NULL,
+                                  NULL, ngx_llmgw_cache_rev_checked, NULL);
+    }
+
+    ngx_add_timer(ev, ngx_llmgw_cache_mcf->refresh_interval);
+}
+
+
+static void
+ngx_llmgw_cache_rev_checked(void *data, PGresult *res, const char *err)
+{
+    int64_t  rev;
+
+    if (err != NULL || PQntuples(res) != 1) {
+        return;
+    }
+
+    rev = ngx_atoof((u_char *) PQgetvalue(res, 0, 0),
+                    PQgetlength(res, 0, 0));
+
+    if (rev > ngx_llmgw_seen_rev) {
+        /* a notice went missing: forget everything that may have moved */
+        ngx_llmgw_seen_rev = rev;
+        ngx_llmgw_cache_invalidate_all();
+        ngx_llmgw_cache_load();
+    }
+}

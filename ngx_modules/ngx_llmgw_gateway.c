@@ -1,0 +1,453 @@
+/*
+ * The model endpoints: key, limits, body, route, then the upstream.
+ *
+ * A request moves through these steps in order, each refusing in the error
+ * contract: endpoint (404), key (401), address / group (403), rate limit
+ * (429), body (400), model access (403), route (503 / 500), upstream.  The
+ * rate limit comes before the body so that bad requests count too.
+ */
+
+#include "ngx_llmgw.h"
+
+
+static ngx_int_t ngx_llmgw_after_token(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, llmgw_token_t *t, const char *err);
+static void ngx_llmgw_token_ready(ngx_http_request_t *r, llmgw_token_t *t,
+    const char *err);
+static void ngx_llmgw_body_ready(ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_route(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
+static ngx_int_t ngx_llmgw_refuse(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, int status, const char *type, const char *code,
+    const char *message);
+static ngx_int_t ngx_llmgw_find_key(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, ngx_str_t *key);
+
+
+ngx_int_t
+ngx_llmgw_gateway_handler(ngx_http_request_t *r)
+{
+    ngx_int_t         rc;
+    ngx_str_t         key;
+    llmgw_token_t    *t;
+    llmgw_verdict_t   v;
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    llmgw_endpoint_classify(
+        (llmgw_str_t) { (char *) r->method_name.data, r->method_name.len },
+        (llmgw_str_t) { (char *) r->uri.data, r->uri.len },
+        &ctx->endpoint);
+
+    if (ctx->endpoint.ep == LLMGW_EP_INVALID_URL) {
+        return ngx_llmgw_refuse(r, ctx, NGX_HTTP_NOT_FOUND, "gateway_error",
+                                "invalid_url", ctx->endpoint.message);
+    }
+
+    if (!ctx->endpoint.method_ok) {
+        llmgw_verdict_set(&v, NGX_HTTP_NOT_ALLOWED, "gateway_error",
+                          "method_not_allowed", "method %.*s is not allowed "
+                          "on %.*s", (int) r->method_name.len,
+                          r->method_name.data, (int) ngx_min(r->uri.len, 128),
+                          r->uri.data);
+        return ngx_llmgw_send_error(r, ctx, &v);
+    }
+
+    ctx->snapshot = ngx_llmgw_cache_snapshot();
+
+    if (ctx->snapshot == NULL) {
+        return ngx_llmgw_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                "gateway_error", "service_unavailable",
+                                "the gateway has not loaded its "
+                                "configuration yet; retry shortly");
+    }
+
+    if (ngx_llmgw_find_key(r, ctx, &key) != NGX_OK
+        || llmgw_key_hash((llmgw_str_t) { (char *) key.data, key.len },
+                          ctx->key_hash) != 0)
+    {
+        return ngx_llmgw_refuse(r, ctx, NGX_HTTP_UNAUTHORIZED,
+                                "gateway_error", "invalid_token",
+                                "Invalid token");
+    }
+
+    t = NULL;
+    rc = ngx_llmgw_cache_token(r, ctx->key_hash, &t, ngx_llmgw_token_ready);
+
+    if (rc == NGX_OK) {
+        return ngx_llmgw_after_token(r, ctx, t, NULL);
+    }
+
+    if (rc == NGX_AGAIN) {
+        r->main->count++;
+        ctx->waiting = 1;
+        return NGX_DONE;
+    }
+
+    return ngx_llmgw_after_token(r, ctx, NULL, "the key store is busy");
+}
+
+
+static void
+ngx_llmgw_token_ready(ngx_http_request_t *r, llmgw_token_t *t,
+    const char *err)
+{
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (ctx == NULL) {
+        llmgw_token_free(t);
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ctx->waiting = 0;
+
+    /* the lookup's reference becomes the request's */
+    ngx_http_finalize_request(r, ngx_llmgw_after_token(r, ctx, t, err));
+}
+
+
+static ngx_int_t
+ngx_llmgw_client_addr(ngx_http_request_t *r, int *family, uint8_t **addr)
+{
+    struct sockaddr      *sa = r->connection->sockaddr;
+#if (NGX_HAVE_INET6)
+    struct sockaddr_in6  *sin6;
+#endif
+
+    switch (sa->sa_family) {
+
+    case AF_INET:
+        *family = AF_INET;
+        *addr = (uint8_t *) &((struct sockaddr_in *) sa)->sin_addr;
+        return NGX_OK;
+
+#if (NGX_HAVE_INET6)
+    case AF_INET6:
+        sin6 = (struct sockaddr_in6 *) sa;
+        *family = AF_INET6;
+        *addr = (uint8_t *) &sin6->sin6_addr;
+        return NGX_OK;
+#endif
+
+    default:
+        return NGX_DECLINED;
+    }
+}
+
+
+static ngx_int_t
+ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    llmgw_token_t *t, const char *err)
+{
+    int                  family, which;
+    char                 addr_text[NGX_SOCKADDR_STRLEN + 1];
+    double               ratio;
+    uint8_t             *addr;
+    ngx_int_t            rc;
+    ngx_uint_t           retry;
+    llmgw_str_t          group;
+    llmgw_verdict_t      v;
+    ngx_table_elt_t     *h;
+    llmgw_rate_limit_t   rl;
+
+    if (err != NULL) {
+        llmgw_token_free(t);
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "llmgw: key lookup failed: %s", err);
+        return ngx_llmgw_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                "gateway_error", "service_unavailable",
+                                "the key could not be checked right now; "
+                                "retry shortly");
+    }
+
+    if (t == NULL) {
+        return ngx_llmgw_refuse(r, ctx, NGX_HTTP_UNAUTHORIZED,
+                                "gateway_error", "invalid_token",
+                                "Invalid token");
+    }
+
+    ctx->token = t;
+    ctx->token_id = llmgw_token_id(t);
+    ctx->user_id = llmgw_token_user_id(t);
+
+    if (llmgw_token_check(t, (int64_t) ngx_time(), &v) != 0) {
+        return ngx_llmgw_send_error(r, ctx, &v);
+    }
+
+    if (ngx_llmgw_client_addr(r, &family, &addr) == NGX_OK) {
+        ngx_cpystrn((u_char *) addr_text, r->connection->addr_text.data,
+                    ngx_min(r->connection->addr_text.len + 1,
+                            sizeof(addr_text)));
+
+        if (llmgw_token_check_ip(t, family, addr, addr_text, &v) != 0) {
+            return ngx_llmgw_send_error(r, ctx, &v);
+        }
+    }
+
+    group = llmgw_token_group(t);
+    ctx->group.data = (u_char *) group.data;
+    ctx->group.len = group.len;
+
+    if (llmgw_snapshot_group_check(ctx->snapshot, group, &ratio, &v) != 0) {
+        return ngx_llmgw_send_error(r, ctx, &v);
+    }
+
+    llmgw_snapshot_rate_limit(ctx->snapshot, group, &rl);
+
+    if (rl.window_ms > 0
+        && ngx_llmgw_rl_acquire(ctx, &rl, ctx->user_id, &which, &retry)
+           == NGX_DECLINED)
+    {
+        ngx_llmgw_metrics_rate_limited();
+
+        h = ngx_list_push(&r->headers_out.headers);
+        if (h != NULL) {
+            h->hash = 1;
+            ngx_str_set(&h->key, "Retry-After");
+            h->value.data = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+            if (h->value.data == NULL) {
+                return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            }
+            h->value.len = ngx_sprintf(h->value.data, "%ui", retry)
+                           - h->value.data;
+        }
+
+        if (which == LLMGW_RL_SUCCESS) {
+            llmgw_verdict_set(&v, NGX_HTTP_TOO_MANY_REQUESTS, "gateway_error",
+                              "rate_limit_exceeded", "rate limit exceeded: "
+                              "at most %u successful requests in %d minutes",
+                              (unsigned) rl.success,
+                              (int) (rl.window_ms / 60000));
+        } else {
+            llmgw_verdict_set(&v, NGX_HTTP_TOO_MANY_REQUESTS, "gateway_error",
+                              "rate_limit_exceeded", "rate limit exceeded: "
+                              "at most %u requests in %d minutes (failed "
+                              "requests count too)", (unsigned) rl.total,
+                              (int) (rl.window_ms / 60000));
+        }
+
+        return ngx_llmgw_send_error(r, ctx, &v);
+    }
+
+    rc = ngx_http_read_client_request_body(r, ngx_llmgw_body_ready);
+
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        return rc;
+    }
+
+    return NGX_DONE;
+}
+
+
+static void
+ngx_llmgw_body_ready(ngx_http_request_t *r)
+{
+    ngx_int_t         rc;
+    llmgw_str_t       model;
+    llmgw_verdict_t   v;
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    if (ngx_llmgw_read_body(r, &ctx->body) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ctx->req = llmgw_req_parse(ctx->endpoint.ep, ctx->endpoint.model,
+                               (char *) ctx->body.data, ctx->body.len, &v);
+
+    if (ctx->req == NULL) {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+        return;
+    }
+
+    model = llmgw_req_model(ctx->req);
+    ctx->model.data = (u_char *) model.data;
+    ctx->model.len = model.len;
+
+    if (llmgw_token_check_model(ctx->token, model, &v) != 0) {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+        return;
+    }
+
+    rc = ngx_llmgw_route(r, ctx);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
+    rc = ngx_llmgw_upstream_start(r, ctx);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+    }
+}
+
+
+static ngx_int_t
+ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    size_t                  incompatible;
+    uint64_t                seed;
+    llmgw_verdict_t         v;
+    ngx_llmgw_loc_conf_t   *lcf;
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    seed = ((uint64_t) ngx_random() << 32) ^ (uint64_t) ngx_random();
+
+    ctx->nchannels = llmgw_route(ctx->snapshot, ctx->endpoint.ep,
+        (llmgw_str_t) { (char *) ctx->model.data, ctx->model.len },
+        (llmgw_str_t) { (char *) ctx->group.data, ctx->group.len },
+        seed, ctx->channels, lcf->max_tries, &incompatible);
+
+    if (ctx->nchannels > 0) {
+        return NGX_OK;
+    }
+
+    if (incompatible > 0) {
+        llmgw_verdict_set(&v, NGX_HTTP_INTERNAL_SERVER_ERROR, "gateway_error",
+                          "convert_request_failed", "model %.*s is not "
+                          "available through %.*s",
+                          (int) ngx_min(ctx->model.len, 200),
+                          ctx->model.data, (int) ngx_min(r->uri.len, 128),
+                          r->uri.data);
+    } else {
+        llmgw_verdict_set(&v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
+                          "model_not_found", "no available channel for "
+                          "model %.*s in group %.*s",
+                          (int) ngx_min(ctx->model.len, 200),
+                          ctx->model.data, (int) ctx->group.len,
+                          ctx->group.data);
+    }
+
+    return ngx_llmgw_send_error(r, ctx, &v);
+}
+
+
+static ngx_int_t
+ngx_llmgw_refuse(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx, int status,
+    const char *type, const char *code, const char *message)
+{
+    llmgw_verdict_t  v;
+
+    llmgw_verdict_set(&v, status, type, code, "%s", message);
+
+    return ngx_llmgw_send_error(r, ctx, &v);
+}
+
+
+static ngx_table_elt_t *
+ngx_llmgw_header(ngx_http_request_t *r, const char *name, size_t len)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return NULL;
+            }
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == len
+            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
+        {
+            return &h[i];
+        }
+    }
+}
+
+
+static ngx_int_t
+ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_str_t *key)
+{
+    ngx_str_t         v;
+    ngx_table_elt_t  *h;
+
+    h = r->headers_in.authorization;
+
+    if (h != NULL) {
+        v = h->value;
+
+        if (v.len > 7 && ngx_strncasecmp(v.data, (u_char *) "Bearer ", 7)
+                         == 0)
+        {
+            v.data += 7;
+            v.len -= 7;
+
+            while (v.len && v.data[0] == ' ') {
+                v.data++;
+                v.len--;
+            }
+
+            *key = v;
+            return v.len ? NGX_OK : NGX_DECLINED;
+        }
+    }
+
+    if (ctx->endpoint.ep == LLMGW_EP_MESSAGES) {
+        h = ngx_llmgw_header(r, "x-api-key", sizeof("x-api-key") - 1);
+        if (h != NULL && h->value.len) {
+            *key = h->value;
+            return NGX_OK;
+        }
+    }
+
+    if (ctx->endpoint.ep == LLMGW_EP_GEMINI) {
+        h = ngx_llmgw_header(r, "x-goog-api-key",
+                             sizeof("x-goog-api-key") - 1);
+        if (h != NULL && h->value.len) {
+            *key = h->value;
+            return NGX_OK;
+        }
+
+        if (ngx_http_arg(r, (u_char *) "key", 3, &v) == NGX_OK && v.len) {
+            *key = v;
+            return NGX_OK;
+        }
+    }
+
+    return NGX_DECLINED;
+}
+
+
+void
+ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_uint_t  status;
+
+    status = r->headers_out.status;
+
+    if (ctx->token != NULL && status >= 200 && status < 300) {
+        ngx_llmgw_rl_success(ctx);
+    }
+
+    ngx_llmgw_metrics_record(r, ctx);
+
+    if (ctx->token != NULL) {
+        ngx_llmgw_ledger_record(r, ctx);
+    }
+}

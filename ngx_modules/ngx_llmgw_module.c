@@ -1,0 +1,855 @@
+/*
+ * llmgw: the module definition, directives, per-request context, variables
+ * and the helpers that answer in the error contract.
+ */
+
+#include "ngx_llmgw.h"
+
+#include <openssl/rand.h>
+
+
+static ngx_int_t ngx_llmgw_add_variables(ngx_conf_t *cf);
+static ngx_int_t ngx_llmgw_postconfiguration(ngx_conf_t *cf);
+static void *ngx_llmgw_create_main_conf(ngx_conf_t *cf);
+static char *ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf);
+static void *ngx_llmgw_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_llmgw_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
+static char *ngx_llmgw_role(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+static char *ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static ngx_int_t ngx_llmgw_init_process(ngx_cycle_t *cycle);
+static void ngx_llmgw_exit_process(ngx_cycle_t *cycle);
+static ngx_int_t ngx_llmgw_log_handler(ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static void ngx_llmgw_ctx_cleanup(void *data);
+
+
+static ngx_conf_num_bounds_t  ngx_llmgw_tries_bounds = {
+    ngx_conf_check_num_bounds, 1, NGX_LLMGW_MAX_TRIES
+};
+
+static ngx_conf_num_bounds_t  ngx_llmgw_pool_bounds = {
+    ngx_conf_check_num_bounds, 1, 64
+};
+
+
+static ngx_command_t  ngx_llmgw_commands[] = {
+
+    { ngx_string("llmgw_database"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_llmgw_database,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("llmgw_pg_pool_size"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, pg_pool_size),
+      &ngx_llmgw_pool_bounds },
+
+    { ngx_string("llmgw_pg_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, pg_timeout),
+      NULL },
+
+    { ngx_string("llmgw_flush_interval"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, flush_interval),
+      NULL },
+
+    { ngx_string("llmgw_refresh_interval"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, refresh_interval),
+      NULL },
+
+    { ngx_string("llmgw_key_cache_size"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, key_cache_size),
+      NULL },
+
+    { ngx_string("llmgw_zone_size"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_llmgw_zone_size,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("llmgw_keepalive"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, keepalive),
+      NULL },
+
+    { ngx_string("llmgw_keepalive_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, keepalive_timeout),
+      NULL },
+
+    { ngx_string("llmgw_gateway"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_llmgw_role,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_LLMGW_ROLE_GATEWAY,
+      NULL },
+
+    { ngx_string("llmgw_admin"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_llmgw_role,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_LLMGW_ROLE_ADMIN,
+      NULL },
+
+    { ngx_string("llmgw_metrics"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_llmgw_role,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_LLMGW_ROLE_METRICS,
+      NULL },
+
+    { ngx_string("llmgw_max_tries"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, max_tries),
+      &ngx_llmgw_tries_bounds },
+
+    { ngx_string("llmgw_request_id_header"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, request_id_header),
+      NULL },
+
+    { ngx_string("llmgw_connect_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, upstream.connect_timeout),
+      NULL },
+
+    { ngx_string("llmgw_send_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, upstream.send_timeout),
+      NULL },
+
+    { ngx_string("llmgw_read_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, upstream.read_timeout),
+      NULL },
+
+    { ngx_string("llmgw_buffer_size"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, upstream.buffer_size),
+      NULL },
+
+    { ngx_string("llmgw_ssl_verify"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, ssl_verify),
+      NULL },
+
+    { ngx_string("llmgw_ssl_trusted_certificate"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, ssl_trusted_certificate),
+      NULL },
+
+    { ngx_string("llmgw_ssl_verify_depth"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, ssl_verify_depth),
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_llmgw_module_ctx = {
+    ngx_llmgw_add_variables,               /* preconfiguration */
+    ngx_llmgw_postconfiguration,           /* postconfiguration */
+
+    ngx_llmgw_create_main_conf,            /* create main configuration */
+    ngx_llmgw_init_main_conf,              /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_llmgw_create_loc_conf,             /* create location configuration */
+    ngx_llmgw_merge_loc_conf               /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_llmgw_module = {
+    NGX_MODULE_V1,
+    &ngx_llmgw_module_ctx,                 /* module context */
+    ngx_llmgw_commands,                    /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    NULL,                                  /* init module */
+    ngx_llmgw_init_process,                /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    ngx_llmgw_exit_process,                /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+enum {
+    NGX_LLMGW_VAR_REQUEST_ID = 0,
+    NGX_LLMGW_VAR_MODEL,
+    NGX_LLMGW_VAR_UPSTREAM_MODEL,
+    NGX_LLMGW_VAR_CHANNEL,
+    NGX_LLMGW_VAR_KEY_ID,
+    NGX_LLMGW_VAR_USER_ID,
+    NGX_LLMGW_VAR_TRIES
+};
+
+
+static ngx_http_variable_t  ngx_llmgw_vars[] = {
+
+    { ngx_string("llmgw_request_id"), NULL, ngx_llmgw_variable,
+      NGX_LLMGW_VAR_REQUEST_ID, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("llmgw_model"), NULL, ngx_llmgw_variable,
+      NGX_LLMGW_VAR_MODEL, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("llmgw_upstream_model"), NULL, ngx_llmgw_variable,
+      NGX_LLMGW_VAR_UPSTREAM_MODEL, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("llmgw_channel"), NULL, ngx_llmgw_variable,
+      NGX_LLMGW_VAR_CHANNEL, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("llmgw_key_id"), NULL, ngx_llmgw_variable,
+      NGX_LLMGW_VAR_KEY_ID, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("llmgw_user_id"), NULL, ngx_llmgw_variable,
+      NGX_LLMGW_VAR_USER_ID, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("llmgw_tries"), NULL, ngx_llmgw_variable,
+      NGX_LLMGW_VAR_TRIES, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+static ngx_int_t
+ngx_llmgw_content_handler(ngx_http_request_t *r)
+{
+    ngx_llmgw_loc_conf_t  *lcf;
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    switch (lcf->role) {
+
+    case NGX_LLMGW_ROLE_ADMIN:
+        return ngx_llmgw_admin_handler(r);
+
+    case NGX_LLMGW_ROLE_METRICS:
+        return ngx_llmgw_metrics_handler(r);
+
+    default:
+        return ngx_llmgw_gateway_handler(r);
+    }
+}
+
+
+ngx_llmgw_ctx_t *
+ngx_llmgw_get_ctx(ngx_http_request_t *r)
+{
+    u_char               rnd[NGX_LLMGW_REQUEST_ID_LEN / 2];
+    ngx_llmgw_ctx_t     *ctx;
+    ngx_pool_cleanup_t  *cln;
+
+    ctx = ngx_http_get_module_ctx(r->main, ngx_http_llmgw_module);
+    if (ctx != NULL) {
+        return ctx;
+    }
+
+    ctx = ngx_pcalloc(r->main->pool, sizeof(ngx_llmgw_ctx_t));
+    if (ctx == NULL) {
+        return NULL;
+    }
+
+    cln = ngx_pool_cleanup_add(r->main->pool, 0);
+    if (cln == NULL) {
+        return NULL;
+    }
+
+    cln->handler = ngx_llmgw_ctx_cleanup;
+    cln->data = ctx;
+
+    ctx->request = r->main;
+    ctx->current = -1;
+    ctx->length = -1;
+    ctx->start_msec = ngx_current_msec;
+
+    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
+        ngx_memcpy(rnd, &r->connection->number,
+                   ngx_min(sizeof(rnd), sizeof(r->connection->number)));
+    }
+
+    ngx_hex_dump(ctx->request_id, rnd, sizeof(rnd));
+    ctx->request_id[NGX_LLMGW_REQUEST_ID_LEN] = '\0';
+
+    ngx_http_set_ctx(r->main, ctx, ngx_http_llmgw_module);
+
+    return ctx;
+}
+
+
+static void
+ngx_llmgw_ctx_cleanup(void *data)
+{
+    ngx_llmgw_ctx_t  *ctx = data;
+
+    llmgw_token_free(ctx->token);
+    llmgw_req_free(ctx->req);
+    llmgw_resp_free(ctx->resp);
+
+    if (ctx->snapshot) {
+        ngx_llmgw_cache_release(ctx->snapshot);
+    }
+
+    ctx->token = NULL;
+    ctx->req = NULL;
+    ctx->resp = NULL;
+    ctx->snapshot = NULL;
+}
+
+
+ngx_int_t
+ngx_llmgw_send_json(ngx_http_request_t *r, ngx_uint_t status, u_char *data,
+    size_t len)
+{
+    ngx_int_t         rc;
+    ngx_buf_t        *b;
+    ngx_chain_t       out;
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx->responded = 1;
+
+    if (ngx_http_discard_request_body(r) != NGX_OK) {
+        r->keepalive = 0;
+    }
+
+    b = ngx_create_temp_buf(r->pool, len);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->last = ngx_cpymem(b->pos, data, len);
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    r->headers_out.status = status;
+    r->headers_out.content_length_n = len;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+ngx_int_t
+ngx_llmgw_send_error(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    const llmgw_verdict_t *v)
+{
+    ngx_int_t    rc;
+    llmgw_buf_t  body;
+
+    body = llmgw_error_json(
+        (llmgw_str_t) { v->message, ngx_strlen(v->message) },
+        (llmgw_str_t) { v->type, ngx_strlen(v->type) },
+        (llmgw_str_t) { v->code, ngx_strlen(v->code) },
+        (llmgw_str_t) { (char *) ctx->request_id, NGX_LLMGW_REQUEST_ID_LEN });
+
+    if (body.data == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    rc = ngx_llmgw_send_json(r, v->status, (u_char *) body.data, body.len);
+    llmgw_buf_free(&body);
+
+    return rc;
+}
+
+
+/* The whole client body as one piece (it may sit in a temp file). */
+ngx_int_t
+ngx_llmgw_read_body(ngx_http_request_t *r, ngx_str_t *body)
+{
+    off_t         len;
+    u_char       *p;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    ngx_str_null(body);
+
+    if (r->request_body == NULL || r->request_body->bufs == NULL) {
+        return NGX_OK;
+    }
+
+    len = 0;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        len += ngx_buf_size(cl->buf);
+    }
+
+    if (len == 0) {
+        return NGX_OK;
+    }
+
+    cl = r->request_body->bufs;
+
+    if (cl->next == NULL && !cl->buf->in_file) {
+        body->data = cl->buf->pos;
+        body->len = cl->buf->last - cl->buf->pos;
+        return NGX_OK;
+    }
+
+    p = ngx_pnalloc(r->pool, len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    body->data = p;
+
+    for (; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (b->in_file) {
+            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
+                              b->file_pos);
+            if (n == NGX_ERROR) {
+                return NGX_ERROR;
+            }
+            p += n;
+
+        } else {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+        }
+    }
+
+    body->len = p - body->data;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
+    uintptr_t data)
+{
+    u_char           *p;
+    int64_t           n;
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r->main, ngx_http_llmgw_module);
+
+    if (ctx == NULL) {
+        v->not_found = 1;
+        return NGX_OK;
+    }
+
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
+
+    switch (data) {
+
+    case NGX_LLMGW_VAR_REQUEST_ID:
+        v->data = ctx->request_id;
+        v->len = NGX_LLMGW_REQUEST_ID_LEN;
+        return NGX_OK;
+
+    case NGX_LLMGW_VAR_MODEL:
+        v->data = ctx->model.data;
+        v->len = ctx->model.len;
+        break;
+
+    case NGX_LLMGW_VAR_UPSTREAM_MODEL:
+        v->data = ctx->upstream_model.data;
+        v->len = ctx->upstream_model.len;
+        break;
+
+    default:
+        switch (data) {
+        case NGX_LLMGW_VAR_CHANNEL:
+            n = ctx->current >= 0 ? ctx->channels[ctx->current]->id : 0;
+            break;
+        case NGX_LLMGW_VAR_KEY_ID:
+            n = ctx->token_id;
+            break;
+        case NGX_LLMGW_VAR_USER_ID:
+            n = ctx->user_id;
+            break;
+        default:
+            n = ctx->tried;
+        }
+
+        p = ngx_pnalloc(r->pool, NGX_INT64_LEN);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        v->data = p;
+        v->len = ngx_sprintf(p, "%L", n) - p;
+        return NGX_OK;
+    }
+
+    if (v->len == 0) {
+        v->data = (u_char *) "-";
+        v->len = 1;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_llmgw_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+/* Settlement, the ledger row, metrics and the rate limiter's success log. */
+static ngx_int_t
+ngx_llmgw_log_handler(ngx_http_request_t *r)
+{
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_llmgw_module);
+
+    if (ctx == NULL || ctx->logged || r != r->main) {
+        return NGX_OK;
+    }
+
+    ctx->logged = 1;
+
+    ngx_llmgw_gateway_log(r, ctx);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_postconfiguration(ngx_conf_t *cf)
+{
+    ngx_http_handler_pt        *h;
+    ngx_http_core_main_conf_t  *cmcf;
+
+    cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_LOG_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_llmgw_log_handler;
+
+    return ngx_llmgw_errpage_init(cf);
+}
+
+
+static void *
+ngx_llmgw_create_main_conf(ngx_conf_t *cf)
+{
+    ngx_llmgw_main_conf_t  *mcf;
+
+    mcf = ngx_pcalloc(cf->pool, sizeof(ngx_llmgw_main_conf_t));
+    if (mcf == NULL) {
+        return NULL;
+    }
+
+    mcf->pg_pool_size = NGX_CONF_UNSET_UINT;
+    mcf->pg_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->flush_interval = NGX_CONF_UNSET_MSEC;
+    mcf->refresh_interval = NGX_CONF_UNSET_MSEC;
+    mcf->key_cache_size = NGX_CONF_UNSET_UINT;
+    mcf->shm_size = NGX_CONF_UNSET;
+    mcf->keepalive = NGX_CONF_UNSET_UINT;
+    mcf->keepalive_timeout = NGX_CONF_UNSET_MSEC;
+
+    return mcf;
+}
+
+
+static char *
+ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
+{
+    ngx_llmgw_main_conf_t *mcf = conf;
+
+    static ngx_str_t  zone_name = ngx_string("llmgw");
+
+    ngx_conf_init_uint_value(mcf->pg_pool_size, 4);
+    ngx_conf_init_msec_value(mcf->pg_timeout, 5000);
+    ngx_conf_init_msec_value(mcf->flush_interval, 1000);
+    ngx_conf_init_msec_value(mcf->refresh_interval, 1000);
+    ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
+    ngx_conf_init_size_value(mcf->shm_size, 16 * 1024 * 1024);
+    ngx_conf_init_uint_value(mcf->keepalive, 64);
+    ngx_conf_init_msec_value(mcf->keepalive_timeout, 60000);
+
+    if (mcf->shm_size < (ssize_t) (8 * ngx_pagesize)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_zone_size\" of %z is too small, "
+                           "at least %ui bytes are needed",
+                           mcf->shm_size, 8 * ngx_pagesize);
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->shm_zone = ngx_shared_memory_add(cf, &zone_name, mcf->shm_size,
+                                          &ngx_http_llmgw_module);
+    if (mcf->shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->shm_zone->init = ngx_llmgw_shm_init_zone;
+    mcf->shm_zone->data = mcf;
+
+    return NGX_CONF_OK;
+}
+
+
+static void *
+ngx_llmgw_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_llmgw_loc_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool, sizeof(ngx_llmgw_loc_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    conf->role = NGX_CONF_UNSET_UINT;
+    conf->max_tries = NGX_CONF_UNSET_UINT;
+    conf->ssl_verify = NGX_CONF_UNSET;
+    conf->ssl_verify_depth = NGX_CONF_UNSET_UINT;
+
+    conf->upstream.connect_timeout = NGX_CONF_UNSET_MSEC;
+    conf->upstream.send_timeout = NGX_CONF_UNSET_MSEC;
+    conf->upstream.read_timeout = NGX_CONF_UNSET_MSEC;
+    conf->upstream.buffer_size = NGX_CONF_UNSET_SIZE;
+
+    return conf;
+}
+
+
+static char *
+ngx_llmgw_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_llmgw_loc_conf_t *prev = parent;
+    ngx_llmgw_loc_conf_t *conf = child;
+
+    ngx_conf_merge_uint_value(conf->role, prev->role, NGX_LLMGW_ROLE_NONE);
+    ngx_conf_merge_uint_value(conf->max_tries, prev->max_tries, 3);
+    ngx_conf_merge_str_value(conf->request_id_header,
+                             prev->request_id_header, "X-Request-Id");
+    ngx_conf_merge_value(conf->ssl_verify, prev->ssl_verify, 1);
+    ngx_conf_merge_str_value(conf->ssl_trusted_certificate,
+                             prev->ssl_trusted_certificate,
+                             "/etc/ssl/certs/ca-certificates.crt");
+    ngx_conf_merge_uint_value(conf->ssl_verify_depth, prev->ssl_verify_depth,
+                              4);
+
+    ngx_conf_merge_msec_value(conf->upstream.connect_timeout,
+                              prev->upstream.connect_timeout, 10000);
+    ngx_conf_merge_msec_value(conf->upstream.send_timeout,
+                              prev->upstream.send_timeout, 60000);
+    ngx_conf_merge_msec_value(conf->upstream.read_timeout,
+                              prev->upstream.read_timeout, 300000);
+    ngx_conf_merge_size_value(conf->upstream.buffer_size,
+                              prev->upstream.buffer_size,
+                              (size_t) ngx_pagesize * 4);
+
+    if (conf->request_id_header.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_request_id_header\" must not be empty");
+        return NGX_CONF_ERROR;
+    }
+
+    return ngx_llmgw_upstream_merge(cf, prev, conf);
+}
+
+
+static char *
+ngx_llmgw_role(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_llmgw_loc_conf_t *lcf = conf;
+
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (lcf->role != NGX_CONF_UNSET_UINT) {
+        return "is duplicate, or the location already has another llmgw role";
+    }
+
+    lcf->role = cmd->offset;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    clcf->handler = ngx_llmgw_content_handler;
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_llmgw_main_conf_t *mcf = conf;
+
+    ngx_str_t  *value;
+
+    if (mcf->database.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_database\" needs a libpq connection "
+                           "string such as \"host=/run/postgresql "
+                           "dbname=llmgw\"");
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->database = value[1];
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_llmgw_main_conf_t *mcf = conf;
+
+    ngx_str_t  *value;
+
+    if (mcf->shm_size != NGX_CONF_UNSET) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    mcf->shm_size = ngx_parse_size(&value[1]);
+
+    if (mcf->shm_size == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid \"llmgw_zone_size\" value \"%V\"",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_init_process(ngx_cycle_t *cycle)
+{
+    ngx_llmgw_main_conf_t  *mcf;
+
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
+
+    mcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_llmgw_module);
+
+    if (mcf == NULL || mcf->database.len == 0) {
+        return NGX_OK;
+    }
+
+    if (ngx_llmgw_pg_init_process(cycle, mcf, ngx_llmgw_cache_on_notify)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    if (ngx_llmgw_cache_init_process(cycle, mcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_llmgw_ledger_init_process(cycle, mcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ngx_llmgw_keepalive_init_process(cycle, mcf);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_llmgw_main_conf_t  *mcf;
+
+    mcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_llmgw_module);
+
+    if (mcf == NULL || mcf->database.len == 0) {
+        return;
+    }
+
+    ngx_llmgw_ledger_exit_process(cycle);
+    ngx_llmgw_cache_exit_process(cycle);
+    ngx_llmgw_pg_exit_process(cycle);
+}

@@ -1,0 +1,658 @@
+/*
+ * PostgreSQL on nginx's event loop: a small per-worker pool of non-blocking
+ * libpq connections, a queue of statements with deadlines, and one
+ * connection that LISTENs for configuration notices.
+ *
+ * libpq's own non-blocking interface is used throughout (PQconnectStart,
+ * PQsendQueryParams, PQflush, PQconsumeInput): a worker never waits for the
+ * database.  The socket is registered level-triggered, because
+ * PQconsumeInput does not promise to drain it.
+ */
+
+#include "ngx_llmgw.h"
+
+
+#define NGX_LLMGW_PG_QUEUE_MAX  10000
+
+
+typedef enum {
+    NGX_LLMGW_PG_DOWN = 0,
+    NGX_LLMGW_PG_CONNECTING,
+    NGX_LLMGW_PG_IDLE,
+    NGX_LLMGW_PG_BUSY
+} ngx_llmgw_pg_state_e;
+
+
+typedef struct {
+    ngx_queue_t                queue;
+    char                      *sql;
+    int                        nparams;
+    char                     **params;
+    int                       *lengths;
+    ngx_llmgw_pg_handler_pt    handler;
+    void                      *data;
+    ngx_event_t                timer;
+    unsigned                   queued:1;
+} ngx_llmgw_pg_query_t;
+
+
+typedef struct {
+    PGconn                    *conn;
+    ngx_connection_t          *c;
+    ngx_llmgw_pg_state_e       state;
+    ngx_llmgw_pg_query_t      *query;
+    PGresult                  *result;
+    ngx_event_t                retry;
+    ngx_msec_t                 backoff;
+    unsigned                   listen:1;
+    unsigned                   flushing:1;
+} ngx_llmgw_pg_conn_t;
+
+
+static void ngx_llmgw_pg_connect(ngx_llmgw_pg_conn_t *pc);
+static void ngx_llmgw_pg_event(ngx_event_t *ev);
+static void ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc);
+static void ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why);
+static void ngx_llmgw_pg_release(ngx_llmgw_pg_conn_t *pc, ngx_uint_t closed);
+static void ngx_llmgw_pg_dispatch(void);
+static void ngx_llmgw_pg_finish_query(ngx_llmgw_pg_query_t *q, PGresult *res,
+    const char *err);
+static void ngx_llmgw_pg_query_timeout(ngx_event_t *ev);
+static void ngx_llmgw_pg_retry(ngx_event_t *ev);
+static ngx_int_t ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc,
+    ngx_uint_t on);
+
+
+static ngx_llmgw_pg_conn_t     *ngx_llmgw_pg_conns;
+static ngx_uint_t               ngx_llmgw_pg_nconns;
+static ngx_queue_t              ngx_llmgw_pg_pending;
+static ngx_uint_t               ngx_llmgw_pg_npending;
+static ngx_llmgw_main_conf_t   *ngx_llmgw_pg_mcf;
+static ngx_llmgw_pg_notify_pt   ngx_llmgw_pg_notify;
+static char                    *ngx_llmgw_pg_conninfo;
+static ngx_log_t               *ngx_llmgw_pg_log;
+
+
+ngx_int_t
+ngx_llmgw_pg_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf,
+    ngx_llmgw_pg_notify_pt notify)
+{
+    ngx_uint_t  i;
+
+    ngx_llmgw_pg_mcf = mcf;
+    ngx_llmgw_pg_notify = notify;
+    ngx_llmgw_pg_log = cycle->log;
+
+    ngx_llmgw_pg_conninfo = ngx_alloc(mcf->database.len + 1, cycle->log);
+    if (ngx_llmgw_pg_conninfo == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(ngx_llmgw_pg_conninfo, mcf->database.data, mcf->database.len);
+    ngx_llmgw_pg_conninfo[mcf->database.len] = '\0';
+
+    ngx_queue_init(&ngx_llmgw_pg_pending);
+
+    /* the pool, plus one listener */
+    ngx_llmgw_pg_nconns = mcf->pg_pool_size + 1;
+    ngx_llmgw_pg_conns = ngx_calloc(ngx_llmgw_pg_nconns
+                                    * sizeof(ngx_llmgw_pg_conn_t),
+                                    cycle->log);
+    if (ngx_llmgw_pg_conns == NULL) {
+        return NGX_ERROR;
+    }
+
+    for (i = 0; i < ngx_llmgw_pg_nconns; i++) {
+        ngx_llmgw_pg_conns[i].listen = (i == 0);
+        ngx_llmgw_pg_conns[i].retry.handler = ngx_llmgw_pg_retry;
+        ngx_llmgw_pg_conns[i].retry.data = &ngx_llmgw_pg_conns[i];
+        ngx_llmgw_pg_conns[i].retry.log = cycle->log;
+        ngx_llmgw_pg_conns[i].retry.cancelable = 1;
+        ngx_llmgw_pg_conns[i].backoff = 100;
+        ngx_llmgw_pg_connect(&ngx_llmgw_pg_conns[i]);
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_llmgw_pg_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < ngx_llmgw_pg_nconns; i++) {
+        if (ngx_llmgw_pg_conns[i].retry.timer_set) {
+            ngx_del_timer(&ngx_llmgw_pg_conns[i].retry);
+        }
+        ngx_llmgw_pg_release(&ngx_llmgw_pg_conns[i], 0);
+    }
+
+    ngx_llmgw_pg_nconns = 0;
+}
+
+
+ngx_int_t
+ngx_llmgw_pg_query(const char *sql, int nparams, const char *const *params,
+    const int *lengths, ngx_llmgw_pg_handler_pt handler, void *data)
+{
+    int                    i;
+    size_t                 len, size;
+    u_char                *p;
+    ngx_llmgw_pg_query_t  *q;
+
+    if (ngx_llmgw_pg_nconns == 0
+        || ngx_llmgw_pg_npending >= NGX_LLMGW_PG_QUEUE_MAX)
+    {
+        return NGX_DECLINED;
+    }
+
+    /* one allocation holds the query, its SQL and its parameters */
+    size = sizeof(ngx_llmgw_pg_query_t) + strlen(sql) + 1
+           + nparams * (sizeof(char *) + sizeof(int));
+
+    for (i = 0; i < nparams; i++) {
+        size += (lengths ? (size_t) lengths[i] : strlen(params[i])) + 1;
+    }
+
+    q = ngx_calloc(size, ngx_llmgw_pg_log);
+    if (q == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = (u_char *) (q + 1);
+
+    q->params = (char **) p;
+    p += nparams * sizeof(char *);
+    q->lengths = (int *) p;
+    p += nparams * sizeof(int);
+
+    for (i = 0; i < nparams; i++) {
+        len = lengths ? (size_t) lengths[i] : strlen(params[i]);
+        q->params[i] = (char *) p;
+        q->lengths[i] = (int) len;
+        p = ngx_cpymem(p, params[i], len);
+        *p++ = '\0';
+    }
+
+    q->sql = (char *) p;
+    ngx_memcpy(p, sql, strlen(sql) + 1);
+
+    q->nparams = nparams;
+    q->handler = handler;
+    q->data = data;
+
+    q->timer.handler = ngx_llmgw_pg_query_timeout;
+    q->timer.data = q;
+    q->timer.log = ngx_llmgw_pg_log;
+    ngx_add_timer(&q->timer, ngx_llmgw_pg_mcf->pg_timeout);
+
+    ngx_queue_insert_tail(&ngx_llmgw_pg_pending, &q->queue);
+    q->queued = 1;
+    ngx_llmgw_pg_npending++;
+
+    ngx_llmgw_pg_dispatch();
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param)
+{
+    PGconn          *conn;
+    PGresult        *res;
+    ngx_int_t        rc;
+    const char      *values[1];
+    const char *const keys[] = { "dbname", "connect_timeout", NULL };
+    const char       *vals[] = { ngx_llmgw_pg_conninfo, "3", NULL };
+
+    if (ngx_llmgw_pg_conninfo == NULL) {
+        return NGX_ERROR;
+    }
+
+    conn = PQconnectdbParams(keys, vals, 1);
+
+    if (PQstatus(conn) != CONNECTION_OK) {
+        ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
+                      "llmgw: database unreachable at exit: %s",
+                      PQerrorMessage(conn));
+        PQfinish(conn);
+        return NGX_ERROR;
+    }
+
+    values[0] = param;
+    res = PQexecParams(conn, sql, 1, NULL, values, NULL, NULL, 0);
+
+    rc = (PQresultStatus(res) == PGRES_TUPLES_OK
+          || PQresultStatus(res) == PGRES_COMMAND_OK) ? NGX_OK : NGX_ERROR;
+
+    if (rc != NGX_OK) {
+        ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
+                      "llmgw: statement failed at exit: %s",
+                      PQresultErrorMessage(res));
+    }
+
+    PQclear(res);
+    PQfinish(conn);
+
+    return rc;
+}
+
+
+static void
+ngx_llmgw_pg_connect(ngx_llmgw_pg_conn_t *pc)
+{
+    ngx_socket_t       fd;
+    ngx_connection_t  *c;
+    const char *const  keys[] = { "dbname", "application_name", NULL };
+    const char        *vals[] = { ngx_llmgw_pg_conninfo, "llmgw", NULL };
+
+    pc->conn = PQconnectStartParams(keys, vals, 1);
+
+    if (pc->conn == NULL || PQstatus(pc->conn) == CONNECTION_BAD) {
+        ngx_llmgw_pg_fail(pc, pc->conn ? PQerrorMessage(pc->conn)
+                                       : "out of memory");
+        return;
+    }
+
+    fd = PQsocket(pc->conn);
+
+    if (fd == (ngx_socket_t) -1) {
+        ngx_llmgw_pg_fail(pc, "no socket");
+        return;
+    }
+
+    c = ngx_get_connection(fd, ngx_llmgw_pg_log);
+    if (c == NULL) {
+        ngx_llmgw_pg_fail(pc, "no free nginx connection");
+        return;
+    }
+
+    c->data = pc;
+    c->read->handler = ngx_llmgw_pg_event;
+    c->write->handler = ngx_llmgw_pg_event;
+    c->read->log = ngx_llmgw_pg_log;
+    c->write->log = ngx_llmgw_pg_log;
+
+    pc->c = c;
+    pc->state = NGX_LLMGW_PG_CONNECTING;
+
+    if (ngx_add_event(c->read, NGX_READ_EVENT, 0) != NGX_OK) {
+        ngx_llmgw_pg_fail(pc, "cannot watch the socket");
+        return;
+    }
+
+    /* a fresh socket is writable: this starts PQconnectPoll */
+    if (ngx_llmgw_pg_want_write(pc, 1) != NGX_OK) {
+        ngx_llmgw_pg_fail(pc, "cannot watch the socket");
+        return;
+    }
+}
+
+
+static ngx_int_t
+ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc, ngx_uint_t on)
+{
+    ngx_event_t  *wev = pc->c->write;
+
+    if (on && !wev->active) {
+        return ngx_add_event(wev, NGX_WRITE_EVENT, 0);
+    }
+
+    if (!on && wev->active) {
+        return ngx_del_event(wev, NGX_WRITE_EVENT, 0);
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_pg_event(ngx_event_t *ev)
+{
+    ngx_connection_t  *c = ev->data;
+
+    ngx_llmgw_pg_drive(c->data);
+}
+
+
+static void
+ngx_llmgw_pg_connecting(ngx_llmgw_pg_conn_t *pc)
+{
+    ngx_socket_t                  fd;
+    PostgresPollingStatusType     st;
+
+    st = PQconnectPoll(pc->conn);
+    fd = PQsocket(pc->conn);
+
+    if (st == PGRES_POLLING_FAILED) {
+        ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+        return;
+    }
+
+    if (fd != pc->c->fd) {
+        /* libpq moved to another address: watch the new socket */
+        ngx_llmgw_pg_release(pc, 1);
+        pc->c = ngx_get_connection(fd, ngx_llmgw_pg_log);
+        if (pc->c == NULL) {
+            ngx_llmgw_pg_fail(pc, "no free nginx connection");
+            return;
+        }
+        pc->c->data = pc;
+        pc->c->read->handler = ngx_llmgw_pg_event;
+        pc->c->write->handler = ngx_llmgw_pg_event;
+        pc->c->read->log = ngx_llmgw_pg_log;
+        pc->c->write->log = ngx_llmgw_pg_log;
+        if (ngx_add_event(pc->c->read, NGX_READ_EVENT, 0) != NGX_OK) {
+            ngx_llmgw_pg_fail(pc, "cannot watch the socket");
+            return;
+        }
+    }
+
+    switch (st) {
+
+    case PGRES_POLLING_WRITING:
+        ngx_llmgw_pg_want_write(pc, 1);
+        return;
+
+    case PGRES_POLLING_OK:
+        break;
+
+    default:
+        ngx_llmgw_pg_want_write(pc, 0);
+        return;
+    }
+
+    ngx_llmgw_pg_want_write(pc, 0);
+
+    if (PQsetnonblocking(pc->conn, 1) != 0) {
+        ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+        return;
+    }
+
+    pc->backoff = 100;
+    pc->state = NGX_LLMGW_PG_IDLE;
+
+    ngx_log_error(NGX_LOG_INFO, ngx_llmgw_pg_log, 0,
+                  "llmgw: database connection %s ready",
+                  pc->listen ? "(listener)" : "");
+
+    if (pc->listen) {
+        if (!PQsendQuery(pc->conn, "LISTEN llmgw_config")) {
+            ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+            return;
+        }
+        pc->state = NGX_LLMGW_PG_BUSY;
+        pc->flushing = 1;
+        ngx_llmgw_pg_drive(pc);
+
+        /* notices sent while this listener was down were missed */
+        ngx_llmgw_pg_notify("llmgw_config", NULL);
+        return;
+    }
+
+    ngx_llmgw_pg_dispatch();
+}
+
+
+static void
+ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc)
+{
+    int        rc;
+    PGresult  *res;
+    PGnotify  *n;
+
+    if (pc->state == NGX_LLMGW_PG_CONNECTING) {
+        ngx_llmgw_pg_connecting(pc);
+        return;
+    }
+
+    if (pc->state == NGX_LLMGW_PG_DOWN) {
+        return;
+    }
+
+    if (pc->flushing) {
+        rc = PQflush(pc->conn);
+
+        if (rc < 0) {
+            ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+            return;
+        }
+
+        if (rc == 1) {
+            ngx_llmgw_pg_want_write(pc, 1);
+            return;
+        }
+
+        pc->flushing = 0;
+        ngx_llmgw_pg_want_write(pc, 0);
+    }
+
+    if (!PQconsumeInput(pc->conn)) {
+        ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+        return;
+    }
+
+    while ((n = PQnotifies(pc->conn)) != NULL) {
+        ngx_llmgw_pg_notify(n->relname, n->extra);
+        PQfreemem(n);
+    }
+
+    if (pc->state != NGX_LLMGW_PG_BUSY) {
+        return;
+    }
+
+    while (!PQisBusy(pc->conn)) {
+        res = PQgetResult(pc->conn);
+
+        if (res == NULL) {
+            /* the statement is complete */
+            res = pc->result;
+            pc->result = NULL;
+            pc->state = NGX_LLMGW_PG_IDLE;
+
+            if (pc->query) {
+                ngx_llmgw_pg_finish_query(pc->query, res, NULL);
+                pc->query = NULL;
+            }
+
+            PQclear(res);
+            ngx_llmgw_pg_dispatch();
+            return;
+        }
+
+        /* keep the last result of the statement */
+        PQclear(pc->result);
+        pc->result = res;
+    }
+}
+
+
+static void
+ngx_llmgw_pg_dispatch(void)
+{
+    ngx_uint_t             i;
+    ngx_queue_t           *qq;
+    ngx_llmgw_pg_conn_t   *pc;
+    ngx_llmgw_pg_query_t  *q;
+
+    for (i = 1; i < ngx_llmgw_pg_nconns; i++) {
+
+        if (ngx_queue_empty(&ngx_llmgw_pg_pending)) {
+            return;
+        }
+
+        pc = &ngx_llmgw_pg_conns[i];
+
+        if (pc->state != NGX_LLMGW_PG_IDLE) {
+            continue;
+        }
+
+        qq = ngx_queue_head(&ngx_llmgw_pg_pending);
+        ngx_queue_remove(qq);
+        ngx_llmgw_pg_npending--;
+
+        q = ngx_queue_data(qq, ngx_llmgw_pg_query_t, queue);
+        q->queued = 0;
+
+        if (!PQsendQueryParams(pc->conn, q->sql, q->nparams, NULL,
+                               (const char *const *) q->params, q->lengths,
+                               NULL, 0))
+        {
+            pc->query = q;
+            ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+            continue;
+        }
+
+        pc->query = q;
+        pc->state = NGX_LLMGW_PG_BUSY;
+        pc->flushing = 1;
+
+        ngx_llmgw_pg_drive(pc);
+    }
+}
+
+
+static void
+ngx_llmgw_pg_finish_query(ngx_llmgw_pg_query_t *q, PGresult *res,
+    const char *err)
+{
+    ExecStatusType  st;
+
+    if (q->timer.timer_set) {
+        ngx_del_timer(&q->timer);
+    }
+
+    if (q->handler) {
+        if (err == NULL && res != NULL) {
+            st = PQresultStatus(res);
+            if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
+                err = PQresultErrorMessage(res);
+                res = NULL;
+            }
+        }
+
+        if (err == NULL && res == NULL) {
+            err = "no result";
+        }
+
+        q->handler(q->data, err ? NULL : res, err);
+    }
+
+    ngx_free(q);
+}
+
+
+static void
+ngx_llmgw_pg_query_timeout(ngx_event_t *ev)
+{
+    ngx_llmgw_pg_query_t  *q = ev->data;
+
+    if (q->queued) {
+        ngx_queue_remove(&q->queue);
+        ngx_llmgw_pg_npending--;
+        ngx_llmgw_pg_finish_query(q, NULL, "the database did not answer "
+                                  "in time");
+        return;
+    }
+
+    /*
+     * Running on a connection: the blocking PQcancel is not an option, so
+     * the caller is answered now and the result dropped when it comes.
+     */
+    q->handler(q->data, NULL, "the database did not answer in time");
+    q->handler = NULL;
+}
+
+
+static void
+ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
+{
+    ngx_llmgw_pg_query_t  *q;
+
+    ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
+                  "llmgw: database connection failed: %s", why);
+
+    q = pc->query;
+    pc->query = NULL;
+
+    ngx_llmgw_pg_release(pc, 0);
+
+    if (q) {
+        ngx_llmgw_pg_finish_query(q, NULL, "the database connection failed");
+    }
+
+    if (!ngx_exiting && !ngx_terminate && !pc->retry.timer_set) {
+        ngx_add_timer(&pc->retry, pc->backoff);
+        pc->backoff = ngx_min(pc->backoff * 2, 2000);
+    }
+}
+
+
+/* closed: libpq already closed the socket, so only forget it */
+static void
+ngx_llmgw_pg_release(ngx_llmgw_pg_conn_t *pc, ngx_uint_t closed)
+{
+    ngx_connection_t  *c = pc->c;
+
+    if (c) {
+        if (c->read->timer_set) {
+            ngx_del_timer(c->read);
+        }
+
+        if (c->write->timer_set) {
+            ngx_del_timer(c->write);
+        }
+
+        if (c->read->active) {
+            ngx_del_event(c->read, NGX_READ_EVENT,
+                          closed ? NGX_CLOSE_EVENT : 0);
+        }
+
+        if (c->write->active) {
+            ngx_del_event(c->write, NGX_WRITE_EVENT,
+                          closed ? NGX_CLOSE_EVENT : 0);
+        }
+
+        if (c->read->posted) {
+            ngx_delete_posted_event(c->read);
+        }
+
+        if (c->write->posted) {
+            ngx_delete_posted_event(c->write);
+        }
+
+        c->fd = (ngx_socket_t) -1;
+        ngx_free_connection(c);
+        pc->c = NULL;
+    }
+
+    if (closed) {
+        return;
+    }
+
+    PQclear(pc->result);
+    pc->result = NULL;
+
+    if (pc->conn) {
+        PQfinish(pc->conn);
+        pc->conn = NULL;
+    }
+
+    pc->state = NGX_LLMGW_PG_DOWN;
+    pc->flushing = 0;
+}
+
+
+static void
+ngx_llmgw_pg_retry(ngx_event_t *ev)
+{
+    ngx_llmgw_pg_conn_t  *pc = ev->data;
+
+    if (ngx_exiting || ngx_terminate) {
+        return;
+    }
+
+    ngx_llmgw_pg_connect(pc);
+}

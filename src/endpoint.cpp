@@ -1,0 +1,184 @@
+/*
+ * Which API a request path names.  Paths are matched exactly (no trailing
+ * slash, no case folding) because the upstream protocols are exact too; a
+ * miss is a 404 "Invalid URL" whose message names the usual base-URL
+ * mistake, so a user can fix the client setting without asking.
+ */
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "internal.h"
+
+namespace {
+
+struct Match {
+    llmgw_endpoint_e  ep = LLMGW_EP_NONE;
+    std::string_view  model;
+    int               stream = 0;
+};
+
+/* Keeps the message inside llmgw_endpoint_t.message (256 bytes). */
+constexpr size_t kPathShown = 128;
+constexpr size_t kMethodShown = 16;
+
+constexpr std::string_view kGeminiPrefix = "/v1beta/models/";
+constexpr std::string_view kGenerate = ":generateContent";
+constexpr std::string_view kStreamGenerate = ":streamGenerateContent";
+
+
+bool
+ends_with(std::string_view s, std::string_view suffix)
+{
+    return s.size() >= suffix.size()
+           && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+
+bool
+starts_with(std::string_view s, std::string_view prefix)
+{
+    return s.substr(0, prefix.size()) == prefix;
+}
+
+
+/* "<model>:generateContent"; the model is one path segment, never empty. */
+bool
+match_gemini(std::string_view path, Match *m)
+{
+    if (!starts_with(path, kGeminiPrefix)) {
+        return false;
+    }
+
+    std::string_view rest = path.substr(kGeminiPrefix.size());
+    std::string_view model;
+    int stream;
+
+    if (ends_with(rest, kStreamGenerate)) {
+        model = rest.substr(0, rest.size() - kStreamGenerate.size());
+        stream = 1;
+
+    } else if (ends_with(rest, kGenerate)) {
+        model = rest.substr(0, rest.size() - kGenerate.size());
+        stream = 0;
+
+    } else {
+        return false;
+    }
+
+    if (model.empty() || model.find('/') != std::string_view::npos) {
+        return false;
+    }
+
+    m->ep = LLMGW_EP_GEMINI;
+    m->model = model;
+    m->stream = stream;
+
+    return true;
+}
+
+
+Match
+match_path(std::string_view path)
+{
+    Match m;
+
+    if (path == "/v1/chat/completions") {
+        m.ep = LLMGW_EP_CHAT;
+
+    } else if (path == "/v1/messages") {
+        m.ep = LLMGW_EP_MESSAGES;
+
+    } else if (path == "/v1/rerank" || path == "/v2/rerank") {
+        m.ep = LLMGW_EP_RERANK;
+
+    } else if (path == "/v1/models") {
+        m.ep = LLMGW_EP_MODELS;
+
+    } else {
+        match_gemini(path, &m);
+    }
+
+    return m;
+}
+
+
+/* The hint for the base-URL mistake the path shows, or "" when none. */
+const char *
+invalid_url_hint(std::string_view path)
+{
+    if (path == "/v1/v1" || starts_with(path, "/v1/v1/")) {
+        return ": the path has /v1 twice; set the base URL to the host plus "
+               "one /v1";
+    }
+
+    if (path == "/v1" || path == "/v1/") {
+        return ": the path is only /v1; give the full endpoint address such "
+               "as /v1/chat/completions";
+    }
+
+    if (starts_with(path, "/")
+        && match_path("/v1" + std::string(path)).ep != LLMGW_EP_NONE)
+    {
+        return ": the path is missing /v1; add /v1 to the base URL";
+    }
+
+    return "";
+}
+
+
+void
+set_invalid_url(std::string_view method, std::string_view path,
+    llmgw_endpoint_t *out)
+{
+    std::string_view shown = path.substr(0, kPathShown);
+    const char *cut = path.size() > kPathShown ? "..." : "";
+
+    method = method.substr(0, kMethodShown);
+
+    out->ep = LLMGW_EP_INVALID_URL;
+    std::snprintf(out->message, sizeof(out->message),
+                  "Invalid URL (%.*s %.*s%s)%s",
+                  static_cast<int>(method.size()), method.data(),
+                  static_cast<int>(shown.size()), shown.data(), cut,
+                  invalid_url_hint(path));
+}
+
+} // namespace
+
+
+extern "C" void
+llmgw_endpoint_classify(llmgw_str_t method, llmgw_str_t path,
+    llmgw_endpoint_t *out)
+{
+    std::memset(out, 0, sizeof(*out));
+    out->model.data = "";
+
+    try {
+        std::string_view m = llmgw::sv(method);
+        std::string_view p = llmgw::sv(path);
+        Match match = match_path(p);
+
+        if (match.ep == LLMGW_EP_NONE) {
+            set_invalid_url(m, p, out);
+            return;
+        }
+
+        out->ep = match.ep;
+        out->stream = match.stream;
+
+        if (!match.model.empty()) {
+            out->model.data = match.model.data();
+            out->model.len = match.model.size();
+        }
+
+        out->method_ok = m == (match.ep == LLMGW_EP_MODELS ? "GET" : "POST");
+
+    } catch (...) {
+        /* only the hint's string can throw (allocation): fail closed */
+        out->ep = LLMGW_EP_INVALID_URL;
+        std::snprintf(out->message, sizeof(out->message), "Invalid URL");
+    }
+}

@@ -1,0 +1,299 @@
+/*
+ * The error contract: every refusal, ours or the upstream's, reaches the
+ * client as {"error":{"message":..,"type":..,"code":..}} with the request id
+ * at the end of the message, so a user can quote it when reporting.
+ */
+
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+#include "internal.h"
+
+namespace {
+
+using llmgw::Json;
+using llmgw::json_str;
+
+/* Raw upstream text is cut here so a huge HTML error page stays readable. */
+constexpr size_t kRawMessageMax = 512;
+
+constexpr uint32_t kReplacementChar = 0xfffd;
+
+
+size_t
+utf8_sequence_length(const unsigned char *p, size_t left)
+{
+    unsigned char c = p[0];
+    size_t n;
+    uint32_t cp;
+
+    if (c < 0x80) {
+        return 1;
+    }
+
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+        cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+
+    if (left < n) {
+        return 0;
+    }
+
+    for (size_t i = 1; i < n; i++) {
+        if ((p[i] & 0xc0) != 0x80) {
+            return 0;
+        }
+        cp = (cp << 6) | (p[i] & 0x3f);
+    }
+
+    /* overlong forms, surrogates and values past U+10FFFF are invalid */
+    if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000)
+        || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
+    {
+        return 0;
+    }
+
+    return n;
+}
+
+
+void
+append_replacement(std::string *out)
+{
+    out->push_back(static_cast<char>(0xe0 | (kReplacementChar >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((kReplacementChar >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (kReplacementChar & 0x3f)));
+}
+
+
+/*
+ * jansson refuses strings that are not UTF-8; upstream bodies and request
+ * ids are not guaranteed to be, and an error must never fail to render.
+ */
+std::string
+valid_utf8(std::string_view s)
+{
+    std::string out;
+    const auto *p = reinterpret_cast<const unsigned char *>(s.data());
+    size_t i = 0;
+
+    out.reserve(s.size());
+
+    while (i < s.size()) {
+        size_t n = utf8_sequence_length(p + i, s.size() - i);
+
+        if (n == 0) {
+            append_replacement(&out);
+            i++;
+            continue;
+        }
+
+        out.append(s.data() + i, n);
+        i += n;
+    }
+
+    return out;
+}
+
+
+std::string_view
+trim(std::string_view s)
+{
+    const char *ws = " \t\r\n\f\v";
+    size_t b = s.find_first_not_of(ws);
+
+    if (b == std::string_view::npos) {
+        return {};
+    }
+
+    return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+
+/* Cuts to at most max bytes without splitting a UTF-8 sequence. */
+std::string_view
+cut_utf8(std::string_view s, size_t max)
+{
+    if (s.size() <= max) {
+        return s;
+    }
+
+    size_t n = max;
+
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) {
+        n--;
+    }
+
+    return s.substr(0, n);
+}
+
+
+json_t *
+json_text(std::string_view s)
+{
+    std::string v = valid_utf8(s);
+    return json_stringn(v.data(), v.size());
+}
+
+
+llmgw_buf_t
+render_error(std::string_view message, std::string_view type,
+    std::string_view code, std::string_view request_id)
+{
+    std::string text(message);
+
+    text += " (request id: ";
+    text += request_id;
+    text += ")";
+
+    Json inner(json_object());
+    Json root(json_object());
+
+    if (!inner || !root
+        || json_object_set_new(inner.get(), "message", json_text(text)) != 0
+        || json_object_set_new(inner.get(), "type", json_text(type)) != 0
+        || json_object_set_new(inner.get(), "code", json_text(code)) != 0
+        || json_object_set(root.get(), "error", inner.get()) != 0)
+    {
+        return { nullptr, 0 };
+    }
+
+    std::string out = llmgw::json_dump(root.get());
+
+    if (out.empty()) {
+        return { nullptr, 0 };
+    }
+
+    return llmgw::make_buf(out);
+}
+
+
+/*
+ * Where the common vendors put their message (OpenAI and Anthropic
+ * error.message, some proxies message or error, FastAPI detail).  json_str()
+ * gives "" for a missing member, and an empty message explains nothing, so
+ * both fall through to the next place.
+ */
+std::string
+upstream_message(const json_t *root, std::string_view raw, int status)
+{
+    const json_t *err = json_object_get(root, "error");
+    std::string_view m = json_str(err, "message");
+
+    if (m.empty()) {
+        m = json_str(root, "message");
+    }
+
+    if (m.empty()) {
+        m = json_str(root, "error");
+    }
+
+    if (m.empty()) {
+        m = json_str(root, "detail");
+    }
+
+    if (m.empty()) {
+        m = cut_utf8(trim(raw), kRawMessageMax);
+    }
+
+    if (m.empty()) {
+        return "upstream returned HTTP " + std::to_string(status);
+    }
+
+    return std::string(m);
+}
+
+
+/* Vendors send codes as strings ("rate_limit_exceeded") or numbers (429). */
+std::string
+code_text(const json_t *obj, const char *key)
+{
+    const json_t *v = json_object_get(obj, key);
+    char num[64];
+
+    if (json_is_string(v)) {
+        return std::string(json_string_value(v), json_string_length(v));
+    }
+
+    if (json_is_integer(v)) {
+        std::snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT,
+                      json_integer_value(v));
+        return num;
+    }
+
+    if (json_is_real(v)) {
+        std::snprintf(num, sizeof(num), "%.15g", json_real_value(v));
+        return num;
+    }
+
+    return {};
+}
+
+
+std::string
+upstream_code(const json_t *root)
+{
+    const json_t *err = json_object_get(root, "error");
+    std::string code = code_text(err, "code");
+
+    if (code.empty()) {
+        code = code_text(root, "code");
+    }
+
+    if (code.empty()) {
+        code = std::string(json_str(err, "type"));
+    }
+
+    if (code.empty()) {
+        code = "bad_response_status_code";
+    }
+
+    return code;
+}
+
+} // namespace
+
+
+extern "C" llmgw_buf_t
+llmgw_error_json(llmgw_str_t message, llmgw_str_t type, llmgw_str_t code,
+    llmgw_str_t request_id)
+{
+    try {
+        return render_error(llmgw::sv(message), llmgw::sv(type),
+                            llmgw::sv(code), llmgw::sv(request_id));
+
+    } catch (...) {
+        return { nullptr, 0 };
+    }
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_upstream_error_json(int status, const char *body, size_t len,
+    llmgw_str_t request_id)
+{
+    try {
+        std::string_view raw(body ? body : "", body ? len : 0);
+        Json root = llmgw::json_parse(raw.data(), raw.size());
+
+        /* json_object_get() of a non-object is NULL: no special case */
+        std::string message = upstream_message(root.get(), raw, status);
+        std::string code = upstream_code(root.get());
+
+        return render_error(message, "upstream_error", code,
+                            llmgw::sv(request_id));
+
+    } catch (...) {
+        return { nullptr, 0 };
+    }
+}

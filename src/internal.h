@@ -1,0 +1,61 @@
+/*
+ * Helpers shared by the core's translation units (never by the glue).
+ */
+
+#ifndef LLMGW_INTERNAL_H
+#define LLMGW_INTERNAL_H
+
+#include <jansson.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <cstdio>
+
+#include "llmgw.h"
+
+namespace llmgw {
+
+struct JsonDeleter {
+    void operator()(json_t *j) const { json_decref(j); }
+};
+
+/* An owning reference to a jansson value. */
+using Json = std::unique_ptr<json_t, JsonDeleter>;
+
+inline Json
+json_parse(const char *data, size_t len)
+{
+    json_error_t err;
+    return Json(json_loadb(data, len, JSON_ALLOW_NUL, &err));
+}
+
+inline std::string_view
+sv(llmgw_str_t s)
+{
+    return std::string_view(s.data ? s.data : "", s.len);
+}
+
+inline llmgw_str_t
+str(std::string_view s)
+{
+    return llmgw_str_t { s.data(), s.size() };
+}
+
+/* Copies s into a malloc'ed llmgw_buf_t (data NULL on allocation failure). */
+llmgw_buf_t make_buf(std::string_view s);
+
+/* Compact JSON text of a value. */
+std::string json_dump(const json_t *j);
+
+/* A string member or "" (never NULL). */
+std::string_view json_str(const json_t *obj, const char *key);
+
+/* An integer member (or a real one truncated) or dflt. */
+int64_t json_int(const json_t *obj, const char *key, int64_t dflt);
+
+double json_num(const json_t *obj, const char *key, double dflt);
+
+} /* namespace llmgw */
+
+#endif /* LLMGW_INTERNAL_H */

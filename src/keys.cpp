@@ -1,0 +1,102 @@
+/*
+ * API keys are stored only as SHA-256 hashes, so a database leak does not
+ * leak usable keys, and are compared in constant time so response timing
+ * does not reveal how much of a guess was right.
+ */
+
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+#include <openssl/sha.h>
+
+#include <cstring>
+#include <string_view>
+
+#include "internal.h"
+
+namespace {
+
+constexpr std::string_view kKeyPrefix = "sk-";
+
+/* 24 random bytes: 192 bits, 48 hex characters after "sk-". */
+constexpr size_t kKeyRandomBytes = 24;
+
+const char kHex[] = "0123456789abcdef";
+
+
+void
+hex_encode(const unsigned char *in, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = kHex[in[i] >> 4];
+        out[2 * i + 1] = kHex[in[i] & 0x0f];
+    }
+
+    out[2 * n] = '\0';
+}
+
+
+/* Printable ASCII without space: what a header value can carry unquoted. */
+bool
+key_bytes_ok(std::string_view key)
+{
+    if (key.empty()) {
+        return false;
+    }
+
+    for (unsigned char c : key) {
+        if (c < 0x21 || c > 0x7e) {
+            return false;
+        }
+    }
+
+    return true;
+}
+
+} // namespace
+
+
+extern "C" int
+llmgw_key_hash(llmgw_str_t key, char out[65])
+{
+    std::string_view k = llmgw::sv(key);
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+
+    /* clients send the key with or without "sk-": both must hash alike */
+    if (k.substr(0, kKeyPrefix.size()) == kKeyPrefix) {
+        k.remove_prefix(kKeyPrefix.size());
+    }
+
+    if (!key_bytes_ok(k)) {
+        return -1;
+    }
+
+    SHA256(reinterpret_cast<const unsigned char *>(k.data()), k.size(),
+           digest);
+    hex_encode(digest, sizeof(digest), out);
+
+    return 0;
+}
+
+
+extern "C" int
+llmgw_ct_equal(const void *a, const void *b, size_t n)
+{
+    return CRYPTO_memcmp(a, b, n) == 0;
+}
+
+
+extern "C" int
+llmgw_key_generate(char out[52])
+{
+    unsigned char raw[kKeyRandomBytes];
+
+    if (RAND_bytes(raw, sizeof(raw)) != 1) {
+        return -1;
+    }
+
+    std::memcpy(out, kKeyPrefix.data(), kKeyPrefix.size());
+    hex_encode(raw, sizeof(raw), out + kKeyPrefix.size());
+    OPENSSL_cleanse(raw, sizeof(raw));
+
+    return 0;
+}

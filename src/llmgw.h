@@ -1,0 +1,354 @@
+/*
+ * llmgw core library: the C API over the C++ core.
+ *
+ * Everything that decides (error contract, key checks, routing, request
+ * rewriting, usage extraction, rate-limit arithmetic) lives behind this
+ * header so that unit tests reach it without a server.  No nginx headers.
+ * No exception ever crosses this boundary.
+ */
+
+#ifndef LLMGW_H
+#define LLMGW_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+
+typedef struct {
+    const char  *data;
+    size_t       len;
+} llmgw_str_t;
+
+/* A buffer owned by the caller once returned; release with llmgw_buf_free. */
+typedef struct {
+    char        *data;
+    size_t       len;
+} llmgw_buf_t;
+
+void llmgw_buf_free(llmgw_buf_t *b);
+
+#define LLMGW_STR(s)  ((llmgw_str_t) { (s), sizeof(s) - 1 })
+
+
+/*
+ * A decision that refuses a request: HTTP status, error type and code, and a
+ * message without the request-id suffix.  status == 0 means "allowed".
+ */
+typedef struct {
+    int          status;
+    const char  *type;          /* static string */
+    const char  *code;          /* static string, may be "" */
+    char         message[512];
+} llmgw_verdict_t;
+
+void llmgw_verdict_set(llmgw_verdict_t *v, int status, const char *type,
+    const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+
+/* ---- error contract (errors.cpp) ---- */
+
+/*
+ * {"error":{"message":"<message> (request id: <id>)","type":..,"code":..}}
+ */
+llmgw_buf_t llmgw_error_json(llmgw_str_t message, llmgw_str_t type,
+    llmgw_str_t code, llmgw_str_t request_id);
+
+/*
+ * Turns an upstream error body into the error contract: the upstream's own
+ * message (error.message, message, error as a string, or the raw text cut to
+ * 512 bytes), type "upstream_error", the upstream's code when it is a string
+ * or number, else "bad_response_status_code".
+ */
+llmgw_buf_t llmgw_upstream_error_json(int status, const char *body,
+    size_t len, llmgw_str_t request_id);
+
+
+/* ---- endpoints (endpoint.cpp) ---- */
+
+typedef enum {
+    LLMGW_EP_NONE = 0,
+    LLMGW_EP_CHAT,          /* POST /v1/chat/completions */
+    LLMGW_EP_MESSAGES,      /* POST /v1/messages */
+    LLMGW_EP_GEMINI,        /* POST /v1beta/models/{m}:generateContent */
+    LLMGW_EP_RERANK,        /* POST /v1/rerank, /v2/rerank */
+    LLMGW_EP_MODELS,        /* GET /v1/models */
+    LLMGW_EP_INVALID_URL    /* 404 Invalid URL, message says why */
+} llmgw_endpoint_e;
+
+typedef struct {
+    llmgw_endpoint_e  ep;
+    llmgw_str_t       model;    /* from the path (Gemini), else empty */
+    int               stream;   /* :streamGenerateContent */
+    int               method_ok;
+    char              message[256];
+} llmgw_endpoint_t;
+
+void llmgw_endpoint_classify(llmgw_str_t method, llmgw_str_t path,
+    llmgw_endpoint_t *out);
+
+
+/* ---- keys (keys.cpp) ---- */
+
+/*
+ * sha256 hex (64 chars + NUL) of the key with any "sk-" prefix removed.
+ * Returns -1 for an empty key or one with bytes outside [!-~].
+ */
+int llmgw_key_hash(llmgw_str_t key, char out[65]);
+
+/* Constant-time equality of two n-byte strings. */
+int llmgw_ct_equal(const void *a, const void *b, size_t n);
+
+/* A new key "sk-" + 48 random alphanumerics; out must hold 52 bytes. */
+int llmgw_key_generate(char out[52]);
+
+
+/* ---- IP allow lists (cidr.cpp) ---- */
+
+typedef struct llmgw_iplist_s  llmgw_iplist_t;
+
+/* Parses a JSON array of IPs / CIDRs (IPv4, IPv6). NULL + err on error. */
+llmgw_iplist_t *llmgw_iplist_parse(const char *json, size_t len, char *err,
+    size_t errlen);
+void llmgw_iplist_free(llmgw_iplist_t *l);
+/* family is AF_INET or AF_INET6; addr is 4 or 16 bytes. */
+int llmgw_iplist_match(const llmgw_iplist_t *l, int family,
+    const uint8_t *addr);
+
+
+/* ---- configuration snapshot and routing (snapshot.cpp) ---- */
+
+typedef struct llmgw_snapshot_s  llmgw_snapshot_t;
+
+typedef struct {
+    int64_t       id;
+    int           type;         /* 1 OpenAI, 14 Anthropic, 24 Gemini, ... */
+    const char   *name;
+    int           tls;
+    const char   *host;         /* host name or IP literal, no brackets */
+    const char   *host_header;  /* "host" or "host:port" as sent */
+    uint16_t      port;
+    const char   *base_path;    /* "" or "/prefix" without trailing slash */
+    const char   *key;          /* the channel credential */
+    int64_t       priority;
+    int64_t       weight;
+} llmgw_channel_t;
+
+typedef struct {
+    int64_t       window_ms;    /* 0: no limit */
+    uint32_t      total;        /* 0: no total limit */
+    uint32_t      success;      /* 0: no success limit */
+} llmgw_rate_limit_t;
+
+llmgw_snapshot_t *llmgw_snapshot_parse(const char *json, size_t len,
+    char *err, size_t errlen);
+void llmgw_snapshot_free(llmgw_snapshot_t *s);
+int64_t llmgw_snapshot_revision(const llmgw_snapshot_t *s);
+int llmgw_snapshot_is_admin(const llmgw_snapshot_t *s, const char hash[65]);
+
+/* 403 for a group that is unknown or deprecated; sets *ratio otherwise. */
+int llmgw_snapshot_group_check(const llmgw_snapshot_t *s, llmgw_str_t group,
+    double *ratio, llmgw_verdict_t *v);
+void llmgw_snapshot_rate_limit(const llmgw_snapshot_t *s, llmgw_str_t group,
+    llmgw_rate_limit_t *rl);
+
+/*
+ * Candidate channels for a model in the order they are tried: enabled
+ * channels serving the model for the group, highest priority first,
+ * weighted random inside a priority (seeded).  Only channels that can serve
+ * the endpoint are returned; *incompatible counts those left out for that.
+ */
+size_t llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep,
+    llmgw_str_t model, llmgw_str_t group, uint64_t seed,
+    const llmgw_channel_t **out, size_t max, size_t *incompatible);
+
+/* The model name sent upstream after the channel's model_mapping. */
+llmgw_str_t llmgw_channel_map_model(const llmgw_snapshot_t *s,
+    const llmgw_channel_t *c, llmgw_str_t model);
+
+
+/* ---- tokens (token.cpp) ---- */
+
+typedef struct llmgw_token_s  llmgw_token_t;
+
+/*
+ * Parses the JSON answer of llmgw_token_lookup(); NULL on bad input.  A
+ * token is reference counted (one worker, one thread): parse gives one
+ * reference, llmgw_token_ref adds one, llmgw_token_free drops one.
+ */
+llmgw_token_t *llmgw_token_parse(const char *json, size_t len);
+llmgw_token_t *llmgw_token_ref(llmgw_token_t *t);
+void llmgw_token_free(llmgw_token_t *t);
+
+int64_t llmgw_token_id(const llmgw_token_t *t);
+int64_t llmgw_token_user_id(const llmgw_token_t *t);
+/* The effective group: the token's, else the user's, else "default". */
+llmgw_str_t llmgw_token_group(const llmgw_token_t *t);
+
+/* 401 Invalid token: disabled, expired, exhausted, user disabled. */
+int llmgw_token_check(const llmgw_token_t *t, int64_t now,
+    llmgw_verdict_t *v);
+/* 403 access_denied when the address is outside the allow list. */
+int llmgw_token_check_ip(const llmgw_token_t *t, int family,
+    const uint8_t *addr, const char *addr_text, llmgw_verdict_t *v);
+/* 403 when the model is outside the key's list. */
+int llmgw_token_check_model(const llmgw_token_t *t, llmgw_str_t model,
+    llmgw_verdict_t *v);
+
+
+/*
+ * A worker's key cache: key hash -> token (or a remembered miss, t == NULL).
+ * Entries are dropped by token id, by user id, or all at once when the
+ * configuration revision moved in a way the worker could not follow.
+ */
+typedef struct llmgw_tcache_s  llmgw_tcache_t;
+
+llmgw_tcache_t *llmgw_tcache_new(size_t max_entries);
+void llmgw_tcache_free(llmgw_tcache_t *c);
+/* 1 and *t (a new reference, or NULL for a known miss) when cached. */
+int llmgw_tcache_get(llmgw_tcache_t *c, const char hash[65],
+    llmgw_token_t **t);
+/* Takes its own reference of t; t may be NULL (a miss). */
+void llmgw_tcache_put(llmgw_tcache_t *c, const char hash[65],
+    llmgw_token_t *t);
+void llmgw_tcache_drop_token(llmgw_tcache_t *c, int64_t token_id);
+void llmgw_tcache_drop_user(llmgw_tcache_t *c, int64_t user_id);
+void llmgw_tcache_clear(llmgw_tcache_t *c);
+
+
+/* ---- admin answers (admin.cpp) ---- */
+
+/*
+ * Reads the answer of llmgw_api(): {"status": n, "body": ...} or
+ * {"status": n, "message": m, "code": c}.  On success *body is the JSON text
+ * to send; on failure v holds the error.  Returns the HTTP status.
+ */
+int llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
+    llmgw_verdict_t *v);
+
+/* The notification payload {"rev":n,"kind":"token","id":7}. */
+typedef struct {
+    int64_t  rev;
+    int64_t  id;
+    char     kind[16];
+} llmgw_notice_t;
+
+int llmgw_notice_parse(const char *json, size_t len, llmgw_notice_t *n);
+
+
+/* ---- client requests (request.cpp) ---- */
+
+typedef struct llmgw_req_s  llmgw_req_t;
+
+/*
+ * Parses and validates a request body for an endpoint: 400 invalid JSON,
+ * 400 "Model name not specified", 400 invalid_request naming a missing
+ * field.  path_model is the model from the URL (Gemini), may be empty.
+ */
+llmgw_req_t *llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model,
+    const char *body, size_t len, llmgw_verdict_t *v);
+void llmgw_req_free(llmgw_req_t *r);
+
+llmgw_str_t llmgw_req_model(const llmgw_req_t *r);
+int llmgw_req_stream(const llmgw_req_t *r);
+/* The client's explicit max_tokens (or equivalent), or -1. */
+int64_t llmgw_req_max_tokens(const llmgw_req_t *r);
+/* A token estimate of the prompt (text length based). */
+int64_t llmgw_req_prompt_estimate(const llmgw_req_t *r);
+
+/*
+ * The body sent to a channel: the model replaced by upstream_model; for an
+ * OpenAI stream without stream_options.include_usage it is added and
+ * *usage_injected set, so that the extra usage chunk is held back from the
+ * client.
+ */
+llmgw_buf_t llmgw_req_upstream_body(const llmgw_req_t *r,
+    const llmgw_channel_t *c, llmgw_str_t upstream_model,
+    int *usage_injected);
+
+
+/* ---- upstream responses and usage (usage.cpp) ---- */
+
+typedef struct {
+    int64_t  prompt_tokens;
+    int64_t  completion_tokens;
+    int64_t  cache_read_tokens;
+    int64_t  cache_creation_tokens;
+    int      known;             /* the upstream reported usage */
+} llmgw_usage_t;
+
+typedef struct llmgw_resp_s  llmgw_resp_t;
+
+/*
+ * Observes an upstream 2xx body as it streams (JSON or SSE) to read usage
+ * and, when usage was injected, to drop the usage-only chunk the client did
+ * not ask for.
+ */
+llmgw_resp_t *llmgw_resp_new(llmgw_endpoint_e ep, int channel_type,
+    int stream, int usage_injected);
+void llmgw_resp_free(llmgw_resp_t *r);
+
+/*
+ * Feeds upstream bytes.  Returns what must reach the client for them:
+ * either the same bytes (out->data == NULL, pass through) or a replacement
+ * in *out (possibly empty), owned by the caller.
+ */
+int llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
+    llmgw_buf_t *out);
+/* End of the upstream body; may return trailing bytes for the client. */
+int llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out);
+/* Usage as reported, or estimated from the delivered text. */
+void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
+
+
+/* ---- rate limiting arithmetic (ratelimit.cpp) ---- */
+
+/*
+ * A sliding-log limiter over caller memory (nginx puts it in shared memory
+ * under the zone mutex): "at most total requests, and at most success
+ * successful ones, in any window_ms".  Exact: timestamps, not buckets.
+ */
+size_t llmgw_rl_size(uint32_t total, uint32_t success);
+void llmgw_rl_init(void *mem, uint32_t total, uint32_t success);
+
+enum { LLMGW_RL_OK = 0, LLMGW_RL_TOTAL = 1, LLMGW_RL_SUCCESS = 2 };
+
+/*
+ * Admits and records one request, or refuses it with the limit that was hit
+ * and the milliseconds until a slot frees.
+ */
+int llmgw_rl_acquire(void *mem, int64_t now_ms, int64_t window_ms,
+    int64_t *retry_after_ms);
+/* Records a successful request. */
+void llmgw_rl_success(void *mem, int64_t now_ms);
+
+
+/* ---- incremental SSE framing (sse.cpp) ---- */
+
+typedef struct llmgw_sse_s  llmgw_sse_t;
+
+typedef struct {
+    llmgw_str_t  event;         /* "message" when absent */
+    llmgw_str_t  id;
+    llmgw_str_t  data;          /* data lines joined with "\n" */
+} llmgw_sse_event_t;
+
+typedef void (*llmgw_sse_cb)(void *arg, const llmgw_sse_event_t *ev);
+
+/* max_event: the largest event accepted (bytes); 0 = 1 MiB. */
+llmgw_sse_t *llmgw_sse_new(size_t max_event);
+void llmgw_sse_free(llmgw_sse_t *p);
+/* Returns 0, or -1 when an event exceeds the limit. CRLF, LF, CR accepted. */
+int llmgw_sse_feed(llmgw_sse_t *p, const char *data, size_t len,
+    llmgw_sse_cb cb, void *arg);
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LLMGW_H */

@@ -1,0 +1,225 @@
+/*
+ * Client request bodies: parsed once, validated per endpoint, and rewritten
+ * for the channel that serves them.
+ */
+
+#include <string>
+
+#include "internal.h"
+
+using namespace llmgw;
+
+struct llmgw_req_s {
+    llmgw_endpoint_e  ep = LLMGW_EP_NONE;
+    Json              root;
+    std::string       model;
+    bool              stream = false;
+    int64_t           max_tokens = -1;
+    int64_t           prompt_estimate = 0;
+};
+
+namespace {
+
+/* Text bytes of every string below j (a rough token count is bytes / 4). */
+size_t
+text_bytes(const json_t *j, int depth)
+{
+    if (depth > 32) {
+        return 0;
+    }
+
+    if (json_is_string(j)) {
+        return json_string_length(j);
+    }
+
+    size_t n = 0;
+
+    if (json_is_array(j)) {
+        size_t   i;
+        json_t  *v;
+
+        json_array_foreach(j, i, v) {
+            n += text_bytes(v, depth + 1);
+        }
+
+    } else if (json_is_object(j)) {
+        const char  *k;
+        json_t      *v;
+
+        json_object_foreach(const_cast<json_t *>(j), k, v) {
+            /* inline media is not prompt text */
+            if (std::string_view(k) == "data"
+                || std::string_view(k) == "image_url")
+            {
+                continue;
+            }
+            n += text_bytes(v, depth + 1);
+        }
+    }
+
+    return n;
+}
+
+const char *
+required_field(llmgw_endpoint_e ep, const json_t *body)
+{
+    switch (ep) {
+    case LLMGW_EP_CHAT:
+    case LLMGW_EP_MESSAGES:
+        return json_is_array(json_object_get(body, "messages"))
+               ? nullptr : "messages";
+    case LLMGW_EP_GEMINI:
+        return json_is_array(json_object_get(body, "contents"))
+               ? nullptr : "contents";
+    case LLMGW_EP_RERANK:
+        if (!json_is_string(json_object_get(body, "query"))) {
+            return "query";
+        }
+        return json_is_array(json_object_get(body, "documents"))
+               ? nullptr : "documents";
+    default:
+        return nullptr;
+    }
+}
+
+int64_t
+max_tokens_of(llmgw_endpoint_e ep, const json_t *body)
+{
+    switch (ep) {
+    case LLMGW_EP_CHAT: {
+        int64_t n = json_int(body, "max_completion_tokens", -1);
+        return n >= 0 ? n : json_int(body, "max_tokens", -1);
+    }
+    case LLMGW_EP_MESSAGES:
+        return json_int(body, "max_tokens", -1);
+    case LLMGW_EP_GEMINI:
+        return json_int(json_object_get(body, "generationConfig"),
+                        "maxOutputTokens", -1);
+    default:
+        return -1;
+    }
+}
+
+} /* namespace */
+
+
+extern "C" llmgw_req_t *
+llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
+    size_t len, llmgw_verdict_t *v)
+{
+    try {
+        auto r = std::make_unique<llmgw_req_s>();
+        r->ep = ep;
+        r->root = json_parse(body, len);
+
+        if (!json_is_object(r->root.get())) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
+                              "invalid JSON request body");
+            return nullptr;
+        }
+
+        const json_t *j = r->root.get();
+
+        if (ep == LLMGW_EP_GEMINI) {
+            r->model = sv(path_model);
+        } else {
+            r->model = json_str(j, "model");
+        }
+
+        if (r->model.empty()) {
+            llmgw_verdict_set(v, 400, "gateway_error", "model_not_specified",
+                              "Model name not specified");
+            return nullptr;
+        }
+
+        if (const char *f = required_field(ep, j)) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "field %s is required", f);
+            return nullptr;
+        }
+
+        r->stream = json_is_true(json_object_get(j, "stream"));
+        r->max_tokens = max_tokens_of(ep, j);
+        r->prompt_estimate = static_cast<int64_t>(text_bytes(j, 0) / 4) + 4;
+
+        return r.release();
+
+    } catch (...) {
+        llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
+                          "the request could not be read");
+        return nullptr;
+    }
+}
+
+
+extern "C" void
+llmgw_req_free(llmgw_req_t *r)
+{
+    delete r;
+}
+
+
+extern "C" llmgw_str_t
+llmgw_req_model(const llmgw_req_t *r)
+{
+    return str(r->model);
+}
+
+
+extern "C" int
+llmgw_req_stream(const llmgw_req_t *r)
+{
+    return r->stream;
+}
+
+
+extern "C" int64_t
+llmgw_req_max_tokens(const llmgw_req_t *r)
+{
+    return r->max_tokens;
+}
+
+
+extern "C" int64_t
+llmgw_req_prompt_estimate(const llmgw_req_t *r)
+{
+    return r->prompt_estimate;
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
+    llmgw_str_t upstream_model, int *usage_injected)
+{
+    *usage_injected = 0;
+
+    try {
+        Json body(json_deep_copy(r->root.get()));
+
+        if (r->ep != LLMGW_EP_GEMINI) {
+            json_object_set_new(body.get(), "model",
+                                json_stringn(upstream_model.data,
+                                             upstream_model.len));
+        }
+
+        /* OpenAI streams carry usage only when asked for */
+        if (r->ep == LLMGW_EP_CHAT && c->type == 1 && r->stream) {
+            json_t *so = json_object_get(body.get(), "stream_options");
+
+            if (!json_is_object(so)) {
+                so = json_object();
+                json_object_set_new(body.get(), "stream_options", so);
+            }
+
+            if (!json_is_true(json_object_get(so, "include_usage"))) {
+                json_object_set_new(so, "include_usage", json_true());
+                *usage_injected = 1;
+            }
+        }
+
+        return make_buf(json_dump(body.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}

@@ -1,0 +1,462 @@
+/*
+ * The configuration snapshot a worker routes with: channels, groups, rate
+ * limits and admin token hashes, parsed once per revision from the JSON that
+ * llmgw_snapshot() returns.
+ */
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "internal.h"
+
+using namespace llmgw;
+
+namespace {
+
+struct Channel {
+    llmgw_channel_t                               pub {};
+    std::string                                   name, host, host_header;
+    std::string                                   base_path, key;
+    std::unordered_set<std::string>               groups;
+    std::unordered_map<std::string, std::string>  mapping;
+};
+
+struct Group {
+    double  ratio = 1.0;
+    bool    deprecated = false;
+};
+
+} /* namespace */
+
+struct llmgw_snapshot_s {
+    int64_t                                                revision = 0;
+    std::deque<Channel>                                    channels;
+    std::unordered_map<std::string, std::vector<Channel *>> by_model;
+    std::unordered_map<int64_t, const Channel *>           by_id;
+    std::unordered_map<std::string, Group>                 groups;
+    llmgw_rate_limit_t                                     rl_default {};
+    std::unordered_map<std::string, llmgw_rate_limit_t>    rl_groups;
+    std::vector<std::string>                               admin_hashes;
+};
+
+namespace {
+
+/* Splits "https://host:port/path" into the channel's address fields. */
+bool
+parse_base_url(std::string_view url, Channel &c)
+{
+    bool tls;
+
+    if (url.rfind("https://", 0) == 0) {
+        tls = true;
+        url.remove_prefix(8);
+    } else if (url.rfind("http://", 0) == 0) {
+        tls = false;
+        url.remove_prefix(7);
+    } else {
+        return false;
+    }
+
+    size_t slash = url.find('/');
+    std::string_view authority = url.substr(0, slash);
+    std::string_view path = slash == std::string_view::npos
+                            ? std::string_view() : url.substr(slash);
+
+    while (!path.empty() && path.back() == '/') {
+        path.remove_suffix(1);
+    }
+
+    if (authority.empty() || authority.find('@') != std::string_view::npos) {
+        return false;
+    }
+
+    std::string_view host = authority;
+    std::string_view port;
+
+    if (authority.front() == '[') {
+        size_t close = authority.find(']');
+        if (close == std::string_view::npos) {
+            return false;
+        }
+        host = authority.substr(1, close - 1);
+        if (close + 1 < authority.size()) {
+            if (authority[close + 1] != ':') {
+                return false;
+            }
+            port = authority.substr(close + 2);
+        }
+
+    } else {
+        size_t colon = authority.rfind(':');
+        if (colon != std::string_view::npos) {
+            host = authority.substr(0, colon);
+            port = authority.substr(colon + 1);
+        }
+    }
+
+    long p = tls ? 443 : 80;
+
+    if (!port.empty()) {
+        p = 0;
+        for (char ch : port) {
+            if (ch < '0' || ch > '9' || p > 65535) {
+                return false;
+            }
+            p = p * 10 + (ch - '0');
+        }
+        if (p < 1 || p > 65535) {
+            return false;
+        }
+    }
+
+    if (host.empty()) {
+        return false;
+    }
+
+    c.host.assign(host);
+    c.host_header.assign(authority);
+    c.base_path.assign(path);
+    c.pub.tls = tls;
+    c.pub.port = static_cast<uint16_t>(p);
+    return true;
+}
+
+void
+add_strings(const json_t *arr, std::unordered_set<std::string> &out)
+{
+    size_t   i;
+    json_t  *v;
+
+    json_array_foreach(arr, i, v) {
+        if (json_is_string(v)) {
+            out.emplace(json_string_value(v), json_string_length(v));
+        }
+    }
+}
+
+bool
+parse_channel(const json_t *j, llmgw_snapshot_s &s)
+{
+    Channel &c = s.channels.emplace_back();
+
+    if (!parse_base_url(json_str(j, "base_url"), c)) {
+        s.channels.pop_back();
+        return false;
+    }
+
+    c.name = json_str(j, "name");
+    c.key = json_str(j, "key");
+    c.pub.id = json_int(j, "id", 0);
+    c.pub.type = static_cast<int>(json_int(j, "type", 0));
+    c.pub.priority = json_int(j, "priority", 0);
+    c.pub.weight = json_int(j, "weight", 1);
+
+    add_strings(json_object_get(j, "groups"), c.groups);
+
+    const char  *k;
+    json_t      *v;
+
+    json_object_foreach(json_object_get(j, "model_mapping"), k, v) {
+        if (json_is_string(v) && json_string_length(v) > 0) {
+            c.mapping.emplace(k, json_string_value(v));
+        }
+    }
+
+    /* pointers into the owned strings: a deque never moves its elements */
+    c.pub.name = c.name.c_str();
+    c.pub.host = c.host.c_str();
+    c.pub.host_header = c.host_header.c_str();
+    c.pub.base_path = c.base_path.c_str();
+    c.pub.key = c.key.c_str();
+
+    std::unordered_set<std::string> models;
+    add_strings(json_object_get(j, "models"), models);
+
+    for (const auto &m : models) {
+        s.by_model[m].push_back(&c);
+    }
+
+    s.by_id[c.pub.id] = &c;
+
+    return true;
+}
+
+llmgw_rate_limit_t
+parse_rate_limit(const json_t *j)
+{
+    llmgw_rate_limit_t rl {};
+
+    if (!json_is_object(j)) {
+        return rl;
+    }
+
+    rl.window_ms = json_int(j, "duration_minutes", 0) * 60000;
+    rl.total = static_cast<uint32_t>(json_int(j, "total", 0));
+    rl.success = static_cast<uint32_t>(json_int(j, "success", 0));
+
+    if (rl.window_ms <= 0 || (rl.total == 0 && rl.success == 0)) {
+        rl = llmgw_rate_limit_t {};
+    }
+
+    return rl;
+}
+
+bool
+endpoint_serves(llmgw_endpoint_e ep, int type)
+{
+    switch (ep) {
+    case LLMGW_EP_CHAT:
+        return type == 1;
+    case LLMGW_EP_MESSAGES:
+        return type == 14;
+    case LLMGW_EP_GEMINI:
+        return type == 24;
+    case LLMGW_EP_RERANK:
+        return type == 1 || type == 34 || type == 38;
+    default:
+        return false;
+    }
+}
+
+uint64_t
+splitmix(uint64_t &x)
+{
+    uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Weighted sampling without replacement inside one priority level. */
+void
+weighted_order(std::vector<Channel *> &level, uint64_t &seed,
+    const llmgw_channel_t **out, size_t &n, size_t max)
+{
+    while (!level.empty() && n < max) {
+        uint64_t total = 0;
+
+        for (Channel *c : level) {
+            total += static_cast<uint64_t>(std::max<int64_t>(c->pub.weight, 0));
+        }
+
+        size_t pick = 0;
+
+        if (total == 0) {
+            pick = splitmix(seed) % level.size();
+
+        } else {
+            uint64_t r = splitmix(seed) % total;
+
+            for (pick = 0; pick < level.size(); pick++) {
+                uint64_t w = static_cast<uint64_t>(
+                                 std::max<int64_t>(level[pick]->pub.weight, 0));
+                if (r < w) {
+                    break;
+                }
+                r -= w;
+            }
+        }
+
+        out[n++] = &level[pick]->pub;
+        level.erase(level.begin() + static_cast<long>(pick));
+    }
+}
+
+} /* namespace */
+
+
+extern "C" llmgw_snapshot_t *
+llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
+{
+    try {
+        Json root = json_parse(json, len);
+
+        if (!json_is_object(root.get())) {
+            std::snprintf(err, errlen, "snapshot is not a JSON object");
+            return nullptr;
+        }
+
+        auto s = std::make_unique<llmgw_snapshot_s>();
+        s->revision = json_int(root.get(), "revision", 0);
+
+        size_t   i;
+        json_t  *v;
+
+        json_array_foreach(json_object_get(root.get(), "channels"), i, v) {
+            parse_channel(v, *s);
+        }
+
+        const char *k;
+
+        json_object_foreach(json_object_get(root.get(), "groups"), k, v) {
+            Group g;
+            if (json_is_number(v)) {
+                g.ratio = json_number_value(v);
+            } else {
+                g.ratio = json_num(v, "ratio", 1.0);
+                g.deprecated = json_is_true(json_object_get(v, "deprecated"));
+            }
+            s->groups[k] = g;
+        }
+
+        s->groups.try_emplace("default", Group {});
+
+        json_t *rl = json_object_get(root.get(), "rate_limit");
+        s->rl_default = parse_rate_limit(json_object_get(rl, "default"));
+
+        json_object_foreach(json_object_get(rl, "groups"), k, v) {
+            s->rl_groups[k] = parse_rate_limit(v);
+        }
+
+        json_array_foreach(json_object_get(root.get(), "admin_hashes"), i, v) {
+            if (json_is_string(v) && json_string_length(v) == 64) {
+                s->admin_hashes.emplace_back(json_string_value(v));
+            }
+        }
+
+        return s.release();
+
+    } catch (const std::exception &e) {
+        std::snprintf(err, errlen, "snapshot: %s", e.what());
+        return nullptr;
+    }
+}
+
+
+extern "C" void
+llmgw_snapshot_free(llmgw_snapshot_t *s)
+{
+    delete s;
+}
+
+
+extern "C" int64_t
+llmgw_snapshot_revision(const llmgw_snapshot_t *s)
+{
+    return s->revision;
+}
+
+
+extern "C" int
+llmgw_snapshot_is_admin(const llmgw_snapshot_t *s, const char hash[65])
+{
+    int found = 0;
+
+    /* no early exit: the time taken does not tell which hash matched */
+    for (const auto &h : s->admin_hashes) {
+        found |= llmgw_ct_equal(h.data(), hash, 64);
+    }
+
+    return found;
+}
+
+
+extern "C" int
+llmgw_snapshot_group_check(const llmgw_snapshot_t *s, llmgw_str_t group,
+    double *ratio, llmgw_verdict_t *v)
+{
+    auto it = s->groups.find(std::string(sv(group)));
+
+    if (it == s->groups.end()) {
+        llmgw_verdict_set(v, 403, "gateway_error", "group_unavailable",
+                          "no access to group %.*s", (int) group.len,
+                          group.data);
+        return -1;
+    }
+
+    if (it->second.deprecated) {
+        llmgw_verdict_set(v, 403, "gateway_error", "group_deprecated",
+                          "group %.*s deprecated", (int) group.len,
+                          group.data);
+        return -1;
+    }
+
+    *ratio = it->second.ratio;
+    return 0;
+}
+
+
+extern "C" void
+llmgw_snapshot_rate_limit(const llmgw_snapshot_t *s, llmgw_str_t group,
+    llmgw_rate_limit_t *rl)
+{
+    auto it = s->rl_groups.find(std::string(sv(group)));
+
+    *rl = it != s->rl_groups.end() ? it->second : s->rl_default;
+}
+
+
+extern "C" size_t
+llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep, llmgw_str_t model,
+    llmgw_str_t group, uint64_t seed, const llmgw_channel_t **out,
+    size_t max, size_t *incompatible)
+{
+    *incompatible = 0;
+
+    auto it = s->by_model.find(std::string(sv(model)));
+
+    if (it == s->by_model.end()) {
+        return 0;
+    }
+
+    std::string g(sv(group));
+    std::vector<Channel *> cand;
+
+    for (Channel *c : it->second) {
+        if (c->groups.count(g) == 0) {
+            continue;
+        }
+        if (!endpoint_serves(ep, c->pub.type)) {
+            (*incompatible)++;
+            continue;
+        }
+        cand.push_back(c);
+    }
+
+    std::stable_sort(cand.begin(), cand.end(),
+                     [](const Channel *a, const Channel *b) {
+                         return a->pub.priority > b->pub.priority;
+                     });
+
+    size_t n = 0;
+
+    for (size_t i = 0; i < cand.size() && n < max; ) {
+        size_t j = i;
+        while (j < cand.size() && cand[j]->pub.priority == cand[i]->pub.priority) {
+            j++;
+        }
+
+        std::vector<Channel *> level(cand.begin() + static_cast<long>(i),
+                                     cand.begin() + static_cast<long>(j));
+        weighted_order(level, seed, out, n, max);
+        i = j;
+    }
+
+    return n;
+}
+
+
+extern "C" llmgw_str_t
+llmgw_channel_map_model(const llmgw_snapshot_t *s, const llmgw_channel_t *c,
+    llmgw_str_t model)
+{
+    auto ch = s->by_id.find(c->id);
+
+    if (ch == s->by_id.end()) {
+        return model;
+    }
+
+    auto it = ch->second->mapping.find(std::string(sv(model)));
+
+    if (it == ch->second->mapping.end()) {
+        return model;
+    }
+
+    return str(it->second);
+}

@@ -1,0 +1,370 @@
+/*
+ * Reading usage from what an upstream answers, as it streams: OpenAI usage
+ * (JSON or the final stream chunk), Anthropic usage (message_start and
+ * message_delta), Gemini usageMetadata, rerank billed units.
+ */
+
+#include <string>
+
+#include "internal.h"
+
+using namespace llmgw;
+
+namespace {
+
+/* A JSON body is kept for usage up to this size; beyond it usage is
+ * estimated from the delivered bytes. */
+constexpr size_t kMaxJsonBody = 16 * 1024 * 1024;
+
+} /* namespace */
+
+struct llmgw_resp_s {
+    llmgw_endpoint_e  ep = LLMGW_EP_NONE;
+    int               type = 0;
+    bool              stream = false;
+    bool              usage_injected = false;
+    bool              overflow = false;
+    std::string       body;             /* JSON responses */
+    llmgw_sse_t      *sse = nullptr;
+    std::string       out;              /* re-framed SSE when filtering */
+    size_t            text_bytes = 0;   /* delivered completion text */
+    llmgw_usage_t     usage {};
+
+    ~llmgw_resp_s() { llmgw_sse_free(sse); }
+};
+
+namespace {
+
+void
+take_openai(const json_t *u, llmgw_usage_t &out)
+{
+    if (!json_is_object(u)) {
+        return;
+    }
+
+    out.prompt_tokens = json_int(u, "prompt_tokens", 0);
+    out.completion_tokens = json_int(u, "completion_tokens", 0);
+    out.cache_read_tokens = json_int(json_object_get(u,
+                                         "prompt_tokens_details"),
+                                     "cached_tokens", 0);
+    out.known = 1;
+}
+
+void
+take_anthropic(const json_t *u, llmgw_usage_t &out)
+{
+    if (!json_is_object(u)) {
+        return;
+    }
+
+    /* message_delta carries cumulative output and, sometimes, input */
+    if (json_object_get(u, "input_tokens") != nullptr) {
+        out.prompt_tokens = json_int(u, "input_tokens", 0);
+    }
+
+    if (json_object_get(u, "output_tokens") != nullptr) {
+        out.completion_tokens = json_int(u, "output_tokens", 0);
+    }
+
+    if (json_object_get(u, "cache_read_input_tokens") != nullptr) {
+        out.cache_read_tokens = json_int(u, "cache_read_input_tokens", 0);
+    }
+
+    if (json_object_get(u, "cache_creation_input_tokens") != nullptr) {
+        out.cache_creation_tokens = json_int(u, "cache_creation_input_tokens",
+                                             0);
+    }
+
+    out.known = 1;
+}
+
+void
+take_gemini(const json_t *u, llmgw_usage_t &out)
+{
+    if (!json_is_object(u)) {
+        return;
+    }
+
+    out.prompt_tokens = json_int(u, "promptTokenCount", 0);
+    /* thinking tokens are billed as output */
+    out.completion_tokens = json_int(u, "candidatesTokenCount", 0)
+                            + json_int(u, "thoughtsTokenCount", 0);
+    out.cache_read_tokens = json_int(u, "cachedContentTokenCount", 0);
+    out.known = 1;
+}
+
+void
+take_rerank(const json_t *body, llmgw_usage_t &out)
+{
+    const json_t *billed = json_object_get(json_object_get(body, "meta"),
+                                           "billed_units");
+
+    if (json_is_object(billed)) {
+        out.prompt_tokens = json_int(billed, "search_units", 0);
+        if (out.prompt_tokens == 0) {
+            out.prompt_tokens = json_int(billed, "input_tokens", 0);
+        }
+        out.known = 1;
+        return;
+    }
+
+    const json_t *u = json_object_get(body, "usage");
+
+    if (json_is_object(u)) {
+        out.prompt_tokens = json_int(u, "total_tokens",
+                                     json_int(u, "prompt_tokens", 0));
+        out.known = 1;
+    }
+}
+
+/* Completion text carried by one streamed chunk, for estimates. */
+size_t
+chunk_text(const json_t *j)
+{
+    size_t   n = 0, i;
+    json_t  *v;
+
+    json_array_foreach(json_object_get(j, "choices"), i, v) {
+        const json_t *delta = json_object_get(v, "delta");
+        n += json_str(delta, "content").size()
+             + json_str(delta, "reasoning_content").size();
+    }
+
+    n += json_str(json_object_get(j, "delta"), "text").size();
+
+    json_array_foreach(json_object_get(j, "candidates"), i, v) {
+        size_t   k;
+        json_t  *part;
+
+        json_array_foreach(json_object_get(json_object_get(v, "content"),
+                                           "parts"), k, part) {
+            n += json_str(part, "text").size();
+        }
+    }
+
+    return n;
+}
+
+/* The usage-only chunk an injected include_usage produces. */
+bool
+is_usage_only(const json_t *j)
+{
+    const json_t *choices = json_object_get(j, "choices");
+
+    return json_is_object(json_object_get(j, "usage"))
+           && json_is_array(choices) && json_array_size(choices) == 0;
+}
+
+void
+on_event(void *arg, const llmgw_sse_event_t *ev)
+{
+    auto *r = static_cast<llmgw_resp_s *>(arg);
+    std::string_view data = sv(ev->data);
+    Json j;
+
+    if (data != "[DONE]") {
+        j = json_parse(ev->data.data, ev->data.len);
+    }
+
+    bool drop = false;
+
+    if (j) {
+        r->text_bytes += chunk_text(j.get());
+
+        switch (r->type) {
+        case 14: {
+            std::string_view type = json_str(j.get(), "type");
+            if (type == "message_start") {
+                take_anthropic(json_object_get(json_object_get(j.get(),
+                                                   "message"), "usage"),
+                               r->usage);
+            } else if (type == "message_delta") {
+                take_anthropic(json_object_get(j.get(), "usage"), r->usage);
+            }
+            break;
+        }
+        case 24:
+            take_gemini(json_object_get(j.get(), "usageMetadata"), r->usage);
+            break;
+        default:
+            take_openai(json_object_get(j.get(), "usage"), r->usage);
+            drop = r->usage_injected && is_usage_only(j.get());
+            break;
+        }
+    }
+
+    if (!r->usage_injected || drop) {
+        return;
+    }
+
+    std::string_view name = sv(ev->event);
+
+    if (!name.empty() && name != "message") {
+        r->out.append("event: ").append(name).append("\n");
+    }
+
+    /* re-frame line by line: data may hold newlines */
+    size_t start = 0;
+
+    for (;;) {
+        size_t nl = data.find('\n', start);
+        r->out.append("data: ").append(data.substr(start, nl - start))
+              .append("\n");
+        if (nl == std::string_view::npos) {
+            break;
+        }
+        start = nl + 1;
+    }
+
+    r->out.append("\n");
+}
+
+void
+finish_json(llmgw_resp_s &r)
+{
+    if (r.overflow) {
+        return;
+    }
+
+    Json j = json_parse(r.body.data(), r.body.size());
+
+    if (!j) {
+        r.text_bytes = r.body.size();
+        return;
+    }
+
+    const json_t *b = j.get();
+
+    switch (r.ep) {
+    case LLMGW_EP_RERANK:
+        take_rerank(b, r.usage);
+        return;
+    case LLMGW_EP_GEMINI:
+        take_gemini(json_object_get(b, "usageMetadata"), r.usage);
+        break;
+    default:
+        if (r.type == 14) {
+            take_anthropic(json_object_get(b, "usage"), r.usage);
+        } else {
+            take_openai(json_object_get(b, "usage"), r.usage);
+        }
+    }
+
+    size_t   i;
+    json_t  *v;
+
+    json_array_foreach(json_object_get(b, "choices"), i, v) {
+        r.text_bytes += json_str(json_object_get(v, "message"),
+                                 "content").size();
+    }
+
+    json_array_foreach(json_object_get(b, "content"), i, v) {
+        r.text_bytes += json_str(v, "text").size();
+    }
+}
+
+} /* namespace */
+
+
+extern "C" llmgw_resp_t *
+llmgw_resp_new(llmgw_endpoint_e ep, int channel_type, int stream,
+    int usage_injected)
+{
+    try {
+        auto r = std::make_unique<llmgw_resp_s>();
+
+        r->ep = ep;
+        r->type = channel_type;
+        r->stream = stream != 0;
+        r->usage_injected = usage_injected != 0;
+
+        if (r->stream) {
+            r->sse = llmgw_sse_new(0);
+            if (r->sse == nullptr) {
+                return nullptr;
+            }
+        }
+
+        return r.release();
+
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+
+extern "C" void
+llmgw_resp_free(llmgw_resp_t *r)
+{
+    delete r;
+}
+
+
+extern "C" int
+llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
+    llmgw_buf_t *out)
+{
+    out->data = nullptr;
+    out->len = 0;
+
+    try {
+        if (!r->stream) {
+            if (r->body.size() + len > kMaxJsonBody) {
+                r->overflow = true;
+                r->text_bytes += len;
+                r->body.clear();
+            } else if (!r->overflow) {
+                r->body.append(data, len);
+            }
+            return 0;
+        }
+
+        r->out.clear();
+
+        if (llmgw_sse_feed(r->sse, data, len, on_event, r) != 0) {
+            /* an oversized event: stop filtering, keep passing bytes */
+            r->usage_injected = false;
+        }
+
+        if (r->usage_injected) {
+            *out = make_buf(r->out);
+            if (out->data == nullptr) {
+                return -1;
+            }
+        }
+
+        return 0;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out)
+{
+    out->data = nullptr;
+    out->len = 0;
+
+    try {
+        if (!r->stream) {
+            finish_json(*r);
+        }
+        return 0;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" void
+llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u)
+{
+    *u = r->usage;
+
+    if (!u->known) {
+        u->completion_tokens = static_cast<int64_t>(r->text_bytes / 4);
+    }
+}

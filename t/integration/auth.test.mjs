@@ -1,0 +1,201 @@
+// Client key checks: 401 for every unusable key, 403 for model, IP and
+// group restrictions, the places a key may be sent.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel,
+    makeKey, makeUser, makeUserKey, settle, startGateway, stopAll, uniq,
+    PROPAGATION_MS,
+} from '../lib/harness.mjs';
+import { startMock } from '../lib/mock.mjs';
+
+const REALIP = 'set_real_ip_from 127.0.0.1; real_ip_header X-Forwarded-For;';
+
+describe('authentication', { timeout: 180000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-auth');
+    const M2 = uniq('gpt-auth-other');
+    const AM = uniq('claude-auth');
+    const k = {};
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        gw = await startGateway({ db, server: REALIP });
+
+        let r = await gw.admin('PUT', '/api/group',
+            { default: 1, g1: 1, g2: 1, old: 1 });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, {
+            base_url: mock.url, models: [M, M2], groups: ['default', 'g1', 'g2', 'old'],
+        });
+        await makeChannel(gw, { type: 14, base_url: mock.url, models: [AM] });
+
+        const user = await makeUser(gw);
+        const now = Math.floor(Date.now() / 1000);
+        const mk = (opts) => makeKey(gw, user.id, opts).then((t) => t.key);
+        k.ok = await mk({});
+        k.future = await mk({ expired_time: now + 3600 });
+        k.expired = await mk({ expired_time: now - 60 });
+        k.disabled = await mk({ status: 'disabled' });
+        k.exhausted = await mk({ unlimited_quota: false, remain_quota: 0 });
+        k.models = await mk({ models: [M] });
+        k.noModels = await mk({ models: [] });
+        k.ipOther = await mk({ allow_ips: ['203.0.113.0/24'] });
+        k.ipLocal = await mk({ allow_ips: ['127.0.0.1'] });
+        k.ipLocalNet = await mk({ allow_ips: ['10.0.0.0/8', '127.0.0.0/8'] });
+        k.ip6 = await mk({ allow_ips: ['2001:db8::/32'] });
+        k.g1 = await mk({ group: 'g1' });
+        k.g2 = await mk({ group: 'g2' });
+        k.old = await mk({ group: 'old' });
+
+        /* g2 is removed and "old" deprecated after their keys exist. */
+        r = await gw.admin('PUT', '/api/group',
+            { default: 1, g1: 1, g2: null, old: { ratio: 1, deprecated: true } });
+        assert.equal(r.status, 200, r.text);
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await mock?.close();
+            await dropDb(db);
+        }
+    });
+
+    /* k.ok is unlimited with remain_quota 0: unlimited wins. */
+    test('a valid key is accepted with and without the sk- prefix', async () => {
+        const a = assertOk(await gw.chat(k.ok, M));
+        assert.equal(a.json.object, 'chat.completion');
+        assert.ok(a.headers['x-request-id'], 'X-Request-Id on success');
+        assertOk(await gw.chat(k.ok.slice(3), M), 'key without sk-');
+        assertOk(await gw.chat(k.future, M), 'key expiring in an hour');
+    });
+
+    test('missing, empty, wrong and truncated keys get 401 Invalid token', async () => {
+        const before = mock.requests.length;
+        const cases = {
+            missing: await gw.chat(undefined, M),
+            empty: await gw.chat(undefined, M, { headers: { Authorization: 'Bearer ' } }),
+            wrong: await gw.chat(`sk-${hex(24)}`, M),
+            truncatedByOne: await gw.chat(k.ok.slice(0, -1), M),
+            truncatedHalf: await gw.chat(k.ok.slice(0, 27), M),
+            extended: await gw.chat(`${k.ok}0`, M),
+        };
+        for (const [what, r] of Object.entries(cases)) {
+            assert.equal(r.status, 401, `${what}: ${r.status} ${r.text}`);
+            assertError(r, 401, { code: 'invalid_token', message: 'Invalid token' });
+        }
+        assert.equal(mock.requests.length, before, 'refused requests reach no upstream');
+    });
+
+    test('disabled, expired and exhausted keys get 401', async () => {
+        for (const what of ['disabled', 'expired', 'exhausted']) {
+            const r = await gw.chat(k[what], M);
+            assert.equal(r.status, 401, `${what}: ${r.status} ${r.text}`);
+            assertError(r, 401, { code: 'invalid_token', message: 'Invalid token' });
+        }
+    });
+
+    test('a deleted key stops working within 1 s', async () => {
+        const user = await makeUser(gw);
+        const t = await makeKey(gw, user.id);
+        await eventually(async () => assertOk(await gw.chat(t.key, M)),
+            { ms: PROPAGATION_MS });
+        const r = await gw.admin('DELETE', `/api/token/${t.id}`);
+        assert.equal(r.status, 200, r.text);
+        const t0 = Date.now();
+        await eventually(async () => assertError(await gw.chat(t.key, M), 401,
+            { code: 'invalid_token', message: 'Invalid token' }),
+        { since: t0, ms: PROPAGATION_MS });
+    });
+
+    test('a key disabled through PATCH stops working within 1 s', async () => {
+        const user = await makeUser(gw);
+        const t = await makeKey(gw, user.id);
+        await eventually(async () => assertOk(await gw.chat(t.key, M)),
+            { ms: PROPAGATION_MS });
+        const r = await gw.admin('PATCH', `/api/token/${t.id}`, { status: 'disabled' });
+        assert.equal(r.status, 200, r.text);
+        const t0 = Date.now();
+        await eventually(async () => assertError(await gw.chat(t.key, M), 401,
+            { code: 'invalid_token', message: 'Invalid token' }),
+        { since: t0, ms: PROPAGATION_MS });
+    });
+
+    test('keys of a disabled user get 401', async () => {
+        const { user, key } = await makeUserKey(gw);
+        await eventually(async () => assertOk(await gw.chat(key, M)),
+            { ms: PROPAGATION_MS });
+        const r = await gw.admin('PATCH', `/api/user/${user.id}`, { status: 'disabled' });
+        assert.equal(r.status, 200, r.text);
+        const t0 = Date.now();
+        await eventually(async () => assertError(await gw.chat(key, M), 401,
+            { code: 'invalid_token', message: 'Invalid token' }),
+        { since: t0, ms: PROPAGATION_MS });
+    });
+
+    test('/v1/messages accepts x-api-key and Bearer', async () => {
+        const body = {
+            model: AM, max_tokens: 8, messages: [{ role: 'user', content: 'hi' }],
+        };
+        let r = await gw.req('POST', '/v1/messages',
+            { headers: { 'x-api-key': k.ok }, body });
+        assertOk(r, 'x-api-key');
+        assert.equal(r.json.type, 'message');
+        r = await gw.req('POST', '/v1/messages', { key: k.ok, body });
+        assertOk(r, 'Bearer');
+        r = await gw.req('POST', '/v1/messages',
+            { headers: { 'x-api-key': `sk-${hex(24)}` }, body });
+        assertError(r, 401, { code: 'invalid_token', message: 'Invalid token' });
+    });
+
+    test('a model outside the key list gets 403 no access to model', async () => {
+        assertOk(await gw.chat(k.models, M), 'listed model');
+        const r = await gw.chat(k.models, M2);
+        assertError(r, 403, {
+            code: 'model_not_allowed', message: `no access to model ${M2}`,
+        });
+    });
+
+    test('an empty model list gets 403 no access to any model', async () => {
+        const r = await gw.chat(k.noModels, M);
+        assertError(r, 403, { message: 'no access to any model' });
+    });
+
+    test('IP allow lists: CIDR v4 and exact addresses', async () => {
+        assertOk(await gw.chat(k.ipLocal, M), '127.0.0.1 listed');
+        assertOk(await gw.chat(k.ipLocalNet, M), '127.0.0.0/8 listed');
+        const r = await gw.chat(k.ipOther, M);
+        assertError(r, 403, { code: 'access_denied' });
+    });
+
+    test('IP allow lists follow realip X-Forwarded-For (v4 and v6)', async () => {
+        const xff = (ip) => ({ headers: { 'X-Forwarded-For': ip } });
+        assertOk(await gw.chat(k.ipOther, M, xff('203.0.113.9')), 'forwarded v4 inside');
+        assertError(await gw.chat(k.ipLocal, M, xff('198.51.100.1')), 403,
+            { code: 'access_denied' });
+        assertOk(await gw.chat(k.ip6, M, xff('2001:db8::5')), 'forwarded v6 inside');
+        assertError(await gw.chat(k.ip6, M, xff('2001:db9::1')), 403,
+            { code: 'access_denied' });
+        assertError(await gw.chat(k.ip6, M), 403, { code: 'access_denied' });
+    });
+
+    test('a key in a listed group is served', async () => {
+        assertOk(await gw.chat(k.g1, M));
+    });
+
+    test('a key whose group is gone gets 403 no access to group', async () => {
+        const r = await gw.chat(k.g2, M);
+        assertError(r, 403, { code: 'group_unavailable', message: 'no access to group g2' });
+    });
+
+    test('a key in a deprecated group gets 403 group deprecated', async () => {
+        const r = await gw.chat(k.old, M);
+        assertError(r, 403, { code: 'group_deprecated', message: 'group old deprecated' });
+    });
+});

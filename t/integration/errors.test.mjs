@@ -1,0 +1,152 @@
+// The error contract for the gateway's own refusals: bad bodies, bad URLs,
+// oversized bodies, unknown models, dead and slow upstreams.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, settle,
+    startGateway, stopAll, uniq,
+} from '../lib/harness.mjs';
+import { hang, startClosedPort, startMock } from '../lib/mock.mjs';
+
+describe('error contract', { timeout: 180000 }, () => {
+    let db, gw, mock, slow, key;
+    const M = uniq('gpt-err');
+    const AM = uniq('claude-err');
+    const DOWN = uniq('gpt-down');
+    const SLOW = uniq('gpt-slow');
+    const DISABLED = uniq('gpt-disabled');
+    const OTHER_GROUP = uniq('gpt-other-group');
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        slow = await startMock(hang);
+        const closed = await startClosedPort();
+        gw = await startGateway({ db, http: 'llmgw_read_timeout 1s;' });
+        let r = await gw.admin('PUT', '/api/group', { default: 1, other: 1 });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M] });
+        await makeChannel(gw, { type: 14, base_url: mock.url, models: [AM] });
+        await makeChannel(gw, { base_url: closed.url, models: [DOWN] });
+        await makeChannel(gw, { base_url: slow.url, models: [SLOW] });
+        await makeChannel(gw, { base_url: mock.url, models: [DISABLED], status: 'disabled' });
+        await makeChannel(gw, { base_url: mock.url, models: [OTHER_GROUP], groups: ['other'] });
+        ({ key } = await makeUserKey(gw));
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await mock?.close();
+            await slow?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('successes carry a distinct X-Request-Id', async () => {
+        const a = assertOk(await gw.chat(key, M));
+        const b = assertOk(await gw.chat(key, M));
+        assert.ok(a.headers['x-request-id']);
+        assert.ok(b.headers['x-request-id']);
+        assert.notEqual(a.headers['x-request-id'], b.headers['x-request-id']);
+    });
+
+    test('errors are JSON with distinct request ids', async () => {
+        const a = await gw.chat(undefined, M);
+        const b = await gw.chat(undefined, M);
+        assertError(a, 401, { code: 'invalid_token' });
+        assertError(b, 401, { code: 'invalid_token' });
+        assert.match(a.headers['content-type'], /^application\/json/);
+        assert.notEqual(a.headers['x-request-id'], b.headers['x-request-id']);
+    });
+
+    test('400 invalid JSON request body', async () => {
+        for (const p of ['/v1/chat/completions', '/v1/messages']) {
+            const r = await gw.req('POST', p, {
+                key, headers: { 'Content-Type': 'application/json' },
+                body: `{"model": "${M}", "messages": [`,
+            });
+            assertError(r, 400, { code: 'invalid_json', message: 'invalid JSON request body' });
+        }
+    });
+
+    test('400 Model name not specified', async () => {
+        const r = await gw.req('POST', '/v1/chat/completions', {
+            key, body: { messages: [{ role: 'user', content: 'hi' }] },
+        });
+        assertError(r, 400, {
+            code: 'model_not_specified', message: 'Model name not specified',
+        });
+    });
+
+    test('400 field messages is required', async () => {
+        let r = await gw.req('POST', '/v1/chat/completions', { key, body: { model: M } });
+        assertError(r, 400, {
+            code: 'invalid_request', message: 'field messages is required',
+        });
+        r = await gw.req('POST', '/v1/messages', { key, body: { model: AM, max_tokens: 8 } });
+        assertError(r, 400, {
+            code: 'invalid_request', message: 'field messages is required',
+        });
+        assert.equal(mock.requests.filter((q) => q.json?.model === AM).length, 0,
+            'invalid requests reach no upstream');
+    });
+
+    test('404 Invalid URL explains a doubled, missing or bare /v1', async () => {
+        const body = { model: M, messages: [{ role: 'user', content: 'hi' }] };
+        const cases = [
+            ['/v1/v1/chat/completions', /\/v1 twice/],
+            ['/chat/completions', /missing \/v1/],
+            ['/v1', /only \/v1/],
+            ['/v1/no-such-endpoint', null],
+            ['/something/else', null],
+        ];
+        for (const [p, re] of cases) {
+            const r = await gw.req('POST', p, { key, body });
+            const e = assertError(r, 404, { code: 'invalid_url', message: 'Invalid URL' });
+            if (re) {
+                assert.match(e.message, re, `${p}: ${e.message}`);
+            }
+        }
+    });
+
+    test('413 request_too_large over client_max_body_size', async () => {
+        const big = JSON.stringify({
+            model: M, messages: [{ role: 'user', content: 'x'.repeat(1100 * 1024) }],
+        });
+        const r = await gw.req('POST', '/v1/chat/completions', {
+            key, headers: { 'Content-Type': 'application/json' }, body: big,
+        });
+        assertError(r, 413, { code: 'request_too_large' });
+    });
+
+    test('a body just under the limit is accepted', async () => {
+        const r = await gw.chat(key, M, { content: 'y'.repeat(900 * 1024) });
+        assertOk(r);
+    });
+
+    test('503 model_not_found for unknown, padded, disabled or foreign-group models', async () => {
+        for (const m of [uniq('no-such-model'), `${M} `, DISABLED, OTHER_GROUP]) {
+            const r = await gw.chat(key, m);
+            assertError(r, 503, { code: 'model_not_found' });
+        }
+    });
+
+    test('502 do_request_failed when the upstream refuses connections', async () => {
+        const r = await gw.chat(key, DOWN);
+        assertError(r, 502, { code: 'do_request_failed' });
+    });
+
+    test('504 when the upstream does not answer within llmgw_read_timeout', async () => {
+        const t0 = Date.now();
+        const r = await gw.chat(key, SLOW, { timeoutMs: 15000 });
+        const took = Date.now() - t0;
+        assertError(r, 504, {});
+        assert.ok(took >= 900 && took < 5000, `answered after ${took} ms, read timeout 1 s`);
+        assert.equal(slow.requests.length, 1, '504 is not retried');
+    });
+});

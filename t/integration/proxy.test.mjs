@@ -1,0 +1,237 @@
+// Proxying: what reaches the upstream (path, credentials, mapped model),
+// what comes back (bodies unchanged, upstream errors passed on) and
+// streaming without buffering.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, hex, makeChannel, makeUserKey,
+    settle, sseEvents, startGateway, stopAll, times, uniq,
+} from '../lib/harness.mjs';
+import {
+    anthropicError, anthropicMessage, anthropicStream, echo, openaiChat,
+    openaiError, openaiStream, sendJson, startMock,
+} from '../lib/mock.mjs';
+
+/* Time the mock waits between two stream chunks. */
+const GAP_MS = 800;
+
+describe('proxy', { timeout: 180000 }, () => {
+    let db, gw, oa, an, key;
+    const M = uniq('gpt-proxy');
+    const PREFIXED = uniq('gpt-prefixed');
+    const MAPPED = uniq('gpt-mapped');
+    const AM = uniq('claude-proxy');
+    const oaKey = `oa-${hex(8)}`;
+    const anKey = `an-${hex(8)}`;
+
+    before(async () => {
+        db = await createDb();
+        oa = await startMock();
+        an = await startMock();
+        gw = await startGateway({ db });
+        await makeChannel(gw, { base_url: oa.url, key: oaKey, models: [M] });
+        await makeChannel(gw, {
+            base_url: `${oa.url}/prefix/openai`, key: oaKey, models: [PREFIXED],
+        });
+        await makeChannel(gw, {
+            base_url: oa.url, key: oaKey, models: [MAPPED],
+            model_mapping: { [MAPPED]: 'vendor-real-model' },
+        });
+        await makeChannel(gw, { type: 14, base_url: an.url, key: anKey, models: [AM] });
+        ({ key } = await makeUserKey(gw));
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await oa?.close();
+            await an?.close();
+            await dropDb(db);
+        }
+    });
+
+    const last = (mock) => mock.requests[mock.requests.length - 1];
+
+    test('OpenAI JSON: upstream gets the channel key and the request; client gets the body unchanged', async () => {
+        const upstreamBody = '{"id":"chatcmpl-x",  "object":"chat.completion","created":1,' +
+            `"model":"${M}","choices":[{"index":0,"message":{"role":"assistant",` +
+            '"content":"h\\u00e9llo \u2713"},"finish_reason":"stop"}],' +
+            '"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7},' +
+            '"vendor_extra":{"a":[1,2,{"b":null}]}}\n';
+        oa.handler = (req, res) => sendJson(res, 200, upstreamBody, { 'X-Vendor': 'yes' });
+        const body = {
+            model: M, temperature: 0.25, user: 'end-user-1',
+            messages: [{ role: 'system', content: 'be brief' },
+                { role: 'user', content: 'hello there' }],
+        };
+        const r = await gw.req('POST', '/v1/chat/completions', { key, body });
+        oa.handler = echo;
+        assertOk(r);
+        assert.equal(r.text, upstreamBody, 'response body passes through unchanged');
+        assert.match(r.headers['content-type'], /^application\/json/);
+
+        const up = last(oa);
+        assert.equal(up.method, 'POST');
+        assert.equal(up.path, '/v1/chat/completions');
+        assert.equal(up.headers.authorization, `Bearer ${oaKey}`);
+        assert.equal(up.json.model, M);
+        assert.deepEqual(up.json.messages, body.messages);
+        assert.equal(up.json.temperature, 0.25);
+        assert.equal(up.json.user, 'end-user-1');
+        assert.ok(!JSON.stringify(up.headers).includes(key.slice(3)),
+            'the client key never reaches the upstream');
+    });
+
+    test('the channel base_url path is kept in front of /v1/chat/completions', async () => {
+        assertOk(await gw.chat(key, PREFIXED));
+        assert.equal(last(oa).path, '/prefix/openai/v1/chat/completions');
+    });
+
+    test('model_mapping rewrites the model sent upstream', async () => {
+        assertOk(await gw.chat(key, MAPPED));
+        assert.equal(last(oa).json.model, 'vendor-real-model');
+    });
+
+    test('a large JSON response passes through intact', async () => {
+        const content = 'abcdefghij'.repeat(30000);
+        oa.handler = (req, res, rec) => sendJson(res, 200, openaiChat({
+            model: rec.json.model, content,
+        }));
+        const r = await gw.chat(key, M);
+        oa.handler = echo;
+        assertOk(r);
+        assert.equal(r.json.choices[0].message.content, content);
+    });
+
+    test('concurrent requests each get their own answer', async () => {
+        oa.handler = async (req, res, rec) => {
+            await new Promise((s) => setTimeout(s, Math.random() * 100));
+            sendJson(res, 200, openaiChat({
+                model: rec.json.model, content: `echo:${rec.json.messages[0].content}`,
+            }));
+        };
+        const rs = await times(12, (i) => gw.chat(key, M, { content: `tag-${i}` }));
+        oa.handler = echo;
+        rs.forEach((r, i) => {
+            assertOk(r);
+            assert.equal(r.json.choices[0].message.content, `echo:tag-${i}`);
+        });
+    });
+
+    test('Anthropic: x-api-key + default anthropic-version upstream, body unchanged', async () => {
+        const msg = anthropicMessage({ model: AM, content: 'bonjour' });
+        const text = JSON.stringify(msg);
+        an.handler = (req, res) => sendJson(res, 200, text);
+        const body = { model: AM, max_tokens: 32, messages: [{ role: 'user', content: 'salut' }] };
+        const r = await gw.req('POST', '/v1/messages', { key, body });
+        an.handler = echo;
+        assertOk(r);
+        assert.equal(r.text, text);
+        const up = last(an);
+        assert.equal(up.path, '/v1/messages');
+        assert.equal(up.headers['x-api-key'], anKey);
+        assert.equal(up.headers['anthropic-version'], '2023-06-01');
+        assert.deepEqual(up.json.messages, body.messages);
+        assert.equal(up.json.max_tokens, 32);
+        assert.ok(!JSON.stringify(up.headers).includes(key.slice(3)),
+            'the client key never reaches the upstream');
+    });
+
+    test('Anthropic: the client anthropic-version is passed on; x-api-key client auth', async () => {
+        const r = await gw.req('POST', '/v1/messages', {
+            headers: { 'x-api-key': key, 'anthropic-version': '2024-10-22' },
+            body: { model: AM, max_tokens: 8, messages: [{ role: 'user', content: 'x' }] },
+        });
+        assertOk(r);
+        const up = last(an);
+        assert.equal(up.headers['anthropic-version'], '2024-10-22');
+        assert.equal(up.headers['x-api-key'], anKey);
+    });
+
+    test('an upstream 400 keeps its status and message as upstream_error', async () => {
+        oa.handler = (req, res) => openaiError(res, 400,
+            'Unsupported value: temperature 7', { code: 'unsupported_value' });
+        const r = await gw.chat(key, M, { extra: { temperature: 7 } });
+        oa.handler = echo;
+        assertError(r, 400, {
+            type: 'upstream_error', message: 'Unsupported value: temperature 7',
+        });
+    });
+
+    test('an upstream 429 keeps its status and message', async () => {
+        oa.handler = (req, res) => openaiError(res, 429, 'Rate limit reached for requests',
+            { type: 'requests', code: 'rate_limit_exceeded' });
+        const r = await gw.chat(key, M);
+        oa.handler = echo;
+        assertError(r, 429, {
+            type: 'upstream_error', message: 'Rate limit reached for requests',
+        });
+    });
+
+    test('an Anthropic upstream error keeps its status and message', async () => {
+        an.handler = (req, res) => anthropicError(res, 400, 'max_tokens: must be positive');
+        const r = await gw.messages(key, AM);
+        an.handler = echo;
+        assert.equal(r.status, 400, r.text);
+        assert.ok(r.text.includes('max_tokens: must be positive'), r.text);
+        assert.ok(r.headers['x-request-id']);
+    });
+
+    test('OpenAI streaming reaches the client chunk by chunk', async () => {
+        let written;
+        oa.handler = async (req, res, rec) => {
+            written = await openaiStream(res, ['Hel', 'lo', ' world'], {
+                delayMs: GAP_MS, model: rec.json.model,
+                usage: { prompt_tokens: 5, completion_tokens: 3 },
+            });
+        };
+        const r = await gw.chat(key, M, { extra: { stream: true } });
+        oa.handler = echo;
+        assertOk(r);
+        assert.match(r.headers['content-type'], /^text\/event-stream/);
+        assert.equal(last(oa).json.stream, true);
+
+        const events = sseEvents(r.text);
+        assert.equal(events[events.length - 1].data, '[DONE]');
+        const text = events.filter((e) => e.data !== '[DONE]')
+            .map((e) => JSON.parse(e.data))
+            .map((c) => (c.choices && c.choices[0] && c.choices[0].delta &&
+                c.choices[0].delta.content) || '')
+            .join('');
+        assert.equal(text, 'Hello world');
+
+        let acc = '';
+        const first = r.chunks.find((c) => (acc += c.text).includes('"Hel"'));
+        assert.ok(first, 'first chunk received');
+        assert.ok(first.t <= written[1] - GAP_MS / 2,
+            `first chunk reached the client ${first.t - written[0]} ms after it was ` +
+            `written; the next was written ${written[1] - written[0]} ms after it`);
+    });
+
+    test('Anthropic streaming reaches the client event by event', async () => {
+        let written;
+        an.handler = async (req, res, rec) => {
+            written = await anthropicStream(res, ['Bon', 'jour'], {
+                delayMs: GAP_MS, model: rec.json.model,
+            });
+        };
+        const r = await gw.messages(key, AM, { extra: { stream: true } });
+        an.handler = echo;
+        assertOk(r);
+        assert.match(r.headers['content-type'], /^text\/event-stream/);
+        const events = sseEvents(r.text);
+        assert.deepEqual(events.map((e) => e.event), [
+            'message_start', 'content_block_start', 'content_block_delta',
+            'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop',
+        ]);
+        let acc = '';
+        const first = r.chunks.find((c) => (acc += c.text).includes('"Bon"'));
+        assert.ok(first, 'first delta received');
+        assert.ok(first.t <= written[1] - GAP_MS / 2,
+            `first delta reached the client ${first.t - written[0]} ms after it was written`);
+    });
+});

@@ -1,0 +1,128 @@
+// Request-rate limits: exact across workers, failed requests counted, a
+// separate success limit, per-group limits, Retry-After.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, settle,
+    startGateway, stopAll, times, uniq,
+} from '../lib/harness.mjs';
+import { startMock } from '../lib/mock.mjs';
+
+/* reuseport: the kernel spreads connections over both workers. */
+const SPREAD = { listen: 'reuseport', server: 'add_header X-Worker $pid always;' };
+
+describe('rate limits', { timeout: 180000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-rl');
+    const upstreamCalls = () => mock.requests.length;
+    const badJson = (key) => gw.req('POST', '/v1/chat/completions', {
+        key, headers: { 'Content-Type': 'application/json' }, body: '{"model":',
+    });
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        gw = await startGateway({ db, ...SPREAD });
+        let r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1 });
+        assert.equal(r.status, 200, r.text);
+        r = await gw.admin('PUT', '/api/rate_limit', {
+            default: { duration_minutes: 1, total: 5, success: 0 },
+            groups: {
+                two: { duration_minutes: 1, total: 2, success: 0 },
+                succ: { duration_minutes: 1, total: 100, success: 2 },
+            },
+        });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'two', 'succ'] });
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await mock?.close();
+            await dropDb(db);
+        }
+    });
+
+    function assertLimited(r, re) {
+        const e = assertError(r, 429, { code: 'rate_limit_exceeded', message: re });
+        const ra = r.headers['retry-after'];
+        assert.match(String(ra), /^\d+$/, `Retry-After is whole seconds: ${ra}`);
+        assert.ok(Number(ra) >= 1 && Number(ra) <= 60, `Retry-After ${ra} within the 1 min window`);
+        return e;
+    }
+
+    test('20 concurrent requests, limit 5 per minute: exactly 5 pass, on both workers', async () => {
+        const { key } = await makeUserKey(gw);
+        const before = upstreamCalls();
+        const rs = await times(20, () => gw.chat(key, M));
+        const passed = rs.filter((r) => r.status !== 429);
+        assert.equal(passed.length, 5, `statuses: ${rs.map((r) => r.status).join(',')}`);
+        passed.forEach((r) => assertOk(r));
+        rs.filter((r) => r.status === 429)
+            .forEach((r) => assertLimited(r, /at most 5 requests in 1 minutes?\b/));
+        assert.equal(upstreamCalls() - before, 5, 'limited requests reach no upstream');
+        const workers = new Set(rs.map((r) => r.headers['x-worker']));
+        assert.equal(workers.size, 2, `served by workers ${[...workers]}`);
+    });
+
+    test('failed requests count toward the total limit', async () => {
+        const { key } = await makeUserKey(gw);
+        for (let i = 0; i < 5; i++) {
+            assertError(await badJson(key), 400, { code: 'invalid_json' });
+        }
+        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
+    });
+
+    test('keys of other users keep their own budget', async () => {
+        const a = await makeUserKey(gw);
+        const b = await makeUserKey(gw);
+        const rs = await times(6, () => gw.chat(a.key, M));
+        assert.equal(rs.filter((r) => r.status === 429).length, 1);
+        assertOk(await gw.chat(b.key, M), 'another user is not limited');
+    });
+
+    test('a group limit replaces the default one', async () => {
+        const { key } = await makeUserKey(gw, { group: 'two' });
+        assertOk(await gw.chat(key, M));
+        assertOk(await gw.chat(key, M));
+        assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minutes?\b/);
+    });
+
+    test('the success limit counts only successful requests', async () => {
+        const { key } = await makeUserKey(gw, { group: 'succ' });
+        for (let i = 0; i < 3; i++) {
+            assertError(await badJson(key), 400, { code: 'invalid_json' });
+        }
+        const before = upstreamCalls();
+        assertOk(await gw.chat(key, M));
+        assertOk(await gw.chat(key, M));
+        assertLimited(await gw.chat(key, M),
+            /at most 2 successful requests in 1 minutes?\b/);
+        assert.equal(upstreamCalls() - before, 2);
+    });
+
+    test('a changed limit applies within 1 s', async () => {
+        const { key } = await makeUserKey(gw, { group: 'two' });
+        const t0 = Date.now();
+        const r = await gw.admin('PUT', '/api/rate_limit', {
+            default: { duration_minutes: 1, total: 5, success: 0 },
+            groups: {
+                two: { duration_minutes: 1, total: 3, success: 0 },
+                succ: { duration_minutes: 1, total: 100, success: 2 },
+            },
+        });
+        assert.equal(r.status, 200, r.text);
+        await settle(t0);
+        const rs = await times(8, () => gw.chat(key, M));
+        assert.equal(rs.filter((x) => x.status === 200).length, 3,
+            `statuses: ${rs.map((x) => x.status).join(',')}`);
+        const limited = rs.filter((x) => x.status === 429);
+        assert.equal(limited.length, 5);
+        assertLimited(limited[0], /at most 3 requests in 1 minutes?\b/);
+    });
+});

@@ -1,0 +1,192 @@
+// Routing and retries: priority, weight, which failures move to the next
+// channel (with its own URL and key), the try limit, and never after a
+// stream started.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, hex, makeChannel, makeUserKey,
+    settle, startGateway, stopAll, times, uniq,
+} from '../lib/harness.mjs';
+import {
+    echo, openaiChat, openaiError, sendJson, startClosedPort, startMock,
+} from '../lib/mock.mjs';
+
+const failWith = (status, message) => (req, res) => openaiError(res, status, message,
+    { type: 'server_error' });
+const answer = (content) => (req, res, rec) => sendJson(res, 200,
+    openaiChat({ model: rec.json.model, content }));
+
+describe('routing and retries', { timeout: 240000 }, () => {
+    let db, gw, gw2, key;
+    const mocks = [];
+    const M = {};
+    const ch = {};
+
+    async function mock(handler) {
+        const m = await startMock(handler);
+        mocks.push(m);
+        return m;
+    }
+
+    /* A channel on its own mock; -> {mock, key, channel} */
+    async function channel(model, handler, opts = {}) {
+        const m = opts.base_url ? null : await mock(handler);
+        const k = `up-${hex(6)}`;
+        const c = await makeChannel(gw, {
+            base_url: m ? m.url : opts.base_url, key: k, models: [model], ...opts,
+        });
+        return { mock: m, key: k, channel: c };
+    }
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db });
+        gw2 = await startGateway({ db, http: 'llmgw_max_tries 2;', rootToken: gw.rootToken });
+        const closed = await startClosedPort();
+        const closed2 = await startClosedPort();
+
+        for (const name of ['on500', 'on429', 'onConn', 'on504', 'on400', 'max3',
+            'allConn', 'stream', 'tries2', 'prio', 'weight']) {
+            M[name] = uniq(`gpt-${name}`);
+        }
+        ch.on500 = [await channel(M.on500, failWith(500, 'A exploded'), { priority: 10 }),
+            await channel(M.on500, answer('from B'), {
+                priority: 5, model_mapping: { [M.on500]: 'b-model' },
+            })];
+        ch.on429 = [await channel(M.on429, failWith(429, 'A busy'), { priority: 10 }),
+            await channel(M.on429, answer('from B'), { priority: 5 })];
+        ch.onConn = [await channel(M.onConn, null, { priority: 10, base_url: closed.url }),
+            await channel(M.onConn, answer('from B'), { priority: 5 })];
+        ch.on504 = [await channel(M.on504, failWith(504, 'A gateway timeout'), { priority: 10 }),
+            await channel(M.on504, answer('from B'), { priority: 5 })];
+        ch.on400 = [await channel(M.on400, failWith(400, 'A bad request'), { priority: 10 }),
+            await channel(M.on400, answer('from B'), { priority: 5 })];
+        ch.max3 = [];
+        for (let i = 1; i <= 4; i++) {
+            ch.max3.push(await channel(M.max3, failWith(503, `fail-${i}`),
+                { priority: 50 - i * 10 }));
+        }
+        ch.allConn = [await channel(M.allConn, null, { priority: 10, base_url: closed.url }),
+            await channel(M.allConn, null, { priority: 5, base_url: closed2.url })];
+        ch.stream = [await channel(M.stream, async (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            res.write('data: {"id":"c1","object":"chat.completion.chunk","choices":' +
+                '[{"index":0,"delta":{"role":"assistant","content":"partial"}}]}\n\n');
+            await new Promise((s) => setTimeout(s, 300));
+            res.destroy();
+        }, { priority: 10 }),
+        await channel(M.stream, echo, { priority: 5 })];
+        ch.tries2 = [];
+        for (let i = 1; i <= 3; i++) {
+            ch.tries2.push(await channel(M.tries2, failWith(500, `t2-fail-${i}`),
+                { priority: 40 - i * 10 }));
+        }
+        ch.prio = [await channel(M.prio, answer('high'), { priority: 10 }),
+            await channel(M.prio, answer('low'), { priority: 0 }),
+            await channel(M.prio, answer('disabled'), { priority: 100, status: 'disabled' })];
+        ch.weight = [await channel(M.weight, answer('heavy'), { priority: 0, weight: 3 }),
+            await channel(M.weight, answer('light'), { priority: 0, weight: 1 })];
+
+        ({ key } = await makeUserKey(gw));
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw, gw2);
+        } finally {
+            await Promise.all(mocks.map((m) => m.close()));
+            await dropDb(db);
+        }
+    });
+
+    const count = (c) => c.mock.requests.length;
+
+    for (const [name, what] of [['on500', 'a 500'], ['on429', 'a 429']]) {
+        test(`${what} moves to the next channel with its own URL, key and mapping`, async () => {
+            const [a, b] = ch[name];
+            const r = await gw.chat(key, M[name]);
+            assertOk(r);
+            assert.equal(r.json.choices[0].message.content, 'from B');
+            assert.equal(count(a), 1);
+            assert.equal(count(b), 1);
+            assert.equal(a.mock.requests[0].headers.authorization, `Bearer ${a.key}`);
+            assert.equal(b.mock.requests[0].headers.authorization, `Bearer ${b.key}`);
+            if (name === 'on500') {
+                assert.equal(a.mock.requests[0].json.model, M[name]);
+                assert.equal(b.mock.requests[0].json.model, 'b-model');
+            }
+        });
+    }
+
+    test('a refused connection moves to the next channel', async () => {
+        const r = await gw.chat(key, M.onConn);
+        assertOk(r);
+        assert.equal(r.json.choices[0].message.content, 'from B');
+        assert.equal(count(ch.onConn[1]), 1);
+    });
+
+    test('an upstream 504 is not retried', async () => {
+        const [a, b] = ch.on504;
+        const r = await gw.chat(key, M.on504);
+        assertError(r, 504, { type: 'upstream_error', message: 'A gateway timeout' });
+        assert.equal(count(a), 1);
+        assert.equal(count(b), 0);
+    });
+
+    test('an upstream 400 is not retried', async () => {
+        const [a, b] = ch.on400;
+        const r = await gw.chat(key, M.on400);
+        assertError(r, 400, { type: 'upstream_error', message: 'A bad request' });
+        assert.equal(count(a), 1);
+        assert.equal(count(b), 0);
+    });
+
+    test('at most 3 tries; the last upstream error comes back', async () => {
+        const r = await gw.chat(key, M.max3);
+        assertError(r, 503, { type: 'upstream_error', message: 'fail-3' });
+        assert.deepEqual(ch.max3.map(count), [1, 1, 1, 0]);
+    });
+
+    test('every channel unreachable: 502 do_request_failed', async () => {
+        const r = await gw.chat(key, M.allConn);
+        assertError(r, 502, { code: 'do_request_failed' });
+    });
+
+    test('no retry once a stream has started', async () => {
+        const [a, b] = ch.stream;
+        const r = await gw.chat(key, M.stream, { extra: { stream: true } });
+        assert.equal(r.status, 200, r.text);
+        assert.ok(r.text.includes('partial'), `the started stream reached the client: ${r.text}`);
+        assert.equal(count(a), 1);
+        assert.equal(count(b), 0, 'the second channel was not tried');
+    });
+
+    test('llmgw_max_tries 2 limits the tries', async () => {
+        const r = await gw2.chat(key, M.tries2);
+        assertError(r, 500, { type: 'upstream_error', message: 't2-fail-2' });
+        assert.deepEqual(ch.tries2.map(count), [1, 1, 0]);
+    });
+
+    test('the highest priority enabled channel serves every request', async () => {
+        const rs = await times(10, () => gw.chat(key, M.prio));
+        for (const r of rs) {
+            assertOk(r);
+            assert.equal(r.json.choices[0].message.content, 'high');
+        }
+        assert.deepEqual(ch.prio.map(count), [10, 0, 0]);
+    });
+
+    test('weights split traffic inside one priority', async () => {
+        for (let i = 0; i < 8; i++) {
+            const rs = await times(10, () => gw.chat(key, M.weight));
+            rs.forEach((r) => assertOk(r));
+        }
+        const [heavy, light] = ch.weight.map(count);
+        assert.equal(heavy + light, 80);
+        assert.ok(light > 0, `weight 1 channel got ${light} of 80`);
+        assert.ok(heavy > light, `weight 3: ${heavy}, weight 1: ${light}`);
+    });
+});

@@ -1,0 +1,673 @@
+// Integration harness: a private database per test file, the real nginx
+// with the built module, and small HTTP helpers.  Node 20 built-ins only;
+// every wait is bounded.
+//
+// Environment (set by scripts/test.sh):
+//   LLMGW_MODULE   absolute path of ngx_http_llmgw_module.so
+//   LLMGW_PG_SOCK  PostgreSQL unix socket dir
+//   LLMGW_PG_PORT  PostgreSQL port
+//   LLMGW_REPO     repository root
+//   LLMGW_KEEP     keep gateway dirs under var/test even when the log is clean
+
+import assert from 'node:assert/strict';
+import { spawn, execFile } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+
+export const REPO = process.env.LLMGW_REPO || path.resolve(HERE, '..', '..');
+export const MODULE = process.env.LLMGW_MODULE ||
+    path.join(REPO, 'build', 'nginx', 'ngx_http_llmgw_module.so');
+export const PG_SOCK = process.env.LLMGW_PG_SOCK || '';
+export const PG_PORT = process.env.LLMGW_PG_PORT || '5432';
+export const NGINX = process.env.LLMGW_NGINX || '/usr/sbin/nginx';
+
+/* Time the spec gives an admin change to reach every worker and node. */
+export const PROPAGATION_MS = 1000;
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+export function hex(bytes) {
+    return randomBytes(bytes).toString('hex');
+}
+
+let uniqCounter = 0;
+
+/* A name no other test (or test file running in parallel) uses. */
+export function uniq(prefix = 'm') {
+    uniqCounter++;
+    return `${prefix}-${process.pid}-${uniqCounter}-${hex(3)}`;
+}
+
+export function sha256hex(s) {
+    return createHash('sha256').update(s).digest('hex');
+}
+
+/* ------------------------------------------------------------------ */
+/* processes                                                           */
+/* ------------------------------------------------------------------ */
+
+/* Runs a program to completion (bounded); rejects with its stderr. */
+export function run(file, args, { timeoutMs = 60000, env } = {}) {
+    return new Promise((resolve, reject) => {
+        execFile(file, args, {
+            timeout: timeoutMs,
+            killSignal: 'SIGKILL',
+            maxBuffer: 64 * 1024 * 1024,
+            env: env ? { ...process.env, ...env } : process.env,
+        }, (err, stdout, stderr) => {
+            if (err) {
+                err.message = `${file} ${args.join(' ')} failed: ` +
+                    `${err.message}\n${stderr}\n${stdout}`;
+                reject(err);
+                return;
+            }
+            resolve({ stdout, stderr });
+        });
+    });
+}
+
+/* ------------------------------------------------------------------ */
+/* PostgreSQL                                                          */
+/* ------------------------------------------------------------------ */
+
+export function conninfoFor(dbname) {
+    if (!PG_SOCK) {
+        throw new Error('LLMGW_PG_SOCK is not set (run through scripts/test.sh)');
+    }
+    return `host=${PG_SOCK} port=${PG_PORT} dbname=${dbname} user=postgres`;
+}
+
+/* Runs SQL with psql -At; returns stdout without the final newline. */
+export async function psql(conninfo, sql) {
+    const { stdout } = await run('psql',
+        ['-X', '-At', '-v', 'ON_ERROR_STOP=1', '-d', conninfo, '-c', sql],
+        { timeoutMs: 30000 });
+    return stdout.replace(/\n$/, '');
+}
+
+/* A fresh, migrated database: llmgw_t_<random>. */
+export async function createDb() {
+    const name = `llmgw_t_${hex(6)}`;
+    await psql(conninfoFor('postgres'), `CREATE DATABASE ${name}`);
+    const conninfo = conninfoFor(name);
+    await run('bash', [path.join(REPO, 'sql', 'migrate.sh'), conninfo],
+        { timeoutMs: 60000 });
+    return { name, conninfo };
+}
+
+export async function dropDb(db) {
+    if (!db) {
+        return;
+    }
+    await psql(conninfoFor('postgres'),
+        `DROP DATABASE IF EXISTS ${db.name} WITH (FORCE)`);
+}
+
+/* ------------------------------------------------------------------ */
+/* HTTP client                                                         */
+/* ------------------------------------------------------------------ */
+
+/*
+ * One request on its own connection (no keep-alive, so nothing lingers and
+ * concurrent requests spread over connections).  Records when each body
+ * chunk arrived, for streaming tests.
+ *   -> {status, headers, text, json, chunks: [{t, text}], t0, tHeaders, tEnd,
+ *       aborted}
+ */
+export function httpRequest(url, {
+    method = 'GET', headers = {}, body, timeoutMs = 20000,
+} = {}) {
+    return new Promise((resolve, reject) => {
+        const u = new URL(url);
+        let payload = body;
+        const h = { ...headers };
+        if (payload !== undefined && typeof payload !== 'string' &&
+            !Buffer.isBuffer(payload)) {
+            payload = JSON.stringify(payload);
+            if (!Object.keys(h).some((k) => k.toLowerCase() === 'content-type')) {
+                h['Content-Type'] = 'application/json';
+            }
+        }
+        if (payload !== undefined) {
+            h['Content-Length'] = Buffer.byteLength(payload);
+        }
+        const t0 = Date.now();
+        let done = false;
+        const req = http.request({
+            host: u.hostname,
+            port: u.port,
+            path: u.pathname + u.search,
+            method,
+            headers: h,
+            agent: false,
+        }, (res) => {
+            const tHeaders = Date.now();
+            const chunks = [];
+            let aborted = false;
+            res.setEncoding('utf8');
+            res.on('data', (c) => chunks.push({ t: Date.now(), text: c }));
+            res.on('aborted', () => { aborted = true; });
+            const finish = () => {
+                if (done) {
+                    return;
+                }
+                done = true;
+                clearTimeout(timer);
+                aborted = aborted || !res.complete;
+                const text = chunks.map((c) => c.text).join('');
+                let json;
+                try {
+                    json = JSON.parse(text);
+                } catch {
+                    json = undefined;
+                }
+                resolve({
+                    status: res.statusCode, headers: res.headers, text, json,
+                    chunks, t0, tHeaders, tEnd: Date.now(), aborted,
+                });
+            };
+            res.on('end', finish);
+            res.on('close', finish);
+            res.on('error', () => { aborted = true; finish(); });
+        });
+        const timer = setTimeout(() => {
+            if (!done) {
+                done = true;
+                req.destroy();
+                reject(new Error(`${method} ${url}: no complete response ` +
+                    `in ${timeoutMs} ms`));
+            }
+        }, timeoutMs);
+        req.on('error', (err) => {
+            if (!done) {
+                done = true;
+                clearTimeout(timer);
+                err.message = `${method} ${url}: ${err.message}`;
+                reject(err);
+            }
+        });
+        if (payload !== undefined) {
+            req.end(payload);
+        } else {
+            req.end();
+        }
+    });
+}
+
+/* Parses a text/event-stream body into [{event, data}]. */
+export function sseEvents(text) {
+    const events = [];
+    for (const block of text.replace(/\r\n?/g, '\n').split('\n\n')) {
+        let event = 'message';
+        const data = [];
+        for (const line of block.split('\n')) {
+            if (line.startsWith('data:')) {
+                data.push(line.slice(5).replace(/^ /, ''));
+            } else if (line.startsWith('event:')) {
+                event = line.slice(6).trim();
+            }
+        }
+        if (data.length) {
+            events.push({ event, data: data.join('\n') });
+        }
+    }
+    return events;
+}
+
+/* ------------------------------------------------------------------ */
+/* gateway                                                             */
+/* ------------------------------------------------------------------ */
+
+export function freePort() {
+    return new Promise((resolve, reject) => {
+        const s = net.createServer();
+        s.on('error', reject);
+        s.listen(0, '127.0.0.1', () => {
+            const { port } = s.address();
+            s.close(() => resolve(port));
+        });
+    });
+}
+
+function portAnswers(port) {
+    return new Promise((resolve) => {
+        const sock = net.connect({ host: '127.0.0.1', port });
+        const t = setTimeout(() => { sock.destroy(); resolve(false); }, 500);
+        sock.on('connect', () => { clearTimeout(t); sock.destroy(); resolve(true); });
+        sock.on('error', () => { clearTimeout(t); resolve(false); });
+    });
+}
+
+function childPids(ppid) {
+    const out = [];
+    for (const ent of fs.readdirSync('/proc')) {
+        if (!/^\d+$/.test(ent)) {
+            continue;
+        }
+        let status;
+        try {
+            status = fs.readFileSync(`/proc/${ent}/status`, 'utf8');
+        } catch {
+            continue;
+        }
+        const pp = /^PPid:\s*(\d+)/m.exec(status);
+        const st = /^State:\s*(\S)/m.exec(status);
+        if (pp && Number(pp[1]) === ppid && st && st[1] !== 'Z') {
+            out.push(Number(ent));
+        }
+    }
+    return out.sort((a, b) => a - b);
+}
+
+export function nginxConf({ dir, port, dbConninfo, http: httpExtra = '',
+    server = '', workers = 2, listen = '' }) {
+    return `load_module ${MODULE};
+daemon off; master_process on; worker_processes ${workers};
+error_log ${dir}/error.log info; pid ${dir}/nginx.pid;
+events { worker_connections 1024; }
+http {
+  access_log ${dir}/access.log;
+  client_body_temp_path ${dir}/tmp/body; proxy_temp_path ${dir}/tmp/proxy; fastcgi_temp_path ${dir}/tmp/fcgi; uwsgi_temp_path ${dir}/tmp/uwsgi; scgi_temp_path ${dir}/tmp/scgi;
+  client_max_body_size 1m; client_body_buffer_size 1m;
+  llmgw_database "${dbConninfo}";
+  ${httpExtra}
+  server {
+    listen 127.0.0.1:${port}${listen ? ' ' + listen : ''};
+    ${server}
+    location / { llmgw_gateway; }
+    location /api/ { llmgw_admin; }
+    location = /metrics { llmgw_metrics; }
+  }
+}
+`;
+}
+
+/*
+ * Starts nginx with the module on a free loopback port.
+ *   db        {conninfo} from createDb()
+ *   workers   worker_processes (2)
+ *   http      text added to the http block
+ *   server    text added to the server block
+ *   listen    extra listen parameters, e.g. 'reuseport' so that the kernel
+ *             spreads connections over all workers
+ *   conf      the whole nginx.conf (overrides everything; may use
+ *             {{DIR}} and {{PORT}} placeholders)
+ *   rootToken reuse a root token (several gateways on one database)
+ */
+export async function startGateway({ db, workers = 2, http: httpExtra = '',
+    server = '', listen = '', conf, rootToken } = {}) {
+    assert.ok(db && db.conninfo, 'startGateway needs {db}');
+    assert.ok(fs.existsSync(MODULE), `module not built: ${MODULE}`);
+
+    const dir = path.join(REPO, 'var', 'test', `gw-${hex(6)}`);
+    fs.mkdirSync(path.join(dir, 'tmp'), { recursive: true });
+    for (const d of ['body', 'proxy', 'fcgi', 'uwsgi', 'scgi']) {
+        fs.mkdirSync(path.join(dir, 'tmp', d), { recursive: true });
+        fs.chmodSync(path.join(dir, 'tmp', d), 0o777);
+    }
+    fs.chmodSync(path.join(dir, 'tmp'), 0o777);
+    fs.chmodSync(dir, 0o755);
+
+    const token = rootToken || hex(24);
+    await psql(db.conninfo,
+        `select llmgw_admin_token_set('${sha256hex(token)}')`);
+
+    let lastFailure = '';
+    /* A port picked by freePort() can be taken before nginx binds it. */
+    for (let attempt = 0; attempt < 3; attempt++) {
+        const port = await freePort();
+        const text = conf
+            ? conf.replaceAll('{{DIR}}', dir).replaceAll('{{PORT}}', String(port))
+            : nginxConf({ dir, port, dbConninfo: db.conninfo, http: httpExtra,
+                server, workers, listen });
+        fs.writeFileSync(path.join(dir, 'nginx.conf'), text);
+        const gw = await launch({ dir, port, token, db });
+        if (gw.ok) {
+            return gw.gw;
+        }
+        lastFailure = gw.why;
+        if (!/Address already in use/.test(gw.why)) {
+            break;
+        }
+    }
+    throw new Error(`nginx did not start (dir ${dir}):\n${lastFailure}`);
+}
+
+async function launch({ dir, port, token, db }) {
+    const stderrPath = path.join(dir, 'stderr.log');
+    const errFd = fs.openSync(stderrPath, 'a');
+    const proc = spawn(NGINX, ['-p', dir, '-c', path.join(dir, 'nginx.conf')], {
+        stdio: ['ignore', errFd, errFd],
+    });
+    fs.closeSync(errFd);
+    let exited = null;
+    const exitPromise = new Promise((resolve) => {
+        proc.on('exit', (code, signal) => {
+            exited = { code, signal };
+            resolve(exited);
+        });
+    });
+
+    const readLog = (name) => {
+        try {
+            return fs.readFileSync(path.join(dir, name), 'utf8');
+        } catch {
+            return '';
+        }
+    };
+    const why = () => `exit ${JSON.stringify(exited)}\nstderr:\n` +
+        `${readLog('stderr.log')}\nerror.log:\n${readLog('error.log')}`;
+
+    const deadline = Date.now() + 10000;
+    let up = false;
+    while (Date.now() < deadline && !exited) {
+        if (await portAnswers(port)) {
+            up = true;
+            break;
+        }
+        await sleep(50);
+    }
+    if (!up) {
+        if (!exited) {
+            proc.kill('SIGKILL');
+            await Promise.race([exitPromise, sleep(2000)]);
+        }
+        return { ok: false, why: why() };
+    }
+
+    const url = `http://127.0.0.1:${port}`;
+    let killed = false;
+    let workersSeen = childPids(proc.pid);
+
+    const gw = {
+        url, port, dir, rootToken: token, db, proc,
+        get killed() { return killed; },
+
+        async admin(method, p, body, { token: tok = token, headers = {} } = {}) {
+            const h = { ...headers };
+            if (tok) {
+                h.Authorization = `Bearer ${tok}`;
+            }
+            const r = await httpRequest(url + p, { method, headers: h, body });
+            return { status: r.status, headers: r.headers, json: r.json, text: r.text };
+        },
+
+        async req(method, p, { headers = {}, body, key, timeoutMs } = {}) {
+            const h = { ...headers };
+            if (key) {
+                h.Authorization = `Bearer ${key}`;
+            }
+            return httpRequest(url + p, { method, headers: h, body, timeoutMs });
+        },
+
+        /* POST /v1/chat/completions with a minimal valid body. */
+        chat(key, model, { content = 'hi', headers, extra = {}, timeoutMs } = {}) {
+            return gw.req('POST', '/v1/chat/completions', {
+                key, headers, timeoutMs,
+                body: { model, messages: [{ role: 'user', content }], ...extra },
+            });
+        },
+
+        /* POST /v1/messages with a minimal valid body. */
+        messages(key, model, { content = 'hi', headers, extra = {}, timeoutMs } = {}) {
+            return gw.req('POST', '/v1/messages', {
+                key, headers, timeoutMs,
+                body: {
+                    model, max_tokens: 16,
+                    messages: [{ role: 'user', content }], ...extra,
+                },
+            });
+        },
+
+        errorLog: () => readLog('error.log'),
+        accessLog: () => readLog('access.log'),
+
+        masterPid: () => proc.pid,
+
+        workerPids() {
+            if (exited) {
+                return [];
+            }
+            return childPids(proc.pid);
+        },
+
+        async reload() {
+            const before = new Set(gw.workerPids());
+            proc.kill('SIGHUP');
+            const end = Date.now() + 10000;
+            while (Date.now() < end) {
+                const now = gw.workerPids();
+                if (now.length && now.every((p) => !before.has(p)) &&
+                    await portAnswers(port)) {
+                    workersSeen = now;
+                    return;
+                }
+                await sleep(50);
+            }
+            throw new Error(`reload: workers not replaced in 10 s\n${why()}`);
+        },
+
+        async stop() {
+            if (exited) {
+                return exited;
+            }
+            const workers = childPids(proc.pid).concat(workersSeen);
+            proc.kill('SIGQUIT');
+            const r = await Promise.race([exitPromise, sleep(5000)]);
+            if (!r) {
+                killed = true;
+                proc.kill('SIGKILL');
+                for (const w of workers) {
+                    try {
+                        process.kill(w, 'SIGKILL');
+                    } catch {
+                        /* already gone */
+                    }
+                }
+                await Promise.race([exitPromise, sleep(2000)]);
+            }
+            return exited;
+        },
+    };
+
+    /*
+     * The port answers as soon as the master listens; wait until the admin
+     * API recognises the root token, so that tests start on a gateway that
+     * has loaded its configuration.
+     */
+    let last = '';
+    const readyBy = Date.now() + 10000;
+    while (Date.now() < readyBy && !exited) {
+        try {
+            const r = await gw.admin('GET', '/api/user/0');
+            last = `GET /api/user/0 -> ${r.status} ${r.text.slice(0, 200)}`;
+            if (r.status !== 401 && r.status !== 403 && r.status < 500) {
+                return { ok: true, gw };
+            }
+        } catch (e) {
+            last = e.message;
+        }
+        await sleep(100);
+    }
+    await gw.stop();
+    return { ok: false, why: `gateway not ready in 10 s: ${last}\n${why()}` };
+}
+
+/*
+ * After stop(): the spec requires that nginx's error log has no [alert] or
+ * [emerg] line, and a graceful stop must finish on its own.
+ */
+export function assertCleanLog(gw) {
+    if (!gw) {
+        return;
+    }
+    const bad = gw.errorLog().split('\n')
+        .filter((l) => /\[(alert|emerg)\]/.test(l));
+    assert.deepEqual(bad, [], `error log of ${gw.dir} has alert/emerg lines`);
+    assert.equal(gw.killed, false,
+        `nginx in ${gw.dir} did not stop within 5 s of SIGQUIT`);
+    if (!process.env.LLMGW_KEEP) {
+        fs.rmSync(gw.dir, { recursive: true, force: true });
+    }
+}
+
+/* Stops gateways, then asserts each left a clean log. */
+export async function stopAll(...gws) {
+    const live = gws.filter(Boolean);
+    await Promise.all(live.map((g) => g.stop()));
+    for (const g of live) {
+        assertCleanLog(g);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* admin helpers                                                       */
+/* ------------------------------------------------------------------ */
+
+function expectOk(r, what) {
+    assert.equal(r.status, 200, `${what}: ${r.status} ${r.text}`);
+    assert.ok(r.json && typeof r.json === 'object', `${what}: not JSON: ${r.text}`);
+    return r.json;
+}
+
+export async function makeUser(gw, opts = {}) {
+    const r = await gw.admin('POST', '/api/user', {
+        username: uniq('user'), quota: 1000000000, group: 'default', ...opts,
+    });
+    return expectOk(r, 'POST /api/user');
+}
+
+/* -> the created token, with its {id, key}. Unlimited unless told. */
+export async function makeKey(gw, userId, opts = {}) {
+    const r = await gw.admin('POST', '/api/token', {
+        user_id: userId, name: uniq('key'), unlimited_quota: true,
+        remain_quota: 0, expired_time: -1, ...opts,
+    });
+    const j = expectOk(r, 'POST /api/token');
+    assert.match(j.key, /^sk-[0-9a-f]{48}$/, 'token key format');
+    return j;
+}
+
+/* An OpenAI-type channel by default; pass {base_url, models, ...}. */
+export async function makeChannel(gw, opts = {}) {
+    const r = await gw.admin('POST', '/api/channel', {
+        name: uniq('ch'), type: 1, key: `upstream-${hex(8)}`,
+        groups: ['default'], priority: 0, weight: 1, ...opts,
+    });
+    return expectOk(r, 'POST /api/channel');
+}
+
+/* A user and an unlimited key in one step: -> {user, token, key}. */
+export async function makeUserKey(gw, userOpts = {}, keyOpts = {}) {
+    const user = await makeUser(gw, userOpts);
+    const token = await makeKey(gw, user.id, keyOpts);
+    return { user, token, key: token.key };
+}
+
+/* ------------------------------------------------------------------ */
+/* assertions and polling                                              */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The error contract: {"error": {message, type, code}}, the message ends
+ * with " (request id: <id>)" and the id is the X-Request-Id header.
+ */
+export function assertError(r, status, { type = 'gateway_error', code,
+    message } = {}) {
+    const ctx = `${r.status} ${r.text.slice(0, 500)}`;
+    assert.equal(r.status, status, `status: ${ctx}`);
+    assert.ok(r.json && r.json.error && typeof r.json.error === 'object',
+        `error object: ${ctx}`);
+    const e = r.json.error;
+    assert.equal(typeof e.message, 'string', `error.message: ${ctx}`);
+    assert.equal(typeof e.code, 'string', `error.code is a string: ${ctx}`);
+    if (type !== undefined) {
+        assert.equal(e.type, type, `error.type: ${ctx}`);
+    }
+    if (code !== undefined) {
+        assert.equal(e.code, code, `error.code: ${ctx}`);
+    }
+    const rid = r.headers['x-request-id'];
+    assert.ok(rid, `X-Request-Id header missing: ${ctx}`);
+    assert.ok(e.message.endsWith(` (request id: ${rid})`),
+        `message ends with the request id ${rid}: ${e.message}`);
+    if (message instanceof RegExp) {
+        assert.match(e.message, message, `error.message: ${ctx}`);
+    } else if (typeof message === 'string') {
+        assert.ok(e.message.startsWith(message),
+            `error.message starts with ${JSON.stringify(message)}: ${ctx}`);
+    }
+    return e;
+}
+
+export function assertOk(r, what = '') {
+    assert.equal(r.status, 200, `${what} ${r.status} ${r.text.slice(0, 500)}`);
+    return r;
+}
+
+/*
+ * Retries fn (which throws on failure) until it passes or ms have passed
+ * since `since`; an attempt started before the deadline counts.
+ */
+export async function eventually(fn, { ms = 5000, since = Date.now(),
+    intervalMs = 50 } = {}) {
+    let lastErr;
+    for (;;) {
+        const started = Date.now();
+        try {
+            return await fn();
+        } catch (e) {
+            lastErr = e;
+        }
+        if (started - since >= ms) {
+            lastErr.message = `not true within ${ms} ms: ${lastErr.message}`;
+            throw lastErr;
+        }
+        await sleep(Math.min(intervalMs, Math.max(0, since + ms - Date.now())));
+    }
+}
+
+/* Waits until an admin change must have reached every worker and node. */
+export async function settle(since = Date.now()) {
+    const wait = since + PROPAGATION_MS + 100 - Date.now();
+    if (wait > 0) {
+        await sleep(wait);
+    }
+}
+
+/* Runs n copies of fn(i) concurrently. */
+export function times(n, fn) {
+    return Promise.all(Array.from({ length: n }, (_, i) => fn(i)));
+}
+
+/* GET /api/log rows matching a query, polled until pred(items) holds. */
+export async function waitLogs(gw, query, pred, { ms = 5000 } = {}) {
+    const qs = new URLSearchParams(query).toString();
+    let last;
+    return eventually(async () => {
+        const r = await gw.admin('GET', `/api/log?${qs}`);
+        assert.equal(r.status, 200, `GET /api/log?${qs}: ${r.status} ${r.text}`);
+        last = r.json;
+        assert.ok(Array.isArray(last.items), `items: ${r.text}`);
+        assert.ok(pred(last.items, last),
+            `log rows for ${qs}: ${JSON.stringify(last).slice(0, 2000)}`);
+        return last;
+    }, { ms, intervalMs: 200 });
+}
+
+/* channels_tried as a list of numbers, whether stored as array or text. */
+export function idList(v) {
+    if (Array.isArray(v)) {
+        return v.map((x) => Number(typeof x === 'object' && x ? x.id : x));
+    }
+    if (typeof v === 'string') {
+        return (v.match(/\d+/g) || []).map(Number);
+    }
+    return [];
+}

@@ -1,0 +1,332 @@
+/*
+ * A key's IP allow list: IPv4 and IPv6 addresses and CIDRs, IPv4-mapped
+ * clients, and errors that name the bad entry.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "llmgw.h"
+
+
+static llmgw_iplist_t *
+parse_ok(const char *json)
+{
+    char             err[256] = "";
+    llmgw_iplist_t  *l = llmgw_iplist_parse(json, strlen(json), err,
+                                            sizeof(err));
+
+    if (l == NULL) {
+        fail_msg("%s: %s", json, err);
+    }
+
+    return l;
+}
+
+
+static void
+assert_parse_error(const char *json, const char *want)
+{
+    char             err[256] = "";
+    llmgw_iplist_t  *l = llmgw_iplist_parse(json, strlen(json), err,
+                                            sizeof(err));
+
+    assert_null(l);
+    assert_string_equal(err, want);
+}
+
+
+/* 1 or 0 for a textual client address, IPv4 or IPv6. */
+static int
+match(const llmgw_iplist_t *l, const char *ip)
+{
+    uint8_t addr[16];
+
+    if (inet_pton(AF_INET, ip, addr) == 1) {
+        return llmgw_iplist_match(l, AF_INET, addr);
+    }
+
+    assert_int_equal(inet_pton(AF_INET6, ip, addr), 1);
+    return llmgw_iplist_match(l, AF_INET6, addr);
+}
+
+
+static void
+test_ipv4_cidr_matches_inside_only(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"10.0.0.0/8\"]");
+
+    assert_int_equal(match(l, "10.0.0.0"), 1);
+    assert_int_equal(match(l, "10.255.255.255"), 1);
+    assert_int_equal(match(l, "11.0.0.1"), 0);
+    assert_int_equal(match(l, "9.255.255.255"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_ipv4_address_matches_only_itself(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"127.0.0.1\"]");
+
+    assert_int_equal(match(l, "127.0.0.1"), 1);
+    assert_int_equal(match(l, "127.0.0.2"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_ipv6_cidr_matches(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"2001:db8::/32\"]");
+
+    assert_int_equal(match(l, "2001:db8::1"), 1);
+    assert_int_equal(match(l, "2001:db8:ffff::9"), 1);
+    assert_int_equal(match(l, "2001:db9::1"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_ipv6_address_matches_only_itself(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"::1\"]");
+
+    assert_int_equal(match(l, "::1"), 1);
+    assert_int_equal(match(l, "::2"), 0);
+    assert_int_equal(match(l, "127.0.0.1"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_ipv4_mapped_client_matches_ipv4_entry(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"10.0.0.0/8\", \"192.0.2.7\"]");
+
+    assert_int_equal(match(l, "::ffff:10.1.2.3"), 1);
+    assert_int_equal(match(l, "::ffff:192.0.2.7"), 1);
+    assert_int_equal(match(l, "::ffff:11.1.2.3"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_ipv4_entry_does_not_match_native_ipv6(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"0.0.0.0/0\"]");
+
+    assert_int_equal(match(l, "203.0.113.9"), 1);
+    assert_int_equal(match(l, "2001:db8::1"), 0);
+    /* the deprecated IPv4-compatible form is not IPv4 */
+    assert_int_equal(match(l, "::10.0.0.1"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_host_bits_set_are_masked(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"10.1.2.3/8\", \"2001:db8::1/32\"]");
+
+    assert_int_equal(match(l, "10.200.0.1"), 1);
+    assert_int_equal(match(l, "2001:db8:abcd::"), 1);
+    assert_int_equal(match(l, "11.1.2.3"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_prefix_not_on_byte_boundary(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"192.168.1.77/23\", \"2001:db8::/33\"]");
+
+    assert_int_equal(match(l, "192.168.0.5"), 1);
+    assert_int_equal(match(l, "192.168.1.200"), 1);
+    assert_int_equal(match(l, "192.168.2.1"), 0);
+    assert_int_equal(match(l, "2001:db8:7fff::1"), 1);
+    assert_int_equal(match(l, "2001:db8:8000::1"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_full_length_prefixes_are_exact(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"198.51.100.1/32\", \"2001:db8::5/128\"]");
+
+    assert_int_equal(match(l, "198.51.100.1"), 1);
+    assert_int_equal(match(l, "198.51.100.0"), 0);
+    assert_int_equal(match(l, "2001:db8::5"), 1);
+    assert_int_equal(match(l, "2001:db8::4"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_any_entry_matching_admits(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\"10.0.0.0/8\", \"::1\", \"172.16.0.1\"]");
+
+    assert_int_equal(match(l, "172.16.0.1"), 1);
+    assert_int_equal(match(l, "::1"), 1);
+    assert_int_equal(match(l, "172.16.0.2"), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_whitespace_around_entry_is_ignored(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[\" 10.0.0.1 \"]");
+
+    assert_int_equal(match(l, "10.0.0.1"), 1);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_empty_list_is_no_restriction(void **state)
+{
+    llmgw_iplist_t *l = parse_ok("[]");
+
+    assert_int_equal(match(l, "203.0.113.1"), 1);
+    assert_int_equal(match(l, "2001:db8::1"), 1);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_no_list_is_no_restriction(void **state)
+{
+    assert_int_equal(match(NULL, "203.0.113.1"), 1);
+    llmgw_iplist_free(NULL);
+}
+
+
+static void
+test_unknown_family_is_refused(void **state)
+{
+    llmgw_iplist_t  *l = parse_ok("[\"0.0.0.0/0\"]");
+    uint8_t          addr[16] = { 0 };
+
+    assert_int_equal(llmgw_iplist_match(l, AF_UNIX, addr), 0);
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_error_names_entry_index_and_text(void **state)
+{
+    assert_parse_error("[\"10.0.0.1\", \"::1\", \"abc\"]",
+                       "allow_ips[2]: \"abc\" is not an IP address or CIDR");
+}
+
+
+static void
+test_prefix_length_is_bounds_checked(void **state)
+{
+    assert_parse_error("[\"10.0.0.0/33\"]",
+        "allow_ips[0]: \"10.0.0.0/33\" is not an IP address or CIDR");
+    assert_parse_error("[\"::/129\"]",
+        "allow_ips[0]: \"::/129\" is not an IP address or CIDR");
+}
+
+
+static void
+test_malformed_prefix_is_rejected(void **state)
+{
+    assert_parse_error("[\"10.0.0.0/\"]",
+        "allow_ips[0]: \"10.0.0.0/\" is not an IP address or CIDR");
+    assert_parse_error("[\"10.0.0.0/-1\"]",
+        "allow_ips[0]: \"10.0.0.0/-1\" is not an IP address or CIDR");
+    assert_parse_error("[\"10.0.0.0/8/8\"]",
+        "allow_ips[0]: \"10.0.0.0/8/8\" is not an IP address or CIDR");
+    assert_parse_error("[\"10.0.0.0/0008\"]",
+        "allow_ips[0]: \"10.0.0.0/0008\" is not an IP address or CIDR");
+}
+
+
+static void
+test_malformed_addresses_are_rejected(void **state)
+{
+    assert_parse_error("[\"10.0.0\"]",
+        "allow_ips[0]: \"10.0.0\" is not an IP address or CIDR");
+    assert_parse_error("[\"256.0.0.1\"]",
+        "allow_ips[0]: \"256.0.0.1\" is not an IP address or CIDR");
+    assert_parse_error("[\"\"]",
+        "allow_ips[0]: \"\" is not an IP address or CIDR");
+    assert_parse_error("[\"/8\"]",
+        "allow_ips[0]: \"/8\" is not an IP address or CIDR");
+}
+
+
+static void
+test_non_string_entry_is_rejected(void **state)
+{
+    assert_parse_error("[\"::1\", 10]", "allow_ips[1]: not a string");
+}
+
+
+static void
+test_non_array_is_rejected(void **state)
+{
+    assert_parse_error("{\"ip\":\"::1\"}",
+                       "allow_ips: not a JSON array of IP addresses or CIDRs");
+    assert_parse_error("[\"::1\"",
+                       "allow_ips: not a JSON array of IP addresses or CIDRs");
+}
+
+
+static void
+test_long_bad_entry_is_cut_in_error(void **state)
+{
+    char  json[300];
+    char  err[256];
+
+    strcpy(json, "[\"");
+    memset(json + 2, 'z', 200);
+    strcpy(json + 202, "\"]");
+
+    assert_null(llmgw_iplist_parse(json, strlen(json), err, sizeof(err)));
+    assert_non_null(strstr(err, "zzz...\" is not an IP address or CIDR"));
+    assert_true(strlen(err) < 120);
+}
+
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ipv4_cidr_matches_inside_only),
+        cmocka_unit_test(test_ipv4_address_matches_only_itself),
+        cmocka_unit_test(test_ipv6_cidr_matches),
+        cmocka_unit_test(test_ipv6_address_matches_only_itself),
+        cmocka_unit_test(test_ipv4_mapped_client_matches_ipv4_entry),
+        cmocka_unit_test(test_ipv4_entry_does_not_match_native_ipv6),
+        cmocka_unit_test(test_host_bits_set_are_masked),
+        cmocka_unit_test(test_prefix_not_on_byte_boundary),
+        cmocka_unit_test(test_full_length_prefixes_are_exact),
+        cmocka_unit_test(test_any_entry_matching_admits),
+        cmocka_unit_test(test_whitespace_around_entry_is_ignored),
+        cmocka_unit_test(test_empty_list_is_no_restriction),
+        cmocka_unit_test(test_no_list_is_no_restriction),
+        cmocka_unit_test(test_unknown_family_is_refused),
+        cmocka_unit_test(test_error_names_entry_index_and_text),
+        cmocka_unit_test(test_prefix_length_is_bounds_checked),
+        cmocka_unit_test(test_malformed_prefix_is_rejected),
+        cmocka_unit_test(test_malformed_addresses_are_rejected),
+        cmocka_unit_test(test_non_string_entry_is_rejected),
+        cmocka_unit_test(test_non_array_is_rejected),
+        cmocka_unit_test(test_long_bad_entry_is_cut_in_error),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,340 @@
+/*
+ * The error contract: {"error":{"message","type","code"}} with the request
+ * id at the end of the message, and upstream errors mapped into it.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llmgw.h"
+
+
+#define RID  LLMGW_STR("req-1")
+
+
+typedef struct {
+    json_t      *root;
+    const char  *message;
+    const char  *type;
+    const char  *code;
+} parsed_t;
+
+
+/* Reads the three fields back; fails the test on any other shape. */
+static parsed_t
+parse(llmgw_buf_t b)
+{
+    parsed_t      p;
+    json_error_t  err;
+    json_t       *e;
+
+    assert_non_null(b.data);
+    p.root = json_loadb(b.data, b.len, 0, &err);
+    assert_non_null(p.root);
+    assert_int_equal(json_object_size(p.root), 1);
+
+    e = json_object_get(p.root, "error");
+    assert_true(json_is_object(e));
+    assert_int_equal(json_object_size(e), 3);
+
+    p.message = json_string_value(json_object_get(e, "message"));
+    p.type = json_string_value(json_object_get(e, "type"));
+    p.code = json_string_value(json_object_get(e, "code"));
+    assert_non_null(p.message);
+    assert_non_null(p.type);
+    assert_non_null(p.code);
+
+    return p;
+}
+
+
+static parsed_t
+upstream(int status, const char *body)
+{
+    llmgw_buf_t  b;
+    parsed_t     p;
+
+    b = llmgw_upstream_error_json(status, body, strlen(body), RID);
+    p = parse(b);
+    llmgw_buf_free(&b);
+
+    return p;
+}
+
+
+static void
+test_error_json_is_exact_compact_contract(void **state)
+{
+    llmgw_buf_t b = llmgw_error_json(LLMGW_STR("Invalid token"),
+                                     LLMGW_STR("gateway_error"),
+                                     LLMGW_STR(""), RID);
+
+    assert_non_null(b.data);
+    assert_string_equal(b.data,
+        "{\"error\":{\"message\":\"Invalid token (request id: req-1)\","
+        "\"type\":\"gateway_error\",\"code\":\"\"}}");
+    assert_int_equal(b.len, strlen(b.data));
+    llmgw_buf_free(&b);
+    assert_null(b.data);
+}
+
+
+static void
+test_error_json_escapes_quotes_backslashes_and_newlines(void **state)
+{
+    llmgw_buf_t b = llmgw_error_json(LLMGW_STR("a \"b\" \\ c\nd"),
+                                     LLMGW_STR("gateway_error"),
+                                     LLMGW_STR("x\"y"), RID);
+    parsed_t    p = parse(b);
+
+    assert_string_equal(p.message, "a \"b\" \\ c\nd (request id: req-1)");
+    assert_string_equal(p.code, "x\"y");
+    json_decref(p.root);
+    llmgw_buf_free(&b);
+}
+
+
+static void
+test_error_json_invalid_utf8_still_renders(void **state)
+{
+    llmgw_buf_t b = llmgw_error_json(LLMGW_STR("bad \xff byte"),
+                                     LLMGW_STR("gateway_error"),
+                                     LLMGW_STR(""), RID);
+    parsed_t    p = parse(b);
+
+    assert_string_equal(p.message, "bad \xef\xbf\xbd byte (request id: req-1)");
+    json_decref(p.root);
+    llmgw_buf_free(&b);
+}
+
+
+static void
+test_upstream_message_from_error_message(void **state)
+{
+    parsed_t p = upstream(429, "{\"error\":{\"message\":\"Slow down\","
+                               "\"type\":\"requests\","
+                               "\"code\":\"rate_limit_exceeded\"}}");
+
+    assert_string_equal(p.message, "Slow down (request id: req-1)");
+    assert_string_equal(p.type, "upstream_error");
+    assert_string_equal(p.code, "rate_limit_exceeded");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_message_from_top_level_message(void **state)
+{
+    parsed_t p = upstream(500, "{\"message\":\"boom\"}");
+
+    assert_string_equal(p.message, "boom (request id: req-1)");
+    assert_string_equal(p.code, "bad_response_status_code");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_error_string_is_the_message(void **state)
+{
+    parsed_t p = upstream(502, "{\"error\":\"model overloaded\"}");
+
+    assert_string_equal(p.message, "model overloaded (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_detail_string_is_the_message(void **state)
+{
+    parsed_t p = upstream(422, "{\"detail\":\"Not Found\"}");
+
+    assert_string_equal(p.message, "Not Found (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_error_message_wins_over_top_level_message(void **state)
+{
+    parsed_t p = upstream(400, "{\"message\":\"outer\","
+                               "\"error\":{\"message\":\"inner\"}}");
+
+    assert_string_equal(p.message, "inner (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_empty_error_message_falls_through(void **state)
+{
+    parsed_t p = upstream(400, "{\"error\":{\"message\":\"\"},"
+                               "\"message\":\"outer\"}");
+
+    assert_string_equal(p.message, "outer (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_json_without_message_uses_raw_body(void **state)
+{
+    parsed_t p = upstream(500, "{\"foo\":1}");
+
+    assert_string_equal(p.message, "{\"foo\":1} (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_raw_text_is_trimmed(void **state)
+{
+    parsed_t p = upstream(502, "  \r\n<html>Bad Gateway</html>\n\t ");
+
+    assert_string_equal(p.message,
+                        "<html>Bad Gateway</html> (request id: req-1)");
+    assert_string_equal(p.type, "upstream_error");
+    assert_string_equal(p.code, "bad_response_status_code");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_raw_text_cut_to_512_bytes(void **state)
+{
+    char      body[600 + 1];
+    char      want[512 + sizeof(" (request id: req-1)")];
+    parsed_t  p;
+
+    memset(body, 'a', 600);
+    body[600] = '\0';
+    memset(want, 'a', 512);
+    strcpy(want + 512, " (request id: req-1)");
+
+    p = upstream(500, body);
+    assert_string_equal(p.message, want);
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_raw_text_cut_on_utf8_boundary(void **state)
+{
+    /* 511 bytes then a 2-byte character straddling the 512-byte cut */
+    char      body[511 + 2 + 10 + 1];
+    char      want[511 + sizeof(" (request id: req-1)")];
+    parsed_t  p;
+
+    memset(body, 'a', 511);
+    memcpy(body + 511, "\xc3\xa9", 2);
+    memset(body + 513, 'b', 10);
+    body[523] = '\0';
+    memset(want, 'a', 511);
+    strcpy(want + 511, " (request id: req-1)");
+
+    p = upstream(500, body);
+    assert_string_equal(p.message, want);
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_empty_body_names_the_status(void **state)
+{
+    parsed_t p = upstream(503, "");
+
+    assert_string_equal(p.message,
+                        "upstream returned HTTP 503 (request id: req-1)");
+    json_decref(p.root);
+
+    p = upstream(504, " \r\n ");
+    assert_string_equal(p.message,
+                        "upstream returned HTTP 504 (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_numeric_code_becomes_text(void **state)
+{
+    parsed_t p = upstream(429, "{\"error\":{\"code\":429,"
+                               "\"message\":\"quota\","
+                               "\"status\":\"RESOURCE_EXHAUSTED\"}}");
+
+    assert_string_equal(p.code, "429");
+    assert_string_equal(p.message, "quota (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_top_level_code_is_used(void **state)
+{
+    parsed_t p = upstream(400, "{\"code\":\"invalid_model\","
+                               "\"message\":\"no such model\"}");
+
+    assert_string_equal(p.code, "invalid_model");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_error_type_is_code_fallback(void **state)
+{
+    parsed_t p = upstream(529, "{\"type\":\"error\",\"error\":{"
+                               "\"type\":\"overloaded_error\","
+                               "\"message\":\"Overloaded\"}}");
+
+    assert_string_equal(p.code, "overloaded_error");
+    assert_string_equal(p.type, "upstream_error");
+    assert_string_equal(p.message, "Overloaded (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_null_code_defaults_to_bad_response_status_code(void **state)
+{
+    parsed_t p = upstream(500, "{\"error\":{\"message\":\"m\","
+                               "\"code\":null}}");
+
+    assert_string_equal(p.code, "bad_response_status_code");
+    json_decref(p.root);
+}
+
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_error_json_is_exact_compact_contract),
+        cmocka_unit_test(
+            test_error_json_escapes_quotes_backslashes_and_newlines),
+        cmocka_unit_test(test_error_json_invalid_utf8_still_renders),
+        cmocka_unit_test(test_upstream_message_from_error_message),
+        cmocka_unit_test(test_upstream_message_from_top_level_message),
+        cmocka_unit_test(test_upstream_error_string_is_the_message),
+        cmocka_unit_test(test_upstream_detail_string_is_the_message),
+        cmocka_unit_test(
+            test_upstream_error_message_wins_over_top_level_message),
+        cmocka_unit_test(test_upstream_empty_error_message_falls_through),
+        cmocka_unit_test(test_upstream_json_without_message_uses_raw_body),
+        cmocka_unit_test(test_upstream_raw_text_is_trimmed),
+        cmocka_unit_test(test_upstream_raw_text_cut_to_512_bytes),
+        cmocka_unit_test(test_upstream_raw_text_cut_on_utf8_boundary),
+        cmocka_unit_test(test_upstream_empty_body_names_the_status),
+        cmocka_unit_test(test_upstream_numeric_code_becomes_text),
+        cmocka_unit_test(test_upstream_top_level_code_is_used),
+        cmocka_unit_test(test_upstream_error_type_is_code_fallback),
+        cmocka_unit_test(
+            test_upstream_null_code_defaults_to_bad_response_status_code),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,154 @@
+/*
+ * Key hashing (what the database stores), constant-time comparison and key
+ * generation.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "llmgw.h"
+
+
+#define SHA256_ABC \
+    "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+#define SHA256_SK_ABC \
+    "1460db1b6902f8b1fc2a40d9381a24d0fd22c3bc1b2c6f999c521da73776fbe0"
+
+
+static int
+hash(const char *key, size_t len, char out[65])
+{
+    llmgw_str_t k = { key, len };
+
+    memset(out, 'Z', 65);
+    return llmgw_key_hash(k, out);
+}
+
+
+static void
+test_key_hash_is_lowercase_sha256_hex(void **state)
+{
+    char out[65];
+
+    assert_int_equal(hash("abc", 3, out), 0);
+    assert_string_equal(out, SHA256_ABC);
+}
+
+
+static void
+test_sk_prefix_is_stripped_before_hashing(void **state)
+{
+    char out[65];
+
+    assert_int_equal(hash("sk-abc", 6, out), 0);
+    assert_string_equal(out, SHA256_ABC);
+}
+
+
+static void
+test_only_one_sk_prefix_is_stripped(void **state)
+{
+    char out[65];
+
+    assert_int_equal(hash("sk-sk-abc", 9, out), 0);
+    assert_string_equal(out, SHA256_SK_ABC);
+}
+
+
+static void
+test_empty_key_is_rejected(void **state)
+{
+    char out[65];
+
+    assert_int_equal(hash("", 0, out), -1);
+    assert_int_equal(hash("sk-", 3, out), -1);
+}
+
+
+static void
+test_bytes_outside_printable_ascii_are_rejected(void **state)
+{
+    char out[65];
+
+    assert_int_equal(hash("ab c", 4, out), -1);
+    assert_int_equal(hash("abc\t", 4, out), -1);
+    assert_int_equal(hash("ab\x7f", 3, out), -1);
+    assert_int_equal(hash("ab\xc3\xa9", 4, out), -1);
+    assert_int_equal(hash("ab\0c", 4, out), -1);
+    assert_int_equal(hash("sk- abc", 7, out), -1);
+}
+
+
+static void
+test_printable_ascii_edges_are_accepted(void **state)
+{
+    char out[65];
+
+    assert_int_equal(hash("!~", 2, out), 0);
+    assert_string_equal(out,
+        "040731f7e1c01eb3a4f23b002c50e1a1f6be1951c63dd899771de509e9ceb918");
+}
+
+
+static void
+test_ct_equal_compares_all_bytes(void **state)
+{
+    assert_int_equal(llmgw_ct_equal("abcdef", "abcdef", 6), 1);
+    assert_int_equal(llmgw_ct_equal("abcdef", "abcdeg", 6), 0);
+    assert_int_equal(llmgw_ct_equal("xbcdef", "abcdef", 6), 0);
+    assert_int_equal(llmgw_ct_equal("abcdef", "abcdeg", 5), 1);
+}
+
+
+static void
+test_generated_key_is_sk_and_48_lowercase_hex(void **state)
+{
+    char out[52];
+
+    memset(out, 'Z', sizeof(out));
+    assert_int_equal(llmgw_key_generate(out), 0);
+
+    assert_int_equal(strlen(out), 51);
+    assert_memory_equal(out, "sk-", 3);
+
+    for (size_t i = 3; i < 51; i++) {
+        assert_true((out[i] >= '0' && out[i] <= '9')
+                    || (out[i] >= 'a' && out[i] <= 'f'));
+    }
+}
+
+
+static void
+test_generated_keys_differ_and_hash(void **state)
+{
+    char a[52], b[52], h[65];
+
+    assert_int_equal(llmgw_key_generate(a), 0);
+    assert_int_equal(llmgw_key_generate(b), 0);
+    assert_string_not_equal(a, b);
+    assert_int_equal(hash(a, strlen(a), h), 0);
+}
+
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_key_hash_is_lowercase_sha256_hex),
+        cmocka_unit_test(test_sk_prefix_is_stripped_before_hashing),
+        cmocka_unit_test(test_only_one_sk_prefix_is_stripped),
+        cmocka_unit_test(test_empty_key_is_rejected),
+        cmocka_unit_test(test_bytes_outside_printable_ascii_are_rejected),
+        cmocka_unit_test(test_printable_ascii_edges_are_accepted),
+        cmocka_unit_test(test_ct_equal_compares_all_bytes),
+        cmocka_unit_test(test_generated_key_is_sk_and_48_lowercase_hex),
+        cmocka_unit_test(test_generated_keys_differ_and_hash),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,349 @@
+/*
+ * The sliding-log limiter: "at most total requests and at most success
+ * successful ones in any window", exact to the millisecond.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "llmgw.h"
+
+
+#define WINDOW  1000
+
+
+/* Memory as nginx hands it out: not zeroed. */
+static void *
+limiter(uint32_t total, uint32_t success)
+{
+    size_t  n = llmgw_rl_size(total, success);
+    void   *mem = malloc(n);
+
+    assert_non_null(mem);
+    memset(mem, 0xa5, n);
+    llmgw_rl_init(mem, total, success);
+
+    return mem;
+}
+
+
+static int
+acquire(void *mem, int64_t now, int64_t *retry)
+{
+    *retry = -12345;
+    return llmgw_rl_acquire(mem, now, WINDOW, retry);
+}
+
+
+static void
+test_size_is_header_plus_two_rings_of_int64(void **state)
+{
+    assert_int_equal(llmgw_rl_size(0, 0), 24);
+    assert_int_equal(llmgw_rl_size(3, 2), 24 + 5 * 8);
+    assert_int_equal(llmgw_rl_size(100000, 0), 24 + 100000 * 8);
+}
+
+
+static void
+test_total_limit_refuses_exactly_at_m(void **state)
+{
+    void     *rl = limiter(3, 0);
+    int64_t   retry;
+
+    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
+    assert_int_equal(retry, 0);
+    assert_int_equal(acquire(rl, 1, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 2, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 3, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 0 + WINDOW - 3);
+    free(rl);
+}
+
+
+static void
+test_slot_frees_exactly_one_window_after_oldest(void **state)
+{
+    void     *rl = limiter(1, 0);
+    int64_t   retry;
+
+    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, WINDOW - 1, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 1);
+    assert_int_equal(acquire(rl, WINDOW, &retry), LLMGW_RL_OK);
+    free(rl);
+}
+
+
+static void
+test_window_slides_instead_of_resetting(void **state)
+{
+    void     *rl = limiter(2, 0);
+    int64_t   retry;
+
+    /* a fixed 0..999 bucket would reset at 1000 and admit at 1050 */
+    assert_int_equal(acquire(rl, 900, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 950, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 1050, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 900 + WINDOW - 1050);
+    assert_int_equal(acquire(rl, 1900, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 1920, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 950 + WINDOW - 1920);
+    free(rl);
+}
+
+
+static void
+test_refused_request_is_not_recorded(void **state)
+{
+    void     *rl = limiter(2, 0);
+    int64_t   retry;
+
+    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 10, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 500, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(acquire(rl, 600, &retry), LLMGW_RL_TOTAL);
+    /* both admitted ones expired; the refusals left no trace */
+    assert_int_equal(acquire(rl, 1010, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 1011, &retry), LLMGW_RL_OK);
+    free(rl);
+}
+
+
+static void
+test_retry_after_never_exceeds_window_after_clock_step_back(void **state)
+{
+    void     *rl = limiter(1, 0);
+    int64_t   retry;
+
+    assert_int_equal(acquire(rl, 5000, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 1000, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, WINDOW);
+    free(rl);
+}
+
+
+static void
+test_success_limit_refuses_exactly_at_s(void **state)
+{
+    void     *rl = limiter(0, 2);
+    int64_t   retry;
+
+    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
+    llmgw_rl_success(rl, 0);
+    assert_int_equal(acquire(rl, 1, &retry), LLMGW_RL_OK);
+    /* an admitted request that did not succeed does not count here */
+    assert_int_equal(acquire(rl, 2, &retry), LLMGW_RL_OK);
+    llmgw_rl_success(rl, 3);
+    assert_int_equal(acquire(rl, 4, &retry), LLMGW_RL_SUCCESS);
+    assert_int_equal(retry, 0 + WINDOW - 4);
+    assert_int_equal(acquire(rl, WINDOW, &retry), LLMGW_RL_OK);
+    free(rl);
+}
+
+
+static void
+test_success_refusal_is_not_recorded_in_total(void **state)
+{
+    void     *rl = limiter(2, 1);
+    int64_t   retry;
+
+    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
+    llmgw_rl_success(rl, 0);
+    assert_int_equal(acquire(rl, 500, &retry), LLMGW_RL_SUCCESS);
+    assert_int_equal(acquire(rl, 600, &retry), LLMGW_RL_SUCCESS);
+    /* had 500 and 600 been recorded the total ring would be full now */
+    assert_int_equal(acquire(rl, 1000, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(rl, 1001, &retry), LLMGW_RL_OK);
+    free(rl);
+}
+
+
+static void
+test_total_limit_is_reported_before_success_limit(void **state)
+{
+    void     *rl = limiter(1, 1);
+    int64_t   retry;
+
+    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
+    llmgw_rl_success(rl, 100);
+    assert_int_equal(acquire(rl, 200, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 0 + WINDOW - 200);
+    free(rl);
+}
+
+
+static void
+test_full_success_ring_overwrites_oldest(void **state)
+{
+    void     *rl = limiter(0, 2);
+    int64_t   retry;
+
+    llmgw_rl_success(rl, 0);
+    llmgw_rl_success(rl, 100);
+    llmgw_rl_success(rl, 200);
+    /* the entry at 0 was dropped: the wait runs from 100 */
+    assert_int_equal(acquire(rl, 300, &retry), LLMGW_RL_SUCCESS);
+    assert_int_equal(retry, 100 + WINDOW - 300);
+    assert_int_equal(acquire(rl, 100 + WINDOW, &retry), LLMGW_RL_OK);
+    free(rl);
+}
+
+
+static void
+test_zero_limits_are_unlimited(void **state)
+{
+    void     *rl = limiter(0, 0);
+    int64_t   retry;
+
+    for (int i = 0; i < 10000; i++) {
+        assert_int_equal(acquire(rl, i / 100, &retry), LLMGW_RL_OK);
+        llmgw_rl_success(rl, i / 100);
+    }
+
+    free(rl);
+}
+
+
+static void
+test_zero_window_is_no_limit(void **state)
+{
+    void     *rl = limiter(1, 1);
+    int64_t   retry = -1;
+
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(llmgw_rl_acquire(rl, 7, 0, &retry), LLMGW_RL_OK);
+        assert_int_equal(retry, 0);
+    }
+
+    free(rl);
+}
+
+
+static void
+test_null_retry_pointer_is_allowed(void **state)
+{
+    void *rl = limiter(1, 0);
+
+    assert_int_equal(llmgw_rl_acquire(rl, 0, WINDOW, NULL), LLMGW_RL_OK);
+    assert_int_equal(llmgw_rl_acquire(rl, 1, WINDOW, NULL), LLMGW_RL_TOTAL);
+    free(rl);
+}
+
+
+static void
+test_state_survives_a_move_to_other_memory(void **state)
+{
+    size_t    n = llmgw_rl_size(2, 0);
+    void     *a = limiter(2, 0);
+    void     *b = malloc(n);
+    int64_t   retry;
+
+    assert_non_null(b);
+    assert_int_equal(acquire(a, 0, &retry), LLMGW_RL_OK);
+    assert_int_equal(acquire(a, 10, &retry), LLMGW_RL_OK);
+    memcpy(b, a, n);
+    memset(a, 0, n);
+    free(a);
+
+    assert_int_equal(acquire(b, 20, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, WINDOW - 20);
+    free(b);
+}
+
+
+/*
+ * Against a naive model that keeps every timestamp: pseudo-random arrivals
+ * wrap both rings many times.
+ */
+#define SIM_STEPS  20000
+
+static int64_t  sim_admitted[SIM_STEPS];
+static int64_t  sim_succeeded[SIM_STEPS];
+
+static size_t
+in_window(const int64_t *log, size_t n, int64_t now, size_t *first)
+{
+    size_t i = 0;
+
+    while (i < n && log[i] <= now - WINDOW) {
+        i++;
+    }
+
+    *first = i;
+    return n - i;
+}
+
+
+static void
+test_matches_naive_sliding_log(void **state)
+{
+    const uint32_t  total = 7, success = 4;
+    void           *rl = limiter(total, success);
+    uint64_t        seed = 42;
+    int64_t         now = 0, retry, want_retry;
+    size_t          na = 0, ns = 0, first_a, first_s, in_a, in_s;
+    int             want, got;
+
+    for (int step = 0; step < SIM_STEPS; step++) {
+        seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+        now += (int64_t) ((seed >> 33) % 150);
+
+        in_a = in_window(sim_admitted, na, now, &first_a);
+        in_s = in_window(sim_succeeded, ns, now, &first_s);
+
+        if (in_a >= total) {
+            want = LLMGW_RL_TOTAL;
+            want_retry = sim_admitted[na - total] + WINDOW - now;
+        } else if (in_s >= success) {
+            want = LLMGW_RL_SUCCESS;
+            want_retry = sim_succeeded[ns - success] + WINDOW - now;
+        } else {
+            want = LLMGW_RL_OK;
+            want_retry = 0;
+            sim_admitted[na++] = now;
+        }
+
+        got = acquire(rl, now, &retry);
+        assert_int_equal(got, want);
+        assert_int_equal(retry, want_retry);
+
+        if (got == LLMGW_RL_OK && (seed >> 20) % 3 != 0) {
+            llmgw_rl_success(rl, now);
+            sim_succeeded[ns++] = now;
+        }
+    }
+
+    free(rl);
+}
+
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_size_is_header_plus_two_rings_of_int64),
+        cmocka_unit_test(test_total_limit_refuses_exactly_at_m),
+        cmocka_unit_test(test_slot_frees_exactly_one_window_after_oldest),
+        cmocka_unit_test(test_window_slides_instead_of_resetting),
+        cmocka_unit_test(test_refused_request_is_not_recorded),
+        cmocka_unit_test(
+            test_retry_after_never_exceeds_window_after_clock_step_back),
+        cmocka_unit_test(test_success_limit_refuses_exactly_at_s),
+        cmocka_unit_test(test_success_refusal_is_not_recorded_in_total),
+        cmocka_unit_test(test_total_limit_is_reported_before_success_limit),
+        cmocka_unit_test(test_full_success_ring_overwrites_oldest),
+        cmocka_unit_test(test_zero_limits_are_unlimited),
+        cmocka_unit_test(test_zero_window_is_no_limit),
+        cmocka_unit_test(test_null_retry_pointer_is_allowed),
+        cmocka_unit_test(test_state_survives_a_move_to_other_memory),
+        cmocka_unit_test(test_matches_naive_sliding_log),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
