@@ -109,8 +109,10 @@ struct ngx_llmgw_ctx_s {
 
     /* the answer sent */
     ngx_str_t                  own_body;     /* rewritten error page */
+    void                      *admin;        /* an admin answer waiting */
     void                      *rl_node;      /* rate limiter node */
     uint64_t                   rl_key;
+    llmgw_rate_limit_t         rl;
     int64_t                    user_id;
     int64_t                    token_id;
     ngx_str_t                  body;         /* the client's body */

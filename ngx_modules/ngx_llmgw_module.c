@@ -642,7 +642,9 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_msec_value(mcf->flush_interval, 1000);
     ngx_conf_init_msec_value(mcf->refresh_interval, 1000);
     ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
-    ngx_conf_init_size_value(mcf->shm_size, 16 * 1024 * 1024);
+    if (mcf->shm_size == NGX_CONF_UNSET) {
+        mcf->shm_size = 16 * 1024 * 1024;
+    }
     ngx_conf_init_uint_value(mcf->keepalive, 64);
     ngx_conf_init_msec_value(mcf->keepalive_timeout, 60000);
 

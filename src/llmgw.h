@@ -305,6 +305,31 @@ int llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out);
 void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
 
 
+/* ---- ledger rows (ledger.cpp) ---- */
+
+typedef struct {
+    const char     *request_id;
+    const char     *type;          /* consume, refund, error, reserve */
+    int64_t         user_id;
+    int64_t         token_id;
+    int64_t         channel_id;    /* 0: none */
+    llmgw_str_t     model;         /* the client's name */
+    llmgw_str_t     upstream_model;
+    llmgw_str_t     endpoint;
+    const int64_t  *tried;
+    size_t          ntried;
+    llmgw_usage_t   usage;
+    int64_t         quota;
+    int             is_stream;
+    int             status;
+    int64_t         latency_ms;
+    double          created_at;    /* unix seconds */
+} llmgw_ledger_row_t;
+
+/* One row as the JSON object llmgw_flush() reads. */
+llmgw_buf_t llmgw_ledger_row_json(const llmgw_ledger_row_t *row);
+
+
 /* ---- rate limiting arithmetic (ratelimit.cpp) ---- */
 
 /*

@@ -1,0 +1,283 @@
+/*
+ * The node-wide shared zone and the per-user rate limiter kept in it.
+ *
+ * Each user has a node per limit configuration (window, total, success):
+ * an rbtree entry on the zone's slab holding the sliding logs that
+ * llmgw_rl_* maintain.  All of it is touched under the zone mutex, so the
+ * limit is exact across the workers of one node.  Least recently used nodes
+ * are freed when the slab is full, as limit_req does.
+ */
+
+#include "ngx_llmgw.h"
+
+
+typedef struct {
+    u_char                     color;
+    u_char                     dummy[3];
+    ngx_queue_t                queue;
+    ngx_msec_t                 last;
+    int64_t                    user_id;
+    int64_t                    window_ms;
+    uint32_t                   total;
+    uint32_t                   success;
+    /* the llmgw_rl_* memory follows, 8-byte aligned */
+    int64_t                    data[1];
+} ngx_llmgw_rl_node_t;
+
+
+static ngx_llmgw_shm_ctx_t  *ngx_llmgw_shm_ctx;
+
+
+static void
+ngx_llmgw_rl_insert(ngx_rbtree_node_t *temp, ngx_rbtree_node_t *node,
+    ngx_rbtree_node_t *sentinel)
+{
+    ngx_rbtree_node_t  **p;
+
+    for ( ;; ) {
+        p = (node->key < temp->key) ? &temp->left : &temp->right;
+
+        if (*p == sentinel) {
+            break;
+        }
+
+        temp = *p;
+    }
+
+    *p = node;
+    node->parent = temp;
+    node->left = sentinel;
+    node->right = sentinel;
+    ngx_rbt_red(node);
+}
+
+
+ngx_int_t
+ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
+{
+    void  *octx = data;
+
+    ngx_llmgw_shm_ctx_t  *ctx;
+
+    ctx = ngx_pcalloc(ngx_cycle->pool, sizeof(ngx_llmgw_shm_ctx_t));
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_llmgw_shm_ctx = ctx;
+    ctx->shpool = (ngx_slab_pool_t *) zone->shm.addr;
+
+    /* on reload the zone, its counters and its limits are kept */
+    if (octx || zone->shm.exists || ctx->shpool->data) {
+        ctx->sh = ctx->shpool->data;
+        zone->data = ctx;
+        return NGX_OK;
+    }
+
+    ctx->sh = ngx_slab_calloc(ctx->shpool, sizeof(ngx_llmgw_shm_t));
+    if (ctx->sh == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->shpool->data = ctx->sh;
+
+    ngx_rbtree_init(&ctx->sh->rl_tree, &ctx->sh->rl_sentinel,
+                    ngx_llmgw_rl_insert);
+    ngx_queue_init(&ctx->sh->rl_lru);
+    ngx_rbtree_init(&ctx->sh->m_tree, &ctx->sh->m_sentinel,
+                    ngx_rbtree_insert_value);
+
+    ctx->shpool->log_ctx = (u_char *) " in llmgw zone";
+    zone->data = ctx;
+
+    return NGX_OK;
+}
+
+
+ngx_llmgw_shm_ctx_t *
+ngx_llmgw_shm(void)
+{
+    return ngx_llmgw_shm_ctx;
+}
+
+
+static uint64_t
+ngx_llmgw_rl_key(int64_t user_id, const llmgw_rate_limit_t *rl)
+{
+    uint64_t  k;
+
+    k = (uint64_t) user_id * 0x9e3779b97f4a7c15ULL;
+    k ^= (uint64_t) rl->window_ms * 0xbf58476d1ce4e5b9ULL;
+    k ^= ((uint64_t) rl->total << 32 | rl->success) * 0x94d049bb133111ebULL;
+
+    return k;
+}
+
+
+static ngx_llmgw_rl_node_t *
+ngx_llmgw_rl_lookup(ngx_llmgw_shm_t *sh, uint64_t key, int64_t user_id,
+    const llmgw_rate_limit_t *rl)
+{
+    ngx_rbtree_node_t    *node, *sentinel;
+    ngx_llmgw_rl_node_t  *n;
+
+    node = sh->rl_tree.root;
+    sentinel = sh->rl_tree.sentinel;
+
+    while (node != sentinel) {
+        if (key != node->key) {
+            node = (key < node->key) ? node->left : node->right;
+            continue;
+        }
+
+        n = (ngx_llmgw_rl_node_t *) &node->color;
+
+        if (n->user_id == user_id && n->window_ms == rl->window_ms
+            && n->total == rl->total && n->success == rl->success)
+        {
+            return n;
+        }
+
+        node = node->right;
+    }
+
+    return NULL;
+}
+
+
+/* Frees least recently used nodes idle longer than their window. */
+static void
+ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
+{
+    ngx_uint_t            n;
+    ngx_queue_t          *q;
+    ngx_rbtree_node_t    *node;
+    ngx_llmgw_rl_node_t  *rn;
+
+    for (n = 0; n < 3; n++) {
+        if (ngx_queue_empty(&ctx->sh->rl_lru)) {
+            return;
+        }
+
+        q = ngx_queue_last(&ctx->sh->rl_lru);
+        rn = ngx_queue_data(q, ngx_llmgw_rl_node_t, queue);
+
+        if (!force
+            && (ngx_msec_int_t) (ngx_current_msec - rn->last)
+               < rn->window_ms)
+        {
+            return;
+        }
+
+        force = 0;
+        ngx_queue_remove(q);
+
+        node = (ngx_rbtree_node_t *)
+                   ((u_char *) rn - offsetof(ngx_rbtree_node_t, color));
+        ngx_rbtree_delete(&ctx->sh->rl_tree, node);
+        ngx_slab_free_locked(ctx->shpool, node);
+    }
+}
+
+
+ngx_int_t
+ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
+    int64_t user_id, int *which, ngx_uint_t *retry)
+{
+    size_t                 size;
+    int64_t                after;
+    uint64_t               key;
+    ngx_rbtree_node_t     *node;
+    ngx_llmgw_shm_ctx_t   *ctx;
+    ngx_llmgw_rl_node_t   *n;
+
+    ctx = ngx_llmgw_shm_ctx;
+    key = ngx_llmgw_rl_key(user_id, rl);
+
+    ngx_shmtx_lock(&ctx->shpool->mutex);
+
+    ngx_llmgw_rl_expire(ctx, 0);
+
+    n = ngx_llmgw_rl_lookup(ctx->sh, key, user_id, rl);
+
+    if (n == NULL) {
+        size = offsetof(ngx_rbtree_node_t, color)
+               + offsetof(ngx_llmgw_rl_node_t, data)
+               + llmgw_rl_size(rl->total, rl->success);
+
+        node = ngx_slab_alloc_locked(ctx->shpool, size);
+
+        if (node == NULL) {
+            ngx_llmgw_rl_expire(ctx, 1);
+            node = ngx_slab_alloc_locked(ctx->shpool, size);
+        }
+
+        if (node == NULL) {
+            ngx_shmtx_unlock(&ctx->shpool->mutex);
+            ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
+                          "llmgw: the shared zone is full; raise "
+                          "llmgw_zone_size (the request was admitted)");
+            return NGX_OK;
+        }
+
+        node->key = key;
+        n = (ngx_llmgw_rl_node_t *) &node->color;
+        n->user_id = user_id;
+        n->window_ms = rl->window_ms;
+        n->total = rl->total;
+        n->success = rl->success;
+        llmgw_rl_init(n->data, rl->total, rl->success);
+
+        ngx_rbtree_insert(&ctx->sh->rl_tree, node);
+
+    } else {
+        ngx_queue_remove(&n->queue);
+    }
+
+    ngx_queue_insert_head(&ctx->sh->rl_lru, &n->queue);
+    n->last = ngx_current_msec;
+
+    *which = llmgw_rl_acquire(n->data, (int64_t) ngx_current_msec,
+                              rl->window_ms, &after);
+
+    ngx_shmtx_unlock(&ctx->shpool->mutex);
+
+    if (*which != LLMGW_RL_OK) {
+        *retry = (ngx_uint_t) ((after + 999) / 1000);
+        if (*retry == 0) {
+            *retry = 1;
+        }
+        return NGX_DECLINED;
+    }
+
+    rctx->rl_key = key;
+    rctx->rl_node = n;
+    rctx->rl = *rl;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_llmgw_rl_success(ngx_llmgw_ctx_t *rctx)
+{
+    ngx_llmgw_shm_ctx_t  *ctx;
+    ngx_llmgw_rl_node_t  *n;
+
+    if (rctx->rl_node == NULL) {
+        return;
+    }
+
+    ctx = ngx_llmgw_shm_ctx;
+
+    ngx_shmtx_lock(&ctx->shpool->mutex);
+
+    /* the node may have been freed since: look it up again */
+    n = ngx_llmgw_rl_lookup(ctx->sh, rctx->rl_key, rctx->user_id, &rctx->rl);
+
+    if (n != NULL && n->success > 0) {
+        llmgw_rl_success(n->data, (int64_t) ngx_current_msec);
+    }
+
+    ngx_shmtx_unlock(&ctx->shpool->mutex);
+}

@@ -1,0 +1,1200 @@
+/*
+ * Talking to channels through nginx's upstream machinery.
+ *
+ * nginx's own upstream code does connections, timeouts, TLS and the
+ * decision to try again (proxy_next_upstream semantics); this file supplies
+ * the balancer that walks the routed channels in order, builds each try's
+ * request with that channel's URL and credentials, parses the response
+ * head, and passes the body on unbuffered while usage is read from it.
+ * Connections are kept alive per worker, keyed by address and TLS name.
+ */
+
+#include "ngx_llmgw.h"
+
+
+#define NGX_LLMGW_ERROR_BODY_MAX  65536
+
+
+typedef struct {
+    ngx_queue_t                queue;
+    ngx_connection_t          *connection;
+    socklen_t                  socklen;
+    ngx_sockaddr_t             sockaddr;
+    ngx_uint_t                 tls;
+    u_char                     host[256];
+    size_t                     host_len;
+} ngx_llmgw_ka_item_t;
+
+
+static ngx_int_t ngx_llmgw_create_request(ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_reinit_request(ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_process_header(ngx_http_request_t *r);
+static void ngx_llmgw_abort_request(ngx_http_request_t *r);
+static void ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc);
+static ngx_int_t ngx_llmgw_filter_init(void *data);
+static ngx_int_t ngx_llmgw_filter(void *data, ssize_t bytes);
+static ngx_int_t ngx_llmgw_peer_init(ngx_http_request_t *r,
+    ngx_http_upstream_srv_conf_t *us);
+static ngx_int_t ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data);
+static void ngx_llmgw_peer_free(ngx_peer_connection_t *pc, void *data,
+    ngx_uint_t state);
+static ngx_int_t ngx_llmgw_build_request(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, const llmgw_channel_t *ch);
+static void ngx_llmgw_ka_close_handler(ngx_event_t *ev);
+static void ngx_llmgw_ka_dummy_handler(ngx_event_t *ev);
+static void ngx_llmgw_ka_close(ngx_connection_t *c);
+
+
+static ngx_str_t  ngx_llmgw_hide_headers[] = {
+    ngx_string("Date"),
+    ngx_string("Server"),
+    ngx_string("X-Pad"),
+    ngx_string("X-Accel-Expires"),
+    ngx_string("X-Accel-Redirect"),
+    ngx_string("X-Accel-Limit-Rate"),
+    ngx_string("X-Accel-Buffering"),
+    ngx_string("X-Accel-Charset"),
+    ngx_string("Set-Cookie"),
+    ngx_string("X-Request-Id"),
+    ngx_null_string
+};
+
+
+static ngx_queue_t   ngx_llmgw_ka_cache;
+static ngx_queue_t   ngx_llmgw_ka_free;
+static ngx_msec_t    ngx_llmgw_ka_timeout;
+
+
+void
+ngx_llmgw_keepalive_init_process(ngx_cycle_t *cycle,
+    ngx_llmgw_main_conf_t *mcf)
+{
+    ngx_uint_t            i;
+    ngx_llmgw_ka_item_t  *items;
+
+    ngx_queue_init(&ngx_llmgw_ka_cache);
+    ngx_queue_init(&ngx_llmgw_ka_free);
+    ngx_llmgw_ka_timeout = mcf->keepalive_timeout;
+
+    if (mcf->keepalive == 0) {
+        return;
+    }
+
+    items = ngx_calloc(mcf->keepalive * sizeof(ngx_llmgw_ka_item_t),
+                       cycle->log);
+    if (items == NULL) {
+        return;
+    }
+
+    for (i = 0; i < mcf->keepalive; i++) {
+        ngx_queue_insert_head(&ngx_llmgw_ka_free, &items[i].queue);
+    }
+}
+
+
+char *
+ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
+    ngx_llmgw_loc_conf_t *conf)
+{
+    ngx_hash_init_t                hash;
+    ngx_pool_cleanup_t            *cln;
+    ngx_http_upstream_conf_t      *u;
+    ngx_http_upstream_srv_conf_t  *us;
+
+    u = &conf->upstream;
+
+    u->hide_headers = NGX_CONF_UNSET_PTR;
+    u->pass_headers = NGX_CONF_UNSET_PTR;
+
+    hash.max_size = 512;
+    hash.bucket_size = 64;
+    hash.name = "llmgw_hide_headers_hash";
+
+    if (ngx_http_upstream_hide_headers_hash(cf, u, &prev->upstream,
+                                            ngx_llmgw_hide_headers, &hash)
+        != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->role != NGX_LLMGW_ROLE_GATEWAY) {
+        return NGX_CONF_OK;
+    }
+
+    /* streams go to the client as they come: never buffered */
+    u->buffering = 0;
+    u->request_buffering = 1;
+    u->ignore_client_abort = 0;
+    u->intercept_errors = 0;
+    u->pass_request_headers = 0;
+    u->pass_request_body = 0;
+    u->limit_rate = 0;
+    u->next_upstream_tries = 0;
+    u->next_upstream_timeout = 0;
+    u->next_upstream = NGX_HTTP_UPSTREAM_FT_ERROR
+                       | NGX_HTTP_UPSTREAM_FT_INVALID_HEADER
+                       | NGX_HTTP_UPSTREAM_FT_HTTP_500
+                       | NGX_HTTP_UPSTREAM_FT_HTTP_502
+                       | NGX_HTTP_UPSTREAM_FT_HTTP_503
+                       | NGX_HTTP_UPSTREAM_FT_HTTP_429
+                       | NGX_HTTP_UPSTREAM_FT_NON_IDEMPOTENT;
+
+    us = ngx_pcalloc(cf->pool, sizeof(ngx_http_upstream_srv_conf_t));
+    if (us == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    us->peer.init = ngx_llmgw_peer_init;
+    ngx_str_set(&us->host, "llmgw");
+    u->upstream = us;
+
+    u->ssl = ngx_pcalloc(cf->pool, sizeof(ngx_ssl_t));
+    if (u->ssl == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    u->ssl->log = cf->log;
+
+    if (ngx_ssl_create(u->ssl, NGX_SSL_TLSv1_2|NGX_SSL_TLSv1_3, NULL)
+        != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        ngx_ssl_cleanup_ctx(u->ssl);
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_ssl_cleanup_ctx;
+    cln->data = u->ssl;
+
+    u->ssl_server_name = 1;
+    u->ssl_session_reuse = 0;
+    u->ssl_verify = conf->ssl_verify;
+
+    if (conf->ssl_verify) {
+        if (ngx_ssl_trusted_certificate(cf, u->ssl,
+                                        &conf->ssl_trusted_certificate,
+                                        conf->ssl_verify_depth)
+            != NGX_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+ngx_int_t
+ngx_llmgw_upstream_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_http_upstream_t   *u;
+    ngx_llmgw_loc_conf_t  *lcf;
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    if (ngx_http_upstream_create(r) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    u = r->upstream;
+
+    ngx_str_set(&u->schema, "http://");
+    u->output.tag = (ngx_buf_tag_t) &ngx_http_llmgw_module;
+    u->conf = &lcf->upstream;
+
+    u->create_request = ngx_llmgw_create_request;
+    u->reinit_request = ngx_llmgw_reinit_request;
+    u->process_header = ngx_llmgw_process_header;
+    u->abort_request = ngx_llmgw_abort_request;
+    u->finalize_request = ngx_llmgw_finalize_request;
+    u->input_filter_init = ngx_llmgw_filter_init;
+    u->input_filter = ngx_llmgw_filter;
+    u->input_filter_ctx = r;
+
+    ctx->upstream_start = ngx_current_msec;
+
+    ngx_http_upstream_init(r);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_peer_init(ngx_http_request_t *r, ngx_http_upstream_srv_conf_t *us)
+{
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    r->upstream->peer.get = ngx_llmgw_peer_get;
+    r->upstream->peer.free = ngx_llmgw_peer_free;
+    r->upstream->peer.data = ctx;
+    r->upstream->peer.tries = ctx->nchannels;
+
+    return NGX_OK;
+}
+
+
+/* Address of a channel: IP literals and "localhost" need no resolver. */
+static ngx_int_t
+ngx_llmgw_channel_addr(ngx_http_request_t *r, const llmgw_channel_t *ch,
+    ngx_addr_t *addr)
+{
+    size_t      len;
+    ngx_int_t   rc;
+    ngx_str_t   host;
+
+    host.data = (u_char *) ch->host;
+    host.len = ngx_strlen(ch->host);
+
+    if (host.len == sizeof("localhost") - 1
+        && ngx_strncasecmp(host.data, (u_char *) "localhost", host.len) == 0)
+    {
+        ngx_str_set(&host, "127.0.0.1");
+    }
+
+    len = host.len;
+    rc = ngx_parse_addr(r->pool, addr, host.data, len);
+
+    if (rc != NGX_OK) {
+        return NGX_DECLINED;
+    }
+
+    ngx_inet_set_port(addr->sockaddr, ch->port);
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
+{
+    ngx_llmgw_ctx_t *ctx = data;
+
+    size_t                  len;
+    u_char                 *p;
+    ngx_addr_t              addr;
+    ngx_queue_t            *q;
+    ngx_connection_t       *c;
+    ngx_http_request_t     *r;
+    ngx_http_upstream_t    *u;
+    ngx_llmgw_ka_item_t    *item;
+    const llmgw_channel_t  *ch;
+
+    r = ctx->request;
+    u = r->upstream;
+
+    for ( ;; ) {
+        ctx->current++;
+
+        if ((ngx_uint_t) ctx->current >= ctx->nchannels) {
+            return NGX_BUSY;
+        }
+
+        ch = ctx->channels[ctx->current];
+
+        if (ctx->tried > 0) {
+            ngx_llmgw_metrics_retry();
+        }
+
+        ctx->tried_ids[ctx->tried++] = ch->id;
+
+        if (ngx_llmgw_channel_addr(r, ch, &addr) == NGX_OK) {
+            break;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "llmgw: channel %L host \"%s\" is not an IP address; "
+                      "host names need a resolver that this version does "
+                      "not use yet", ch->id, ch->host);
+
+        if (pc->tries > 1) {
+            pc->tries--;
+            continue;
+        }
+
+        return NGX_BUSY;
+    }
+
+    pc->sockaddr = addr.sockaddr;
+    pc->socklen = addr.socklen;
+
+    len = ngx_strlen(ch->host_header);
+    p = ngx_pnalloc(r->pool, len);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(p, ch->host_header, len);
+    pc->name = ngx_palloc(r->pool, sizeof(ngx_str_t));
+    if (pc->name == NULL) {
+        return NGX_ERROR;
+    }
+
+    pc->name->data = p;
+    pc->name->len = len;
+
+#if (NGX_HTTP_SSL)
+    u->ssl = ch->tls ? 1 : 0;
+    u->ssl_name.data = (u_char *) ch->host;
+    u->ssl_name.len = ngx_strlen(ch->host);
+#endif
+
+    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                  "llmgw: request %s try %ui on channel %L",
+                  ctx->request_id, ctx->tried, ch->id);
+
+    if (ngx_llmgw_build_request(r, ctx, ch) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    /* a kept-alive connection to the same address and TLS name */
+
+    for (q = ngx_queue_head(&ngx_llmgw_ka_cache);
+         q != ngx_queue_sentinel(&ngx_llmgw_ka_cache);
+         q = ngx_queue_next(q))
+    {
+        item = ngx_queue_data(q, ngx_llmgw_ka_item_t, queue);
+
+        if (item->tls != (ngx_uint_t) ch->tls
+            || ngx_memn2cmp((u_char *) &item->sockaddr,
+                            (u_char *) pc->sockaddr, item->socklen,
+                            pc->socklen) != 0
+            || item->host_len != u->ssl_name.len
+            || ngx_strncmp(item->host, u->ssl_name.data, item->host_len) != 0)
+        {
+            continue;
+        }
+
+        ngx_queue_remove(q);
+        ngx_queue_insert_head(&ngx_llmgw_ka_free, q);
+
+        c = item->connection;
+        c->idle = 0;
+        c->sent = 0;
+        c->data = NULL;
+        c->log = pc->log;
+        c->read->log = pc->log;
+        c->write->log = pc->log;
+        c->pool->log = pc->log;
+
+        if (c->read->timer_set) {
+            ngx_del_timer(c->read);
+        }
+
+        pc->connection = c;
+        pc->cached = 1;
+
+        return NGX_DONE;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_peer_free(ngx_peer_connection_t *pc, void *data, ngx_uint_t state)
+{
+    ngx_llmgw_ctx_t *ctx = data;
+
+    ngx_queue_t           *q;
+    ngx_connection_t      *c;
+    ngx_http_upstream_t   *u;
+    ngx_llmgw_ka_item_t   *item;
+
+    if (pc->tries) {
+        pc->tries--;
+    }
+
+    u = ctx->request->upstream;
+    c = pc->connection;
+
+    if (state & NGX_PEER_FAILED
+        || c == NULL
+        || c->read->eof
+        || c->read->error
+        || c->read->timedout
+        || c->write->error
+        || c->write->timedout
+        || !u->keepalive
+        || !u->request_body_sent
+        || ngx_terminate
+        || ngx_exiting
+        || (ngx_queue_empty(&ngx_llmgw_ka_free)
+            && ngx_queue_empty(&ngx_llmgw_ka_cache)))
+    {
+        return;
+    }
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        return;
+    }
+
+    if (ngx_queue_empty(&ngx_llmgw_ka_free)) {
+        q = ngx_queue_last(&ngx_llmgw_ka_cache);
+        ngx_queue_remove(q);
+        item = ngx_queue_data(q, ngx_llmgw_ka_item_t, queue);
+        ngx_llmgw_ka_close(item->connection);
+
+    } else {
+        q = ngx_queue_head(&ngx_llmgw_ka_free);
+        ngx_queue_remove(q);
+        item = ngx_queue_data(q, ngx_llmgw_ka_item_t, queue);
+    }
+
+    ngx_queue_insert_head(&ngx_llmgw_ka_cache, q);
+
+    item->connection = c;
+    item->tls = u->ssl;
+    item->host_len = ngx_min(u->ssl_name.len, sizeof(item->host));
+    ngx_memcpy(item->host, u->ssl_name.data, item->host_len);
+    item->socklen = pc->socklen;
+    ngx_memcpy(&item->sockaddr, pc->sockaddr, pc->socklen);
+
+    pc->connection = NULL;
+
+    c->read->delayed = 0;
+    ngx_add_timer(c->read, ngx_llmgw_ka_timeout);
+
+    if (c->write->timer_set) {
+        ngx_del_timer(c->write);
+    }
+
+    c->write->handler = ngx_llmgw_ka_dummy_handler;
+    c->read->handler = ngx_llmgw_ka_close_handler;
+
+    c->data = item;
+    c->idle = 1;
+    c->log = ngx_cycle->log;
+    c->read->log = ngx_cycle->log;
+    c->write->log = ngx_cycle->log;
+    c->pool->log = ngx_cycle->log;
+
+    if (c->read->ready) {
+        ngx_llmgw_ka_close_handler(c->read);
+    }
+}
+
+
+static void
+ngx_llmgw_ka_dummy_handler(ngx_event_t *ev)
+{
+}
+
+
+static void
+ngx_llmgw_ka_close_handler(ngx_event_t *ev)
+{
+    int                   n;
+    char                  buf[1];
+    ngx_connection_t     *c;
+    ngx_llmgw_ka_item_t  *item;
+
+    c = ev->data;
+
+    if (!c->close && !c->read->timedout) {
+        n = recv(c->fd, buf, 1, MSG_PEEK);
+
+        if (n == -1 && ngx_socket_errno == NGX_EAGAIN) {
+            ev->ready = 0;
+
+            if (ngx_handle_read_event(c->read, 0) == NGX_OK) {
+                return;
+            }
+        }
+    }
+
+    item = c->data;
+
+    ngx_llmgw_ka_close(c);
+
+    ngx_queue_remove(&item->queue);
+    ngx_queue_insert_head(&ngx_llmgw_ka_free, &item->queue);
+}
+
+
+static void
+ngx_llmgw_ka_close(ngx_connection_t *c)
+{
+#if (NGX_HTTP_SSL)
+    if (c->ssl) {
+        c->ssl->no_wait_shutdown = 1;
+        c->ssl->no_send_shutdown = 1;
+
+        if (ngx_ssl_shutdown(c) == NGX_AGAIN) {
+            c->ssl->handler = ngx_llmgw_ka_close;
+            return;
+        }
+    }
+#endif
+
+    ngx_destroy_pool(c->pool);
+    ngx_close_connection(c);
+}
+
+
+static ngx_str_t
+ngx_llmgw_request_header(ngx_http_request_t *r, const char *name)
+{
+    size_t            len;
+    ngx_uint_t        i;
+    ngx_str_t         none = ngx_null_string;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    len = ngx_strlen(name);
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return none;
+            }
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == len
+            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
+        {
+            return h[i].value;
+        }
+    }
+}
+
+
+/* The request line, headers and body of one try, for one channel. */
+static ngx_int_t
+ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    const llmgw_channel_t *ch)
+{
+    size_t        len, klen;
+    u_char       *p;
+    ngx_buf_t    *b;
+    ngx_str_t     path, version, beta, model;
+    llmgw_str_t   upstream_model;
+    llmgw_buf_t   body;
+    ngx_chain_t  *cl;
+
+    upstream_model = llmgw_channel_map_model(ctx->snapshot, ch,
+        (llmgw_str_t) { (char *) ctx->model.data, ctx->model.len });
+
+    model.len = upstream_model.len;
+    model.data = ngx_pnalloc(r->pool, model.len);
+    if (model.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(model.data, upstream_model.data, model.len);
+    ctx->upstream_model = model;
+
+    body = llmgw_req_upstream_body(ctx->req, ch, upstream_model,
+                                   &ctx->usage_injected);
+    if (body.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    switch (ctx->endpoint.ep) {
+    case LLMGW_EP_MESSAGES:
+        ngx_str_set(&path, "/v1/messages");
+        break;
+    case LLMGW_EP_RERANK:
+        ngx_str_set(&path, "/v1/rerank");
+        break;
+    case LLMGW_EP_GEMINI:
+        path.len = sizeof("/v1beta/models/:streamGenerateContent?alt=sse")
+                   + model.len;
+        path.data = ngx_pnalloc(r->pool, path.len);
+        if (path.data == NULL) {
+            llmgw_buf_free(&body);
+            return NGX_ERROR;
+        }
+        path.len = ngx_sprintf(path.data, "/v1beta/models/%V:%s", &model,
+                               ctx->endpoint.stream
+                               ? "streamGenerateContent?alt=sse"
+                               : "generateContent")
+                   - path.data;
+        break;
+    default:
+        ngx_str_set(&path, "/v1/chat/completions");
+    }
+
+    version = ngx_llmgw_request_header(r, "anthropic-version");
+    beta = ngx_llmgw_request_header(r, "anthropic-beta");
+
+    if (version.len == 0) {
+        ngx_str_set(&version, "2023-06-01");
+    }
+
+    klen = ngx_strlen(ch->key);
+
+    len = sizeof("POST  HTTP/1.1\r\n") - 1 + ngx_strlen(ch->base_path)
+          + path.len
+          + sizeof("Host: \r\n") - 1 + ngx_strlen(ch->host_header)
+          + sizeof("Content-Type: application/json\r\n") - 1
+          + sizeof("Content-Length: \r\n") - 1 + NGX_SIZE_T_LEN
+          + sizeof("Accept: text/event-stream\r\n") - 1
+          + sizeof("Connection: keep-alive\r\n") - 1
+          + sizeof("Authorization: Bearer \r\n") - 1 + klen
+          + sizeof("anthropic-version: \r\n") - 1 + version.len
+          + sizeof("anthropic-beta: \r\n") - 1 + beta.len
+          + sizeof("\r\n") - 1
+          + body.len;
+
+    b = ngx_create_temp_buf(r->pool, len);
+    if (b == NULL) {
+        llmgw_buf_free(&body);
+        return NGX_ERROR;
+    }
+
+    p = b->last;
+    p = ngx_sprintf(p, "POST %s%V HTTP/1.1\r\nHost: %s\r\n", ch->base_path,
+                    &path, ch->host_header);
+    p = ngx_sprintf(p, "Content-Type: application/json\r\n"
+                       "Content-Length: %uz\r\n", body.len);
+    p = ngx_cpymem(p, "Connection: keep-alive\r\n",
+                   sizeof("Connection: keep-alive\r\n") - 1);
+
+    if (llmgw_req_stream(ctx->req) || ctx->endpoint.stream) {
+        p = ngx_cpymem(p, "Accept: text/event-stream\r\n",
+                       sizeof("Accept: text/event-stream\r\n") - 1);
+    }
+
+    switch (ch->type) {
+
+    case 14:
+        p = ngx_sprintf(p, "x-api-key: %s\r\nanthropic-version: %V\r\n",
+                        ch->key, &version);
+        if (beta.len) {
+            p = ngx_sprintf(p, "anthropic-beta: %V\r\n", &beta);
+        }
+        break;
+
+    case 24:
+        p = ngx_sprintf(p, "x-goog-api-key: %s\r\n", ch->key);
+        break;
+
+    default:
+        if (klen) {
+            p = ngx_sprintf(p, "Authorization: Bearer %s\r\n", ch->key);
+        }
+    }
+
+    *p++ = CR; *p++ = LF;
+
+    p = ngx_cpymem(p, body.data, body.len);
+    llmgw_buf_free(&body);
+
+    b->last = p;
+
+    cl = ngx_alloc_chain_link(r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    r->upstream->request_bufs = cl;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_create_request(ngx_http_request_t *r)
+{
+    /* each try builds its own request in peer.get, for its channel */
+    r->upstream->request_bufs = NULL;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
+{
+    ngx_memzero(&ctx->chunked, sizeof(ngx_http_chunked_t));
+    ctx->length = -1;
+    ctx->status = 0;
+    ctx->error_mode = 0;
+    ctx->upstream_header = 0;
+    ctx->error_body = NULL;
+
+    llmgw_resp_free(ctx->resp);
+    ctx->resp = NULL;
+}
+
+
+static ngx_int_t
+ngx_llmgw_reinit_request(ngx_http_request_t *r)
+{
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_llmgw_reset_response(ctx);
+
+    r->upstream->process_header = ngx_llmgw_process_header;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_push_header(ngx_http_request_t *r, ngx_str_t *key,
+    ngx_str_t *value, ngx_uint_t run_handler)
+{
+    ngx_table_elt_t                *h;
+    ngx_http_upstream_header_t     *hh;
+    ngx_http_upstream_main_conf_t  *umcf;
+
+    umcf = ngx_http_get_module_main_conf(r, ngx_http_upstream_module);
+
+    h = ngx_list_push(&r->upstream->headers_in.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->key = *key;
+    h->value = *value;
+    h->hash = ngx_hash_key_lc(key->data, key->len);
+
+    h->lowcase_key = ngx_pnalloc(r->pool, key->len);
+    if (h->lowcase_key == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_strlow(h->lowcase_key, key->data, key->len);
+
+    if (!run_handler) {
+        return NGX_OK;
+    }
+
+    hh = ngx_hash_find(&umcf->headers_in_hash, h->hash, h->lowcase_key,
+                       h->key.len);
+
+    if (hh && hh->handler(r, h, hh->offset) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_process_header(ngx_http_request_t *r)
+{
+    ngx_int_t             rc;
+    ngx_str_t             key, value;
+    ngx_http_status_t     status;
+    ngx_llmgw_ctx_t      *ctx;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ctx->status == 0) {
+        ngx_memzero(&status, sizeof(ngx_http_status_t));
+
+        rc = ngx_http_parse_status_line(r, &u->buffer, &status);
+
+        if (rc == NGX_AGAIN) {
+            return rc;
+        }
+
+        if (rc == NGX_ERROR) {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "llmgw: upstream sent no valid HTTP/1.x status "
+                          "line");
+            return NGX_HTTP_UPSTREAM_INVALID_HEADER;
+        }
+
+        ctx->status = status.code;
+        u->headers_in.status_n = status.code;
+        u->state->status = status.code;
+
+        /* 5xx the upstream module does not retry by itself, except 504 */
+        if (status.code >= 500 && status.code != 500 && status.code != 502
+            && status.code != 503 && status.code != 504
+            && u->peer.tries > 1)
+        {
+            return NGX_HTTP_UPSTREAM_INVALID_HEADER;
+        }
+
+        ctx->error_mode = (status.code < 200 || status.code >= 300);
+    }
+
+    for ( ;; ) {
+
+        rc = ngx_http_parse_header_line(r, &u->buffer, 1);
+
+        if (rc == NGX_OK) {
+            key.len = r->header_name_end - r->header_name_start;
+            key.data = r->header_name_start;
+            value.len = r->header_end - r->header_start;
+            value.data = r->header_start;
+
+            /* an error is rewritten: its own type and length go */
+            if (ctx->error_mode
+                && ((key.len == 12
+                     && ngx_strncasecmp(key.data, (u_char *) "Content-Type",
+                                        12) == 0)
+                    || (key.len == 16
+                        && ngx_strncasecmp(key.data,
+                                           (u_char *) "Content-Encoding",
+                                           16) == 0)))
+            {
+                continue;
+            }
+
+            key.data = ngx_pstrdup(r->pool, &key);
+            value.data = ngx_pstrdup(r->pool, &value);
+
+            if (key.data == NULL || value.data == NULL
+                || ngx_llmgw_push_header(r, &key, &value, 1) != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
+
+            continue;
+        }
+
+        if (rc == NGX_HTTP_PARSE_HEADER_DONE) {
+            break;
+        }
+
+        if (rc == NGX_AGAIN) {
+            return NGX_AGAIN;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "llmgw: upstream sent an invalid header");
+
+        return NGX_HTTP_UPSTREAM_INVALID_HEADER;
+    }
+
+    if (u->headers_in.chunked) {
+        u->headers_in.content_length_n = -1;
+    }
+
+    ctx->length = u->headers_in.content_length_n;
+
+    if (ctx->status == NGX_HTTP_NO_CONTENT
+        || ctx->status == NGX_HTTP_NOT_MODIFIED
+        || (!u->headers_in.chunked && ctx->length == 0))
+    {
+        u->keepalive = !u->headers_in.connection_close;
+    }
+
+    ctx->upstream_header = 1;
+
+    if (ctx->error_mode) {
+        ngx_str_set(&key, "Content-Type");
+        ngx_str_set(&value, "application/json");
+
+        if (ngx_llmgw_push_header(r, &key, &value, 0) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        u->headers_in.content_length_n = -1;
+        u->headers_in.content_length = NULL;
+
+        return NGX_OK;
+    }
+
+    ctx->resp = llmgw_resp_new(ctx->endpoint.ep,
+                               ctx->channels[ctx->current]->type,
+                               llmgw_req_stream(ctx->req)
+                               || ctx->endpoint.stream,
+                               ctx->usage_injected);
+    if (ctx->resp == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ctx->usage_injected) {
+        /* a chunk is held back, so the length is no longer known */
+        u->headers_in.content_length_n = -1;
+        u->headers_in.content_length = NULL;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_filter_init(void *data)
+{
+    ngx_http_request_t  *r = data;
+
+    ngx_llmgw_ctx_t      *ctx;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ctx->status == NGX_HTTP_NO_CONTENT
+        || ctx->status == NGX_HTTP_NOT_MODIFIED)
+    {
+        u->length = 0;
+
+    } else if (u->headers_in.chunked) {
+        /* not 0 until the last chunk is read */
+        u->length = 1;
+
+    } else {
+        u->length = ctx->length;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx, u_char *pos,
+    size_t size, ngx_chain_t ***ll)
+{
+    size_t                n;
+    u_char               *p;
+    llmgw_buf_t           out;
+    ngx_buf_t            *b;
+    ngx_chain_t          *cl;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    if (size == 0) {
+        return NGX_OK;
+    }
+
+    if (ctx->error_mode) {
+        b = ctx->error_body;
+
+        if (b == NULL) {
+            b = ngx_create_temp_buf(r->pool, NGX_LLMGW_ERROR_BODY_MAX);
+            if (b == NULL) {
+                return NGX_ERROR;
+            }
+            ctx->error_body = b;
+        }
+
+        n = ngx_min(size, (size_t) (b->end - b->last));
+        b->last = ngx_cpymem(b->last, pos, n);
+
+        return NGX_OK;
+    }
+
+    if (llmgw_resp_feed(ctx->resp, (char *) pos, size, &out) != 0) {
+        return NGX_ERROR;
+    }
+
+    p = pos;
+
+    if (out.data != NULL) {
+        if (out.len == 0) {
+            llmgw_buf_free(&out);
+            return NGX_OK;
+        }
+
+        p = ngx_pnalloc(r->pool, out.len);
+        if (p == NULL) {
+            llmgw_buf_free(&out);
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(p, out.data, out.len);
+        size = out.len;
+        llmgw_buf_free(&out);
+    }
+
+    cl = ngx_chain_get_free_buf(r->pool, &u->free_bufs);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    **ll = cl;
+    *ll = &cl->next;
+
+    b = cl->buf;
+    b->flush = 1;
+    b->memory = 1;
+    b->start = p;
+    b->pos = p;
+    b->last = p + size;
+    b->end = b->last;
+    b->tag = u->output.tag;
+
+    ctx->stream_started = 1;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_filter(void *data, ssize_t bytes)
+{
+    ngx_http_request_t  *r = data;
+
+    size_t                size;
+    ngx_int_t             rc;
+    ngx_buf_t            *buf;
+    ngx_chain_t          *cl, **ll;
+    ngx_llmgw_ctx_t      *ctx;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+    buf = &u->buffer;
+
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    for (cl = u->out_bufs, ll = &u->out_bufs; cl; cl = cl->next) {
+        ll = &cl->next;
+    }
+
+    if (!u->headers_in.chunked) {
+        size = bytes;
+
+        if (u->length >= 0) {
+            if (u->length == 0) {
+                u->keepalive = 0;
+                return NGX_OK;
+            }
+            size = ngx_min((size_t) bytes, (size_t) u->length);
+            u->length -= size;
+            if (u->length == 0) {
+                u->keepalive = !u->headers_in.connection_close;
+            }
+        }
+
+        rc = ngx_llmgw_emit(r, ctx, buf->last, size, &ll);
+        buf->last += bytes;
+
+        return rc;
+    }
+
+    buf->pos = buf->last;
+    buf->last += bytes;
+
+    for ( ;; ) {
+
+        rc = ngx_http_parse_chunked(r, buf, &ctx->chunked);
+
+        if (rc == NGX_OK) {
+            size = ngx_min((off_t) (buf->last - buf->pos), ctx->chunked.size);
+
+            if (ngx_llmgw_emit(r, ctx, buf->pos, size, &ll) != NGX_OK) {
+                return NGX_ERROR;
+            }
+
+            buf->pos += size;
+            ctx->chunked.size -= size;
+            continue;
+        }
+
+        if (rc == NGX_DONE) {
+            u->keepalive = !u->headers_in.connection_close;
+            u->length = 0;
+
+            if (buf->pos != buf->last) {
+                u->keepalive = 0;
+            }
+
+            break;
+        }
+
+        if (rc == NGX_AGAIN) {
+            break;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "llmgw: upstream sent an invalid chunked body");
+
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_abort_request(ngx_http_request_t *r)
+{
+}
+
+
+/* The end of the upstream body: an error answer is written now. */
+static void
+ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
+{
+    llmgw_buf_t           json;
+    ngx_buf_t            *b;
+    ngx_chain_t           out;
+    ngx_llmgw_ctx_t      *ctx;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (ctx == NULL || !u->header_sent) {
+        return;
+    }
+
+    if (ctx->resp) {
+        (void) llmgw_resp_finish(ctx->resp, &json);
+        llmgw_buf_free(&json);
+        return;
+    }
+
+    if (!ctx->error_mode || ctx->responded) {
+        return;
+    }
+
+    ctx->responded = 1;
+
+    b = ctx->error_body;
+
+    json = llmgw_upstream_error_json((int) ctx->status,
+        b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
+        (llmgw_str_t) { (char *) ctx->request_id, NGX_LLMGW_REQUEST_ID_LEN });
+
+    if (json.data == NULL) {
+        return;
+    }
+
+    b = ngx_create_temp_buf(r->pool, json.len);
+    if (b == NULL) {
+        llmgw_buf_free(&json);
+        return;
+    }
+
+    b->last = ngx_cpymem(b->last, json.data, json.len);
+    b->flush = 1;
+    llmgw_buf_free(&json);
+
+    out.buf = b;
+    out.next = NULL;
+
+    (void) ngx_http_output_filter(r, &out);
+}
