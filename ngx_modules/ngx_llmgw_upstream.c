@@ -103,9 +103,6 @@ ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
 
     u = &conf->upstream;
 
-    u->hide_headers = NGX_CONF_UNSET_PTR;
-    u->pass_headers = NGX_CONF_UNSET_PTR;
-
     hash.max_size = 512;
     hash.bucket_size = 64;
     hash.name = "llmgw_hide_headers_hash";

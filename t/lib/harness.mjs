@@ -482,18 +482,32 @@ async function launch({ dir, port, token, db }) {
      * has loaded its configuration.
      */
     let last = '';
+    let good = 0;
     const readyBy = Date.now() + 10000;
     while (Date.now() < readyBy && !exited) {
         try {
             const r = await gw.admin('GET', '/api/user/0');
             last = `GET /api/user/0 -> ${r.status} ${r.text.slice(0, 200)}`;
+            /*
+             * And the proxy side has its configuration: a keyless request
+             * is refused for the key, not with 503 "not loaded yet".
+             * Several answers in a row, so that more than one worker had
+             * a chance to answer.
+             */
+            let c = { status: 0, text: '' };
             if (r.status !== 401 && r.status !== 403 && r.status < 500) {
+                c = await gw.chat(undefined, 'llmgw-readiness-probe');
+                last = `keyless chat -> ${c.status} ${c.text.slice(0, 200)}`;
+            }
+            good = c.status === 401 ? good + 1 : 0;
+            if (good >= 4) {
                 return { ok: true, gw };
             }
         } catch (e) {
             last = e.message;
+            good = 0;
         }
-        await sleep(100);
+        await sleep(good ? 10 : 100);
     }
     await gw.stop();
     return { ok: false, why: `gateway not ready in 10 s: ${last}\n${why()}` };
