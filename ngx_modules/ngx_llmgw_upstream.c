@@ -26,6 +26,20 @@ typedef struct {
 } ngx_llmgw_ka_item_t;
 
 
+/* A worker's resolved channel hosts, refreshed when their TTL ends. */
+typedef struct {
+    u_char                    *host;
+    size_t                     host_len;
+    ngx_sockaddr_t             sockaddr;
+    socklen_t                  socklen;
+    time_t                     expire;
+    ngx_uint_t                 failed;
+} ngx_llmgw_dns_t;
+
+
+static ngx_int_t ngx_llmgw_resolve_next(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
+static void ngx_llmgw_resolved(ngx_resolver_ctx_t *rctx);
 static ngx_int_t ngx_llmgw_create_request(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_reinit_request(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_process_header(ngx_http_request_t *r);
@@ -60,6 +74,7 @@ static ngx_str_t  ngx_llmgw_hide_headers[] = {
 };
 
 
+static ngx_array_t  *ngx_llmgw_dns;
 static ngx_queue_t   ngx_llmgw_ka_cache;
 static ngx_queue_t   ngx_llmgw_ka_free;
 static ngx_msec_t    ngx_llmgw_ka_timeout;
@@ -74,6 +89,9 @@ ngx_llmgw_keepalive_init_process(ngx_cycle_t *cycle,
 
     ngx_queue_init(&ngx_llmgw_ka_cache);
     ngx_queue_init(&ngx_llmgw_ka_free);
+
+    ngx_llmgw_dns = ngx_array_create(cycle->pool, 16,
+                                     sizeof(ngx_llmgw_dns_t));
     ngx_llmgw_ka_timeout = mcf->keepalive_timeout;
 
     if (mcf->keepalive == 0) {
@@ -214,9 +232,189 @@ ngx_llmgw_upstream_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     ctx->upstream_start = ngx_current_msec;
 
+    return ngx_llmgw_resolve_next(r, ctx);
+}
+
+
+static ngx_uint_t
+ngx_llmgw_is_literal(const char *host)
+{
+    u_char  buf[sizeof(struct in6_addr)];
+
+    return ngx_strcasecmp((u_char *) host, (u_char *) "localhost") == 0
+           || inet_pton(AF_INET, host, buf) == 1
+           || inet_pton(AF_INET6, host, buf) == 1;
+}
+
+
+static ngx_llmgw_dns_t *
+ngx_llmgw_dns_find(const char *host)
+{
+    size_t            len;
+    ngx_uint_t        i;
+    ngx_llmgw_dns_t  *d;
+
+    if (ngx_llmgw_dns == NULL) {
+        return NULL;
+    }
+
+    len = ngx_strlen(host);
+    d = ngx_llmgw_dns->elts;
+
+    for (i = 0; i < ngx_llmgw_dns->nelts; i++) {
+        if (d[i].host_len == len
+            && ngx_strncasecmp(d[i].host, (u_char *) host, len) == 0)
+        {
+            return &d[i];
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
+ * Host names of the routed channels are resolved with nginx's resolver
+ * before the first try, so that no try waits on DNS and none blocks.
+ */
+static ngx_int_t
+ngx_llmgw_resolve_next(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_uint_t                 i;
+    ngx_llmgw_dns_t           *d;
+    ngx_resolver_ctx_t        *rctx;
+    const llmgw_channel_t     *ch;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    for (i = 0; i < ctx->nchannels; i++) {
+        ch = ctx->channels[i];
+
+        if (ngx_llmgw_is_literal(ch->host)) {
+            continue;
+        }
+
+        d = ngx_llmgw_dns_find(ch->host);
+
+        if (d && d->expire > ngx_time()) {
+            continue;
+        }
+
+        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+        rctx = ngx_resolve_start(clcf->resolver, NULL);
+
+        if (rctx == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        if (rctx == NGX_NO_RESOLVER) {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "llmgw: channel %L host \"%s\" needs a "
+                          "\"resolver\" directive", ch->id, ch->host);
+            if (d == NULL) {
+                d = ngx_array_push(ngx_llmgw_dns);
+                if (d == NULL) {
+                    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+                }
+                ngx_memzero(d, sizeof(ngx_llmgw_dns_t));
+                d->host_len = ngx_strlen(ch->host);
+                d->host = ngx_alloc(d->host_len, ngx_cycle->log);
+                if (d->host == NULL) {
+                    return NGX_HTTP_INTERNAL_SERVER_ERROR;
+                }
+                ngx_memcpy(d->host, ch->host, d->host_len);
+            }
+            d->failed = 1;
+            d->expire = ngx_time() + 5;
+            continue;
+        }
+
+        rctx->name.data = (u_char *) ch->host;
+        rctx->name.len = ngx_strlen(ch->host);
+        rctx->handler = ngx_llmgw_resolved;
+        rctx->data = r;
+        rctx->timeout = clcf->resolver_timeout;
+
+        ctx->waiting = 1;
+
+        if (ngx_resolve_name(rctx) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return NGX_OK;
+    }
+
+    ctx->waiting = 0;
+
     ngx_http_upstream_init(r);
 
     return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_resolved(ngx_resolver_ctx_t *rctx)
+{
+    ngx_http_request_t *r = rctx->data;
+
+    ngx_int_t          rc;
+    ngx_llmgw_dns_t   *d;
+    ngx_connection_t  *c;
+    ngx_llmgw_ctx_t   *ctx;
+
+    c = r->connection;
+    ctx = ngx_llmgw_get_ctx(r);
+
+    d = ngx_llmgw_dns_find((char *) rctx->name.data);
+
+    if (d == NULL) {
+        d = ngx_array_push(ngx_llmgw_dns);
+        if (d == NULL) {
+            goto failed;
+        }
+        ngx_memzero(d, sizeof(ngx_llmgw_dns_t));
+        d->host = ngx_alloc(rctx->name.len, ngx_cycle->log);
+        if (d->host == NULL) {
+            goto failed;
+        }
+        ngx_memcpy(d->host, rctx->name.data, rctx->name.len);
+        d->host_len = rctx->name.len;
+    }
+
+    if (rctx->state || rctx->naddrs == 0) {
+        ngx_log_error(NGX_LOG_ERR, c->log, 0,
+                      "llmgw: \"%V\" could not be resolved (%i: %s)",
+                      &rctx->name, rctx->state,
+                      ngx_resolver_strerror(rctx->state));
+        d->failed = 1;
+        d->expire = ngx_time() + 5;
+
+    } else {
+        d->failed = 0;
+        d->socklen = rctx->addrs[0].socklen;
+        ngx_memcpy(&d->sockaddr, rctx->addrs[0].sockaddr, d->socklen);
+        d->expire = ngx_max(rctx->valid, ngx_time() + 1);
+    }
+
+    ngx_resolve_name_done(rctx);
+
+    if (ctx == NULL) {
+        goto failed;
+    }
+
+    rc = ngx_llmgw_resolve_next(r, ctx);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+    }
+
+    ngx_http_run_posted_requests(c);
+    return;
+
+failed:
+
+    ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+    ngx_http_run_posted_requests(c);
 }
 
 
@@ -244,9 +442,10 @@ static ngx_int_t
 ngx_llmgw_channel_addr(ngx_http_request_t *r, const llmgw_channel_t *ch,
     ngx_addr_t *addr)
 {
-    size_t      len;
-    ngx_int_t   rc;
-    ngx_str_t   host;
+    size_t            len;
+    ngx_int_t         rc;
+    ngx_str_t         host;
+    ngx_llmgw_dns_t  *d;
 
     host.data = (u_char *) ch->host;
     host.len = ngx_strlen(ch->host);
@@ -261,7 +460,19 @@ ngx_llmgw_channel_addr(ngx_http_request_t *r, const llmgw_channel_t *ch,
     rc = ngx_parse_addr(r->pool, addr, host.data, len);
 
     if (rc != NGX_OK) {
-        return NGX_DECLINED;
+        d = ngx_llmgw_dns_find(ch->host);
+
+        if (d == NULL || d->failed) {
+            return NGX_DECLINED;
+        }
+
+        addr->sockaddr = ngx_palloc(r->pool, d->socklen);
+        if (addr->sockaddr == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(addr->sockaddr, &d->sockaddr, d->socklen);
+        addr->socklen = d->socklen;
     }
 
     ngx_inet_set_port(addr->sockaddr, ch->port);
@@ -308,9 +519,8 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
         }
 
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "llmgw: channel %L host \"%s\" is not an IP address; "
-                      "host names need a resolver that this version does "
-                      "not use yet", ch->id, ch->host);
+                      "llmgw: channel %L host \"%s\" has no address",
+                      ch->id, ch->host);
 
         if (pc->tries > 1) {
             pc->tries--;
