@@ -293,15 +293,16 @@ ngx_llmgw_cache_load(void)
         return;
     }
 
+    /* set first: a failing query calls back before pg_query returns */
+    ngx_llmgw_loading = 1;
+    ngx_llmgw_loads_started++;
+
     if (ngx_llmgw_pg_query("select llmgw_snapshot()::text", 0, NULL, NULL,
                            ngx_llmgw_cache_loaded, NULL)
         != NGX_OK)
     {
-        return;
+        ngx_llmgw_loading = 0;
     }
-
-    ngx_llmgw_loading = 1;
-    ngx_llmgw_loads_started++;
 }
 
 

@@ -399,9 +399,10 @@ ngx_llmgw_pg_connecting(ngx_llmgw_pg_conn_t *pc)
 static void
 ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc)
 {
-    int        rc;
-    PGresult  *res;
-    PGnotify  *n;
+    int                    rc;
+    PGresult              *res;
+    PGnotify              *n;
+    ngx_llmgw_pg_query_t  *q;
 
     if (pc->state == NGX_LLMGW_PG_CONNECTING) {
         ngx_llmgw_pg_connecting(pc);
@@ -447,14 +448,19 @@ ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc)
         res = PQgetResult(pc->conn);
 
         if (res == NULL) {
-            /* the statement is complete */
+            /*
+             * The statement is complete.  The connection is free before
+             * the handler runs: the handler may send the next statement
+             * on this very connection.
+             */
             res = pc->result;
+            q = pc->query;
             pc->result = NULL;
+            pc->query = NULL;
             pc->state = NGX_LLMGW_PG_IDLE;
 
-            if (pc->query) {
-                ngx_llmgw_pg_finish_query(pc->query, res, NULL);
-                pc->query = NULL;
+            if (q) {
+                ngx_llmgw_pg_finish_query(q, res, NULL);
             }
 
             PQclear(res);

@@ -500,12 +500,12 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
     u = r->upstream;
 
     for ( ;; ) {
-        ctx->current++;
-
-        if ((ngx_uint_t) ctx->current >= ctx->nchannels) {
+        /* ctx->current always names a channel once one was tried */
+        if ((ngx_uint_t) (ctx->current + 1) >= ctx->nchannels) {
             return NGX_BUSY;
         }
 
+        ctx->current++;
         ch = ctx->channels[ctx->current];
 
         if (ctx->tried > 0) {
