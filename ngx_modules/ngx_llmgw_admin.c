@@ -43,7 +43,7 @@ ngx_llmgw_admin_handler(ngx_http_request_t *r)
         || ngx_strncasecmp(h->value.data, (u_char *) "Bearer ", 7) != 0)
     {
         return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_UNAUTHORIZED,
-                                      "unauthorized", "the admin API needs "
+                                      "invalid_token", "the admin API needs "
                                       "Authorization: Bearer <root token>");
     }
 

@@ -16,7 +16,7 @@ static void ngx_llmgw_token_ready(ngx_http_request_t *r, llmgw_token_t *t,
     const char *err);
 static void ngx_llmgw_body_ready(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_route(ngx_http_request_t *r,
-    ngx_llmgw_ctx_t *ctx);
+    ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
 static ngx_int_t ngx_llmgw_refuse(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, int status, const char *type, const char *code,
     const char *message);
@@ -282,10 +282,8 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
         return;
     }
 
-    rc = ngx_llmgw_route(r, ctx);
-
-    if (rc != NGX_OK) {
-        ngx_http_finalize_request(r, rc);
+    if (ngx_llmgw_route(r, ctx, &v) != NGX_OK) {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
         return;
     }
 
@@ -297,12 +295,13 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
 }
 
 
+/* NGX_OK with the channels to try, or NGX_DECLINED and why in v. */
 static ngx_int_t
-ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    llmgw_verdict_t *v)
 {
     size_t                  incompatible;
     uint64_t                seed;
-    llmgw_verdict_t         v;
     ngx_llmgw_loc_conf_t   *lcf;
 
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
@@ -319,14 +318,14 @@ ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     }
 
     if (incompatible > 0) {
-        llmgw_verdict_set(&v, NGX_HTTP_INTERNAL_SERVER_ERROR, "gateway_error",
+        llmgw_verdict_set(v, NGX_HTTP_INTERNAL_SERVER_ERROR, "gateway_error",
                           "convert_request_failed", "model %.*s is not "
                           "available through %.*s",
                           (int) ngx_min(ctx->model.len, 200),
                           ctx->model.data, (int) ngx_min(r->uri.len, 128),
                           r->uri.data);
     } else {
-        llmgw_verdict_set(&v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
+        llmgw_verdict_set(v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
                           "model_not_found", "no available channel for "
                           "model %.*s in group %.*s",
                           (int) ngx_min(ctx->model.len, 200),
@@ -334,7 +333,7 @@ ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
                           ctx->group.data);
     }
 
-    return ngx_llmgw_send_error(r, ctx, &v);
+    return NGX_DECLINED;
 }
 
 
