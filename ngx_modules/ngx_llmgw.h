@@ -89,6 +89,7 @@ struct ngx_llmgw_ctx_s {
     ngx_str_t                  model;        /* the client's name */
     ngx_str_t                  upstream_model;
     ngx_str_t                  group;
+    double                     group_ratio;
     char                       key_hash[65];
 
     /* routing and tries */

@@ -14,6 +14,10 @@ static void ngx_llmgw_admin_done(void *data, PGresult *res, const char *err);
 static void ngx_llmgw_admin_refreshed(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_admin_refuse(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, int status, const char *code, const char *msg);
+static ngx_int_t ngx_llmgw_admin_not_root(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, llmgw_token_t *t);
+static void ngx_llmgw_admin_key_found(ngx_http_request_t *r,
+    llmgw_token_t *t, const char *err);
 
 
 typedef struct {
@@ -29,6 +33,7 @@ ngx_llmgw_admin_handler(ngx_http_request_t *r)
     ngx_int_t          rc;
     ngx_str_t          v;
     ngx_table_elt_t   *h;
+    llmgw_token_t     *t;
     llmgw_snapshot_t  *s;
     ngx_llmgw_ctx_t   *ctx;
 
@@ -65,8 +70,24 @@ ngx_llmgw_admin_handler(ngx_http_request_t *r)
     ngx_llmgw_cache_release(s);
 
     if (!rc) {
-        return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_FORBIDDEN, "forbidden",
-                                      "the admin API needs the root token");
+        /* a client key is known but not enough (403); anything else 401 */
+        if (llmgw_key_hash((llmgw_str_t) { (char *) v.data, v.len }, hash)
+            != 0)
+        {
+            return ngx_llmgw_admin_not_root(r, ctx, NULL);
+        }
+
+        t = NULL;
+        rc = ngx_llmgw_cache_token(r, hash, &t, ngx_llmgw_admin_key_found);
+
+        if (rc == NGX_AGAIN) {
+            r->main->count++;
+            return NGX_DONE;
+        }
+
+        rc = ngx_llmgw_admin_not_root(r, ctx, t);
+        llmgw_token_free(t);
+        return rc;
     }
 
     rc = ngx_http_read_client_request_body(r, ngx_llmgw_admin_body);
@@ -210,4 +231,45 @@ ngx_llmgw_admin_refuse(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     llmgw_verdict_set(&v, status, "gateway_error", code, "%s", msg);
 
     return ngx_llmgw_send_error(r, ctx, &v);
+}
+
+
+static ngx_int_t
+ngx_llmgw_admin_not_root(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    llmgw_token_t *t)
+{
+    if (t == NULL) {
+        return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_UNAUTHORIZED,
+                                      "invalid_token", "Invalid token: the "
+                                      "admin API needs the root token");
+    }
+
+    return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_FORBIDDEN, "forbidden",
+                                  "a client key cannot use the admin API; "
+                                  "it needs the root token");
+}
+
+
+static void
+ngx_llmgw_admin_key_found(ngx_http_request_t *r, llmgw_token_t *t,
+    const char *err)
+{
+    ngx_int_t         rc;
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (ctx == NULL) {
+        rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+
+    } else if (err != NULL) {
+        rc = ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                    "service_unavailable",
+                                    "the key could not be checked right now");
+    } else {
+        rc = ngx_llmgw_admin_not_root(r, ctx, t);
+    }
+
+    llmgw_token_free(t);
+    ngx_http_finalize_request(r, rc);
 }

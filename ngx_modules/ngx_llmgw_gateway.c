@@ -199,6 +199,8 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         return ngx_llmgw_send_error(r, ctx, &v);
     }
 
+    ctx->group_ratio = ratio;
+
     llmgw_snapshot_rate_limit(ctx->snapshot, group, &rl);
 
     if (rl.window_ms > 0

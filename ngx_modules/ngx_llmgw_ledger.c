@@ -91,6 +91,7 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     ngx_uint_t           status;
     ngx_time_t          *tp;
     llmgw_buf_t          json;
+    llmgw_price_t        price;
     llmgw_ledger_row_t   row;
 
     static const char  *ep_names[] = {
@@ -125,8 +126,12 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         llmgw_resp_usage(ctx->resp, &row.usage);
     }
 
-    /* the next issue prices usage; until then the charge is zero */
-    row.quota = 0;
+    /* only a success is charged */
+    if (row.type[0] == 'c'
+        && llmgw_snapshot_price(ctx->snapshot, row.model, &price) == 0)
+    {
+        row.quota = llmgw_quota(&price, ctx->group_ratio, &row.usage);
+    }
 
     json = llmgw_ledger_row_json(&row);
 

@@ -166,6 +166,21 @@ size_t llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep,
     llmgw_str_t model, llmgw_str_t group, uint64_t seed,
     const llmgw_channel_t **out, size_t max, size_t *incompatible);
 
+/* A model's price: per token (ratios) or per call (USD). */
+typedef struct {
+    int      known;
+    int      per_call;
+    double   ratio;             /* quota per prompt token */
+    double   completion_ratio;  /* completion tokens cost this many more */
+    double   price;             /* USD per call */
+} llmgw_price_t;
+
+#define LLMGW_QUOTA_PER_USD  500000
+
+/* 0 and *p, or -1 when the model has no price. */
+int llmgw_snapshot_price(const llmgw_snapshot_t *s, llmgw_str_t model,
+    llmgw_price_t *p);
+
 /* The model name sent upstream after the channel's model_mapping. */
 llmgw_str_t llmgw_channel_map_model(const llmgw_snapshot_t *s,
     const llmgw_channel_t *c, llmgw_str_t model);
@@ -303,6 +318,15 @@ int llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
 int llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out);
 /* Usage as reported, or estimated from the delivered text. */
 void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
+
+
+/*
+ * Quota for a usage: (prompt + completion x completion_ratio) x ratio x
+ * group_ratio, or price x 500,000 x group_ratio per call; rounded to the
+ * nearest unit.
+ */
+int64_t llmgw_quota(const llmgw_price_t *p, double group_ratio,
+    const llmgw_usage_t *u);
 
 
 /* ---- ledger rows (ledger.cpp) ---- */

@@ -5,6 +5,7 @@
  */
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -39,6 +40,7 @@ struct llmgw_snapshot_s {
     std::unordered_map<std::string, std::vector<Channel *>> by_model;
     std::unordered_map<int64_t, const Channel *>           by_id;
     std::unordered_map<std::string, Group>                 groups;
+    std::unordered_map<std::string, llmgw_price_t>         prices;
     llmgw_rate_limit_t                                     rl_default {};
     std::unordered_map<std::string, llmgw_rate_limit_t>    rl_groups;
     std::vector<std::string>                               admin_hashes;
@@ -307,6 +309,19 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
 
         s->groups.try_emplace("default", Group {});
 
+        json_object_foreach(json_object_get(root.get(), "pricing"), k, v) {
+            llmgw_price_t p {};
+            p.known = 1;
+            if (json_is_number(json_object_get(v, "price"))) {
+                p.per_call = 1;
+                p.price = json_num(v, "price", 0);
+            } else {
+                p.ratio = json_num(v, "ratio", 0);
+                p.completion_ratio = json_num(v, "completion_ratio", 1);
+            }
+            s->prices[k] = p;
+        }
+
         json_t *rl = json_object_get(root.get(), "rate_limit");
         s->rl_default = parse_rate_limit(json_object_get(rl, "default"));
 
@@ -439,6 +454,44 @@ llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep, llmgw_str_t model,
     }
 
     return n;
+}
+
+
+extern "C" int
+llmgw_snapshot_price(const llmgw_snapshot_t *s, llmgw_str_t model,
+    llmgw_price_t *p)
+{
+    auto it = s->prices.find(std::string(sv(model)));
+
+    if (it == s->prices.end()) {
+        *p = llmgw_price_t {};
+        return -1;
+    }
+
+    *p = it->second;
+    return 0;
+}
+
+
+extern "C" int64_t
+llmgw_quota(const llmgw_price_t *p, double group_ratio,
+    const llmgw_usage_t *u)
+{
+    double q;
+
+    if (!p->known) {
+        return 0;
+    }
+
+    if (p->per_call) {
+        q = p->price * LLMGW_QUOTA_PER_USD * group_ratio;
+    } else {
+        q = (static_cast<double>(u->prompt_tokens)
+             + static_cast<double>(u->completion_tokens) * p->completion_ratio)
+            * p->ratio * group_ratio;
+    }
+
+    return static_cast<int64_t>(std::llround(q));
 }
 
 

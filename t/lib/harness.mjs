@@ -7,7 +7,8 @@
 //   LLMGW_PG_SOCK  PostgreSQL unix socket dir
 //   LLMGW_PG_PORT  PostgreSQL port
 //   LLMGW_REPO     repository root
-//   LLMGW_KEEP     keep gateway dirs under var/test even when the log is clean
+//   LLMGW_TEST_DIR where gateway prefix dirs go (default <repo>/var/test)
+//   LLMGW_KEEP     keep gateway dirs even when the log is clean
 
 import assert from 'node:assert/strict';
 import { spawn, execFile } from 'node:child_process';
@@ -26,6 +27,8 @@ export const MODULE = process.env.LLMGW_MODULE ||
 export const PG_SOCK = process.env.LLMGW_PG_SOCK || '';
 export const PG_PORT = process.env.LLMGW_PG_PORT || '5432';
 export const NGINX = process.env.LLMGW_NGINX || '/usr/sbin/nginx';
+/* Where each gateway gets its prefix directory. */
+export const GW_BASE = process.env.LLMGW_TEST_DIR || path.join(REPO, 'var', 'test');
 
 /* Time the spec gives an admin change to reach every worker and node. */
 export const PROPAGATION_MS = 1000;
@@ -305,7 +308,7 @@ export async function startGateway({ db, workers = 2, http: httpExtra = '',
     assert.ok(db && db.conninfo, 'startGateway needs {db}');
     assert.ok(fs.existsSync(MODULE), `module not built: ${MODULE}`);
 
-    const dir = path.join(REPO, 'var', 'test', `gw-${hex(6)}`);
+    const dir = path.join(GW_BASE, `gw-${hex(6)}`);
     fs.mkdirSync(path.join(dir, 'tmp'), { recursive: true });
     for (const d of ['body', 'proxy', 'fcgi', 'uwsgi', 'scgi']) {
         fs.mkdirSync(path.join(dir, 'tmp', d), { recursive: true });
