@@ -61,6 +61,7 @@ static void ngx_llmgw_pg_query_timeout(ngx_event_t *ev);
 static void ngx_llmgw_pg_retry(ngx_event_t *ev);
 static ngx_int_t ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc,
     ngx_uint_t on);
+static ngx_int_t ngx_llmgw_pg_flush(ngx_llmgw_pg_conn_t *pc);
 
 
 static ngx_llmgw_pg_conn_t     *ngx_llmgw_pg_conns;
@@ -385,7 +386,11 @@ ngx_llmgw_pg_connecting(ngx_llmgw_pg_conn_t *pc)
         }
         pc->state = NGX_LLMGW_PG_BUSY;
         pc->flushing = 1;
-        ngx_llmgw_pg_drive(pc);
+
+        if (ngx_llmgw_pg_flush(pc) != NGX_OK) {
+            ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+            return;
+        }
 
         /* notices sent while this listener was down were missed */
         ngx_llmgw_pg_notify("llmgw_config", NULL);
@@ -399,7 +404,6 @@ ngx_llmgw_pg_connecting(ngx_llmgw_pg_conn_t *pc)
 static void
 ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc)
 {
-    int                    rc;
     PGresult              *res;
     PGnotify              *n;
     ngx_llmgw_pg_query_t  *q;
@@ -413,21 +417,13 @@ ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc)
         return;
     }
 
+    if (ngx_llmgw_pg_flush(pc) != NGX_OK) {
+        ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+        return;
+    }
+
     if (pc->flushing) {
-        rc = PQflush(pc->conn);
-
-        if (rc < 0) {
-            ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
-            return;
-        }
-
-        if (rc == 1) {
-            ngx_llmgw_pg_want_write(pc, 1);
-            return;
-        }
-
-        pc->flushing = 0;
-        ngx_llmgw_pg_want_write(pc, 0);
+        return;
     }
 
     if (!PQconsumeInput(pc->conn)) {
@@ -506,7 +502,10 @@ ngx_llmgw_pg_dispatch(void)
                                (const char *const *) q->params, q->lengths,
                                NULL, 0))
         {
-            pc->query = q;
+            /* the statement waits for another connection */
+            ngx_queue_insert_head(&ngx_llmgw_pg_pending, &q->queue);
+            q->queued = 1;
+            ngx_llmgw_pg_npending++;
             ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
             continue;
         }
@@ -515,8 +514,40 @@ ngx_llmgw_pg_dispatch(void)
         pc->state = NGX_LLMGW_PG_BUSY;
         pc->flushing = 1;
 
-        ngx_llmgw_pg_drive(pc);
+        /*
+         * Only send here.  The answer is read from the event handler even
+         * if it is already there: a caller is never called back before
+         * ngx_llmgw_pg_query() returns.
+         */
+        if (ngx_llmgw_pg_flush(pc) != NGX_OK) {
+            ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+        }
     }
+}
+
+
+static ngx_int_t
+ngx_llmgw_pg_flush(ngx_llmgw_pg_conn_t *pc)
+{
+    int  rc;
+
+    if (!pc->flushing) {
+        return NGX_OK;
+    }
+
+    rc = PQflush(pc->conn);
+
+    if (rc < 0) {
+        return NGX_ERROR;
+    }
+
+    if (rc == 1) {
+        return ngx_llmgw_pg_want_write(pc, 1);
+    }
+
+    pc->flushing = 0;
+
+    return ngx_llmgw_pg_want_write(pc, 0);
 }
 
 
