@@ -25,6 +25,7 @@ typedef struct {
     ngx_msec_t                 flush_interval;
     ngx_msec_t                 refresh_interval;
     ngx_uint_t                 key_cache_size;
+    ngx_msec_t                 key_cache_ttl;
     ngx_shm_zone_t            *shm_zone;
     ssize_t                    shm_size;
     ngx_uint_t                 keepalive;
@@ -43,6 +44,7 @@ typedef enum {
 typedef struct {
     ngx_uint_t                 role;
     ngx_uint_t                 max_tries;
+    ngx_uint_t                 reserve_tokens;
     ngx_str_t                  request_id_header;
     ngx_http_upstream_conf_t   upstream;
     ngx_flag_t                 ssl_verify;
@@ -52,6 +54,16 @@ typedef struct {
 
 
 #define NGX_LLMGW_LATENCY_BUCKETS  12
+#define NGX_LLMGW_MAX_PROCS        128
+
+
+/* A process slot: its reservations and the ledger rows it is writing. */
+typedef struct {
+    ngx_pid_t                  pid;
+    ngx_queue_t                holds;
+    ngx_queue_t                batch;
+    ngx_uint_t                 batch_rows;
+} ngx_llmgw_proc_t;
 
 /* The node-wide shared state (one slab zone): rate limiter and metrics. */
 typedef struct {
@@ -66,6 +78,17 @@ typedef struct {
     ngx_atomic_t               latency[NGX_LLMGW_LATENCY_BUCKETS + 1];
     ngx_atomic_t               latency_count;
     ngx_atomic_t               latency_sum_us;
+
+    /* balances (ngx_llmgw_billing.c) */
+    ngx_rbtree_t               bal_tree;
+    ngx_rbtree_node_t          bal_sentinel;
+    ngx_queue_t                bal_lru;
+
+    /* ledger rows not yet written (ngx_llmgw_ledger.c) */
+    ngx_queue_t                ledger;
+    ngx_uint_t                 ledger_rows;
+
+    ngx_llmgw_proc_t           procs[NGX_LLMGW_MAX_PROCS];
 } ngx_llmgw_shm_t;
 
 typedef struct {
@@ -111,6 +134,8 @@ struct ngx_llmgw_ctx_s {
     /* the answer sent */
     ngx_str_t                  own_body;     /* rewritten error page */
     void                      *admin;        /* an admin answer waiting */
+    void                      *hold;         /* this request's reservation */
+    llmgw_price_t              price;
     void                      *rl_node;      /* rate limiter node */
     uint64_t                   rl_key;
     llmgw_rate_limit_t         rl;
@@ -200,7 +225,34 @@ ngx_int_t ngx_llmgw_metrics_handler(ngx_http_request_t *r);
 /* ngx_llmgw_admin.c */
 ngx_int_t ngx_llmgw_admin_handler(ngx_http_request_t *r);
 
+/* ngx_llmgw_billing.c */
+ngx_int_t ngx_llmgw_billing_init_process(ngx_cycle_t *cycle);
+void ngx_llmgw_billing_exit_process(ngx_cycle_t *cycle);
+/* Releases what dead processes held; the zone mutex is held. */
+void ngx_llmgw_billing_reap_locked(ngx_llmgw_shm_ctx_t *shm);
+ngx_llmgw_proc_t *ngx_llmgw_billing_me(void);
+ngx_int_t ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
+    llmgw_verdict_t *v);
+/* Ends the reservation; a charge moves the balances and queues its row. */
+ngx_int_t ngx_llmgw_billing_settle(ngx_llmgw_ctx_t *ctx, int64_t quota,
+    u_char *row, size_t len);
+/* A written row no longer counts as pending; the zone mutex is held. */
+void ngx_llmgw_billing_written_locked(ngx_llmgw_shm_ctx_t *shm,
+    int64_t token_id, int64_t user_id, int64_t quota);
+void ngx_llmgw_billing_learned_locked(ngx_llmgw_shm_ctx_t *shm, int is_user,
+    int64_t id, int64_t balance, ngx_msec_t at);
+void ngx_llmgw_billing_stale(int is_user, int64_t id);
+
 /* ngx_llmgw_ledger.c */
+typedef struct {
+    ngx_queue_t                queue;
+    int64_t                    token_id;
+    int64_t                    user_id;
+    int64_t                    quota;
+    size_t                     len;
+    u_char                     data[1];
+} ngx_llmgw_row_t;
+
 ngx_int_t ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle,
     ngx_llmgw_main_conf_t *mcf);
 void ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle);

@@ -26,6 +26,7 @@ typedef struct {
     ngx_llmgw_token_handler_pt     handler;
     char                           hash[65];
     ngx_uint_t                     epoch;
+    ngx_msec_t                     sent;
 } ngx_llmgw_lookup_t;
 
 
@@ -156,7 +157,18 @@ ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
     ngx_llmgw_lookup_t  *lk;
 
     if (llmgw_tcache_get(ngx_llmgw_tcache, hash, t)) {
-        return NGX_OK;
+
+        /* a record older than llmgw_key_cache_ttl is read again, so that
+         * what other nodes charged is learned */
+        if (*t == NULL
+            || ngx_current_msec - (ngx_msec_t) llmgw_token_loaded_at(*t)
+               < ngx_llmgw_cache_mcf->key_cache_ttl)
+        {
+            return NGX_OK;
+        }
+
+        llmgw_token_free(*t);
+        *t = NULL;
     }
 
     lk = ngx_palloc(r->pool, sizeof(ngx_llmgw_lookup_t));
@@ -167,6 +179,7 @@ ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
     lk->request = r;
     lk->handler = handler;
     lk->epoch = ngx_llmgw_epoch;
+    lk->sent = ngx_current_msec;
     ngx_memcpy(lk->hash, hash, 65);
 
     params[0] = lk->hash;
@@ -199,6 +212,8 @@ ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
         t = llmgw_token_parse(PQgetvalue(res, 0, 0), PQgetlength(res, 0, 0));
         if (t == NULL) {
             err = "unreadable key record";
+        } else {
+            llmgw_token_set_loaded_at(t, lk->sent);
         }
     }
 
@@ -267,9 +282,11 @@ ngx_llmgw_cache_on_notify(const char *channel, const char *payload)
 
     if (ngx_strcmp(n.kind, "token") == 0) {
         llmgw_tcache_drop_token(ngx_llmgw_tcache, n.id);
+        ngx_llmgw_billing_stale(0, n.id);
 
     } else if (ngx_strcmp(n.kind, "user") == 0) {
         llmgw_tcache_drop_user(ngx_llmgw_tcache, n.id);
+        ngx_llmgw_billing_stale(1, n.id);
 
     } else {
         ngx_llmgw_cache_load();

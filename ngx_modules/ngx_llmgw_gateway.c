@@ -17,6 +17,10 @@ static void ngx_llmgw_token_ready(ngx_http_request_t *r, llmgw_token_t *t,
 static void ngx_llmgw_body_ready(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_route(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
+static ngx_int_t ngx_llmgw_price(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
+static ngx_int_t ngx_llmgw_reserve(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
 static ngx_int_t ngx_llmgw_refuse(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, int status, const char *type, const char *code,
     const char *message);
@@ -284,7 +288,10 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
         return;
     }
 
-    if (ngx_llmgw_route(r, ctx, &v) != NGX_OK) {
+    if (ngx_llmgw_route(r, ctx, &v) != NGX_OK
+        || ngx_llmgw_price(r, ctx, &v) != NGX_OK
+        || ngx_llmgw_reserve(r, ctx, &v) != NGX_OK)
+    {
         ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
         return;
     }
@@ -336,6 +343,55 @@ ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     }
 
     return NGX_DECLINED;
+}
+
+
+/* A model is served only with a price; "free" is a price of zero. */
+static ngx_int_t
+ngx_llmgw_price(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    llmgw_verdict_t *v)
+{
+    if (llmgw_snapshot_price(ctx->snapshot,
+            (llmgw_str_t) { (char *) ctx->model.data, ctx->model.len },
+            &ctx->price)
+        == 0)
+    {
+        return NGX_OK;
+    }
+
+    llmgw_verdict_set(v, NGX_HTTP_BAD_REQUEST, "gateway_error",
+                      "model_price_error", "model %.*s has no price; an "
+                      "administrator sets one with PUT /api/pricing (a "
+                      "ratio or price of 0 makes it free)",
+                      (int) ngx_min(ctx->model.len, 200), ctx->model.data);
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * The reservation: the prompt estimate plus max_tokens (or
+ * llmgw_reserve_tokens when the client set none), priced like the answer.
+ */
+static ngx_int_t
+ngx_llmgw_reserve(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    llmgw_verdict_t *v)
+{
+    int64_t                max;
+    llmgw_usage_t          est;
+    ngx_llmgw_loc_conf_t  *lcf;
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    ngx_memzero(&est, sizeof(est));
+
+    max = llmgw_req_max_tokens(ctx->req);
+
+    est.prompt_tokens = llmgw_req_prompt_estimate(ctx->req);
+    est.completion_tokens = max >= 0 ? max : (int64_t) lcf->reserve_tokens;
+
+    return ngx_llmgw_billing_reserve(ctx,
+               llmgw_quota(&ctx->price, ctx->group_ratio, &est), v);
 }
 
 

@@ -1,34 +1,27 @@
 /*
- * The ledger writer: one row per request, queued in the worker and written
- * behind the response in batches through llmgw_flush(), which is idempotent
- * by (request id, type): a batch that failed or timed out is sent again and
- * never counts twice.  Batches go out every llmgw_flush_interval and at
- * worker exit.
+ * The ledger writer.  Every request leaves one row, queued in the node's
+ * shared zone (so a worker killed with -9 loses none) and written behind
+ * the responses in batches through llmgw_flush(), which is idempotent by
+ * (request id, type): a batch is sent again after a failure, or by another
+ * worker when its writer died, and never counts twice.  Any worker writes
+ * any row; batches go out every llmgw_flush_interval and at worker exit.
  */
 
 #include "ngx_llmgw.h"
 
 
-#define NGX_LLMGW_LEDGER_MAX  (64 * 1024 * 1024)
-
-
-typedef struct {
-    u_char                    *data;
-    size_t                     len;
-    size_t                     size;
-    ngx_uint_t                 rows;
-} ngx_llmgw_batch_t;
+#define NGX_LLMGW_BATCH_MAX  1000
 
 
 static void ngx_llmgw_ledger_tick(ngx_event_t *ev);
 static void ngx_llmgw_ledger_flush(void);
 static void ngx_llmgw_ledger_flushed(void *data, PGresult *res,
     const char *err);
+static u_char *ngx_llmgw_ledger_take(size_t *len);
 
 
-static ngx_llmgw_batch_t       ngx_llmgw_queue;     /* rows not yet sent */
-static ngx_llmgw_batch_t       ngx_llmgw_inflight;  /* rows being written */
 static ngx_event_t             ngx_llmgw_flush_ev;
+static ngx_msec_t              ngx_llmgw_flush_sent;
 static ngx_llmgw_main_conf_t  *ngx_llmgw_ledger_mcf;
 static ngx_log_t              *ngx_llmgw_ledger_log;
 
@@ -49,49 +42,12 @@ ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
 }
 
 
-static ngx_int_t
-ngx_llmgw_batch_append(ngx_llmgw_batch_t *b, u_char *data, size_t len)
-{
-    size_t   size;
-    u_char  *p;
-
-    /* room is kept for the separator, the closing ']' and a NUL */
-    if (b->len + len + 3 > b->size) {
-        size = ngx_max(b->size * 2, b->len + len + 4096);
-
-        if (size > NGX_LLMGW_LEDGER_MAX) {
-            return NGX_DECLINED;
-        }
-
-        p = ngx_alloc(size, ngx_llmgw_ledger_log);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-
-        if (b->data) {
-            ngx_memcpy(p, b->data, b->len);
-            ngx_free(b->data);
-        }
-
-        b->data = p;
-        b->size = size;
-    }
-
-    b->data[b->len++] = b->rows ? ',' : '[';
-    b->len = ngx_cpymem(b->data + b->len, data, len) - b->data;
-    b->rows++;
-
-    return NGX_OK;
-}
-
-
 void
 ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
     ngx_uint_t           status;
     ngx_time_t          *tp;
     llmgw_buf_t          json;
-    llmgw_price_t        price;
     llmgw_ledger_row_t   row;
 
     static const char  *ep_names[] = {
@@ -126,29 +82,21 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         llmgw_resp_usage(ctx->resp, &row.usage);
     }
 
-    /* only a success is charged */
-    if (row.type[0] == 'c'
-        && llmgw_snapshot_price(ctx->snapshot, row.model, &price) == 0)
-    {
-        row.quota = llmgw_quota(&price, ctx->group_ratio, &row.usage);
+    /* a success is charged; a failure only gives its reservation back */
+    if (row.type[0] == 'c') {
+        row.quota = llmgw_quota(&ctx->price, ctx->group_ratio, &row.usage);
     }
 
     json = llmgw_ledger_row_json(&row);
 
-    if (json.data == NULL) {
-        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "llmgw: ledger row of %s could not be built",
-                      ctx->request_id);
-        return;
-    }
-
-    if (ngx_llmgw_batch_append(&ngx_llmgw_queue, (u_char *) json.data,
-                               json.len)
-        != NGX_OK)
+    if (json.data == NULL
+        || ngx_llmgw_billing_settle(ctx, row.quota, (u_char *) json.data,
+                                    json.len)
+           != NGX_OK)
     {
         ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
-                      "llmgw: ledger queue is full, row of %s dropped",
-                      ctx->request_id);
+                      "llmgw: the ledger row of %s could not be queued "
+                      "(raise llmgw_zone_size)", ctx->request_id);
     }
 
     llmgw_buf_free(&json);
@@ -166,24 +114,103 @@ ngx_llmgw_ledger_tick(ngx_event_t *ev)
 }
 
 
+/*
+ * Moves up to a batch of rows into this process's slot and returns them as
+ * one JSON array (heap memory, freed by the caller).
+ */
+static u_char *
+ngx_llmgw_ledger_take(size_t *len)
+{
+    size_t                size;
+    u_char               *buf, *p;
+    ngx_uint_t            n;
+    ngx_queue_t          *q;
+    ngx_llmgw_row_t      *row;
+    ngx_llmgw_proc_t     *me;
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+    me = ngx_llmgw_billing_me();
+    buf = NULL;
+
+    if (shm == NULL || me == NULL) {
+        return NULL;
+    }
+
+    ngx_shmtx_lock(&shm->shpool->mutex);
+
+    ngx_llmgw_billing_reap_locked(shm);
+
+    if (me->batch_rows > 0 || shm->sh->ledger_rows == 0) {
+        goto done;
+    }
+
+    size = 2;
+    n = 0;
+
+    for (q = ngx_queue_head(&shm->sh->ledger);
+         q != ngx_queue_sentinel(&shm->sh->ledger) && n < NGX_LLMGW_BATCH_MAX;
+         q = ngx_queue_next(q))
+    {
+        row = ngx_queue_data(q, ngx_llmgw_row_t, queue);
+        size += row->len + 1;
+        n++;
+    }
+
+    buf = ngx_alloc(size + 1, ngx_llmgw_ledger_log);
+    if (buf == NULL) {
+        goto done;
+    }
+
+    p = buf;
+    *p++ = '[';
+
+    while (n--) {
+        q = ngx_queue_head(&shm->sh->ledger);
+        ngx_queue_remove(q);
+        shm->sh->ledger_rows--;
+
+        ngx_queue_insert_tail(&me->batch, q);
+        me->batch_rows++;
+
+        row = ngx_queue_data(q, ngx_llmgw_row_t, queue);
+
+        if (p != buf + 1) {
+            *p++ = ',';
+        }
+
+        p = ngx_cpymem(p, row->data, row->len);
+    }
+
+    *p++ = ']';
+    *p = '\0';
+    *len = p - buf;
+
+done:
+
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+
+    return buf;
+}
+
+
 static void
 ngx_llmgw_ledger_flush(void)
 {
     int          len;
+    size_t       size;
+    u_char      *batch;
     const char  *params[1];
 
-    if (ngx_llmgw_inflight.rows || ngx_llmgw_queue.rows == 0) {
+    batch = ngx_llmgw_ledger_take(&size);
+
+    if (batch == NULL) {
         return;
     }
 
-    ngx_llmgw_inflight = ngx_llmgw_queue;
-    ngx_memzero(&ngx_llmgw_queue, sizeof(ngx_llmgw_batch_t));
-
-    ngx_llmgw_inflight.data[ngx_llmgw_inflight.len++] = ']';
-    ngx_llmgw_inflight.data[ngx_llmgw_inflight.len] = '\0';
-
-    params[0] = (char *) ngx_llmgw_inflight.data;
-    len = (int) ngx_llmgw_inflight.len;
+    params[0] = (char *) batch;
+    len = (int) size;
+    ngx_llmgw_flush_sent = ngx_current_msec;
 
     if (ngx_llmgw_pg_query("select llmgw_flush($1::jsonb)::text", 1, params,
                            &len, ngx_llmgw_ledger_flushed, NULL)
@@ -191,60 +218,125 @@ ngx_llmgw_ledger_flush(void)
     {
         ngx_llmgw_ledger_flushed(NULL, NULL, "the database queue is full");
     }
+
+    ngx_free(batch);
+}
+
+
+static void
+ngx_llmgw_ledger_balance(void *arg, int is_user, int64_t id, int64_t balance)
+{
+    ngx_llmgw_billing_learned_locked(arg, is_user, id, balance,
+                                     ngx_llmgw_flush_sent);
+}
+
+
+/* The zone mutex is held. */
+static void
+ngx_llmgw_ledger_done_locked(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t written)
+{
+    ngx_queue_t       *q;
+    ngx_llmgw_row_t   *row;
+    ngx_llmgw_proc_t  *me;
+
+    me = ngx_llmgw_billing_me();
+
+    while (!ngx_queue_empty(&me->batch)) {
+        q = written ? ngx_queue_head(&me->batch) : ngx_queue_last(&me->batch);
+        ngx_queue_remove(q);
+        row = ngx_queue_data(q, ngx_llmgw_row_t, queue);
+
+        if (written) {
+            ngx_llmgw_billing_written_locked(shm, row->token_id,
+                                             row->user_id, row->quota);
+            ngx_slab_free_locked(shm->shpool, row);
+
+        } else {
+            /* first in line again, in their order */
+            ngx_queue_insert_head(&shm->sh->ledger, q);
+            shm->sh->ledger_rows++;
+        }
+    }
+
+    me->batch_rows = 0;
 }
 
 
 static void
 ngx_llmgw_ledger_flushed(void *data, PGresult *res, const char *err)
 {
-    ngx_llmgw_batch_t  failed;
+    ngx_llmgw_shm_ctx_t  *shm;
 
-    if (err == NULL) {
-        ngx_free(ngx_llmgw_inflight.data);
-        ngx_memzero(&ngx_llmgw_inflight, sizeof(ngx_llmgw_batch_t));
+    shm = ngx_llmgw_shm();
+
+    if (ngx_llmgw_billing_me() == NULL) {
         return;
     }
 
-    ngx_log_error(NGX_LOG_ERR, ngx_llmgw_ledger_log, 0,
-                  "llmgw: ledger flush of %ui rows failed, kept for the "
-                  "next one: %s", ngx_llmgw_inflight.rows, err);
+    ngx_shmtx_lock(&shm->shpool->mutex);
 
-    /* the failed rows go first: the batch is sent again, idempotently */
-    failed = ngx_llmgw_inflight;
-    ngx_memzero(&ngx_llmgw_inflight, sizeof(ngx_llmgw_batch_t));
+    ngx_llmgw_ledger_done_locked(shm, err == NULL);
 
-    failed.len--;      /* the closing bracket */
-
-    if (ngx_llmgw_queue.rows) {
-        if (ngx_llmgw_batch_append(&failed, ngx_llmgw_queue.data + 1,
-                                   ngx_llmgw_queue.len - 1) == NGX_OK)
-        {
-            failed.rows += ngx_llmgw_queue.rows - 1;
-        }
-        ngx_free(ngx_llmgw_queue.data);
+    if (err == NULL) {
+        (void) llmgw_flush_answer(PQgetvalue(res, 0, 0),
+                                  PQgetlength(res, 0, 0),
+                                  ngx_llmgw_ledger_balance, shm);
     }
 
-    ngx_llmgw_queue = failed;
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+
+    if (err != NULL) {
+        ngx_log_error(NGX_LOG_ERR, ngx_llmgw_ledger_log, 0,
+                      "llmgw: writing the ledger failed, the rows are kept "
+                      "and sent again: %s", err);
+    }
 }
 
 
 void
 ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle)
 {
+    size_t                size;
+    u_char               *batch;
+    ngx_int_t             rc;
+    ngx_llmgw_shm_ctx_t  *shm;
+
     if (ngx_llmgw_flush_ev.timer_set) {
         ngx_del_timer(&ngx_llmgw_flush_ev);
     }
 
-    /* at exit nothing else runs: one blocking statement is allowed */
-    if (ngx_llmgw_inflight.rows) {
-        (void) ngx_llmgw_pg_exec_at_exit("select llmgw_flush($1::jsonb)",
-                                         (char *) ngx_llmgw_inflight.data);
+    shm = ngx_llmgw_shm();
+
+    if (shm == NULL || ngx_llmgw_billing_me() == NULL) {
+        return;
     }
 
-    if (ngx_llmgw_queue.rows) {
-        ngx_llmgw_queue.data[ngx_llmgw_queue.len++] = ']';
-        ngx_llmgw_queue.data[ngx_llmgw_queue.len] = '\0';
-        (void) ngx_llmgw_pg_exec_at_exit("select llmgw_flush($1::jsonb)",
-                                         (char *) ngx_llmgw_queue.data);
+    /*
+     * At exit nothing else runs here, so blocking statements are allowed:
+     * a batch still being written is written again (idempotently), then
+     * whatever is queued, so that the last process to leave leaves none.
+     */
+    ngx_shmtx_lock(&shm->shpool->mutex);
+    ngx_llmgw_ledger_done_locked(shm, 0);
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+
+    for ( ;; ) {
+        batch = ngx_llmgw_ledger_take(&size);
+
+        if (batch == NULL) {
+            return;
+        }
+
+        rc = ngx_llmgw_pg_exec_at_exit("select llmgw_flush($1::jsonb)",
+                                       (char *) batch);
+        ngx_free(batch);
+
+        ngx_shmtx_lock(&shm->shpool->mutex);
+        ngx_llmgw_ledger_done_locked(shm, rc == NGX_OK);
+        ngx_shmtx_unlock(&shm->shpool->mutex);
+
+        if (rc != NGX_OK) {
+            return;
+        }
     }
 }

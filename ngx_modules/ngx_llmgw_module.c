@@ -81,6 +81,13 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       offsetof(ngx_llmgw_main_conf_t, key_cache_size),
       NULL },
 
+    { ngx_string("llmgw_key_cache_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, key_cache_ttl),
+      NULL },
+
     { ngx_string("llmgw_zone_size"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_llmgw_zone_size,
@@ -129,6 +136,13 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, max_tries),
       &ngx_llmgw_tries_bounds },
+
+    { ngx_string("llmgw_reserve_tokens"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_llmgw_loc_conf_t, reserve_tokens),
+      NULL },
 
     { ngx_string("llmgw_request_id_header"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -622,6 +636,7 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->flush_interval = NGX_CONF_UNSET_MSEC;
     mcf->refresh_interval = NGX_CONF_UNSET_MSEC;
     mcf->key_cache_size = NGX_CONF_UNSET_UINT;
+    mcf->key_cache_ttl = NGX_CONF_UNSET_MSEC;
     mcf->shm_size = NGX_CONF_UNSET;
     mcf->keepalive = NGX_CONF_UNSET_UINT;
     mcf->keepalive_timeout = NGX_CONF_UNSET_MSEC;
@@ -642,6 +657,7 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_msec_value(mcf->flush_interval, 1000);
     ngx_conf_init_msec_value(mcf->refresh_interval, 1000);
     ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
+    ngx_conf_init_msec_value(mcf->key_cache_ttl, 10000);
     if (mcf->shm_size == NGX_CONF_UNSET) {
         mcf->shm_size = 16 * 1024 * 1024;
     }
@@ -681,6 +697,7 @@ ngx_llmgw_create_loc_conf(ngx_conf_t *cf)
 
     conf->role = NGX_CONF_UNSET_UINT;
     conf->max_tries = NGX_CONF_UNSET_UINT;
+    conf->reserve_tokens = NGX_CONF_UNSET_UINT;
     conf->ssl_verify = NGX_CONF_UNSET;
     conf->ssl_verify_depth = NGX_CONF_UNSET_UINT;
 
@@ -703,6 +720,8 @@ ngx_llmgw_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_uint_value(conf->role, prev->role, NGX_LLMGW_ROLE_NONE);
     ngx_conf_merge_uint_value(conf->max_tries, prev->max_tries, 3);
+    ngx_conf_merge_uint_value(conf->reserve_tokens, prev->reserve_tokens,
+                              1024);
     ngx_conf_merge_str_value(conf->request_id_header,
                              prev->request_id_header, "X-Request-Id");
     ngx_conf_merge_value(conf->ssl_verify, prev->ssl_verify, 1);
@@ -822,6 +841,10 @@ ngx_llmgw_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
+    if (ngx_llmgw_billing_init_process(cycle) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     if (ngx_llmgw_pg_init_process(cycle, mcf, ngx_llmgw_cache_on_notify)
         != NGX_OK)
     {
@@ -854,6 +877,7 @@ ngx_llmgw_exit_process(ngx_cycle_t *cycle)
     }
 
     ngx_llmgw_ledger_exit_process(cycle);
+    ngx_llmgw_billing_exit_process(cycle);
     ngx_llmgw_cache_exit_process(cycle);
     ngx_llmgw_pg_exit_process(cycle);
 }

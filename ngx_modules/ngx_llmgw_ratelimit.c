@@ -57,6 +57,7 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
 {
     void  *octx = data;
 
+    ngx_uint_t            i;
     ngx_llmgw_shm_ctx_t  *ctx;
 
     ctx = ngx_pcalloc(ngx_cycle->pool, sizeof(ngx_llmgw_shm_ctx_t));
@@ -86,6 +87,15 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     ngx_queue_init(&ctx->sh->rl_lru);
     ngx_rbtree_init(&ctx->sh->m_tree, &ctx->sh->m_sentinel,
                     ngx_rbtree_insert_value);
+    ngx_rbtree_init(&ctx->sh->bal_tree, &ctx->sh->bal_sentinel,
+                    ngx_rbtree_insert_value);
+    ngx_queue_init(&ctx->sh->bal_lru);
+    ngx_queue_init(&ctx->sh->ledger);
+
+    for (i = 0; i < NGX_LLMGW_MAX_PROCS; i++) {
+        ngx_queue_init(&ctx->sh->procs[i].holds);
+        ngx_queue_init(&ctx->sh->procs[i].batch);
+    }
 
     ctx->shpool->log_ctx = (u_char *) " in llmgw zone";
     zone->data = ctx;

@@ -2,6 +2,8 @@
  * Ledger rows as llmgw_flush() takes them.
  */
 
+#include <cstdlib>
+
 #include "internal.h"
 
 using namespace llmgw;
@@ -53,5 +55,40 @@ llmgw_ledger_row_json(const llmgw_ledger_row_t *row)
 
     } catch (...) {
         return llmgw_buf_t { nullptr, 0 };
+    }
+}
+
+
+extern "C" int
+llmgw_flush_answer(const char *json, size_t len, llmgw_balance_cb cb,
+    void *arg)
+{
+    try {
+        Json root = json_parse(json, len);
+
+        if (!json_is_object(root.get())) {
+            return -1;
+        }
+
+        const char *const kinds[] = { "tokens", "users" };
+
+        for (int is_user = 0; is_user < 2; is_user++) {
+            const char  *k;
+            json_t      *v;
+
+            json_object_foreach(json_object_get(root.get(), kinds[is_user]),
+                                k, v)
+            {
+                if (json_is_integer(v)) {
+                    cb(arg, is_user, std::strtoll(k, nullptr, 10),
+                       json_integer_value(v));
+                }
+            }
+        }
+
+        return 0;
+
+    } catch (...) {
+        return -1;
     }
 }

@@ -201,6 +201,15 @@ void llmgw_token_free(llmgw_token_t *t);
 
 int64_t llmgw_token_id(const llmgw_token_t *t);
 int64_t llmgw_token_user_id(const llmgw_token_t *t);
+
+/* Balances as the database had them when the record was read. */
+int64_t llmgw_token_remain_quota(const llmgw_token_t *t);
+int llmgw_token_unlimited(const llmgw_token_t *t);
+int64_t llmgw_token_user_quota(const llmgw_token_t *t);
+
+/* When (a worker's msec clock) the lookup that read the record was sent. */
+void llmgw_token_set_loaded_at(llmgw_token_t *t, uint64_t msec);
+uint64_t llmgw_token_loaded_at(const llmgw_token_t *t);
 /* The effective group: the token's, else the user's, else "default". */
 llmgw_str_t llmgw_token_group(const llmgw_token_t *t);
 
@@ -327,6 +336,17 @@ void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
  */
 int64_t llmgw_quota(const llmgw_price_t *p, double group_ratio,
     const llmgw_usage_t *u);
+
+
+/*
+ * Reads the answer of llmgw_flush(): {"inserted": n, "tokens": {"<id>":
+ * remain_quota}, "users": {"<id>": quota}} and reports each balance.
+ */
+typedef void (*llmgw_balance_cb)(void *arg, int is_user, int64_t id,
+    int64_t balance);
+
+int llmgw_flush_answer(const char *json, size_t len, llmgw_balance_cb cb,
+    void *arg);
 
 
 /* ---- ledger rows (ledger.cpp) ---- */

@@ -18,6 +18,8 @@ struct llmgw_token_s {
     bool                             user_enabled = false;
     int64_t                          expired_time = -1;
     int64_t                          remain_quota = 0;
+    int64_t                          user_quota = 0;
+    uint64_t                         loaded_at = 0;
     bool                             unlimited = false;
     bool                             all_models = true;
     std::unordered_set<std::string>  models;
@@ -49,6 +51,7 @@ llmgw_token_parse(const char *json, size_t len)
         t->expired_time = json_int(j, "expired_time", -1);
         t->remain_quota = json_int(j, "remain_quota", 0);
         t->unlimited = json_is_true(json_object_get(j, "unlimited_quota"));
+        t->user_quota = json_int(user, "quota", 0);
 
         json_t *models = json_object_get(j, "models");
 
@@ -129,6 +132,41 @@ extern "C" int64_t
 llmgw_token_user_id(const llmgw_token_t *t)
 {
     return t->user_id;
+}
+
+
+extern "C" int64_t
+llmgw_token_remain_quota(const llmgw_token_t *t)
+{
+    return t->remain_quota;
+}
+
+
+extern "C" int
+llmgw_token_unlimited(const llmgw_token_t *t)
+{
+    return t->unlimited;
+}
+
+
+extern "C" int64_t
+llmgw_token_user_quota(const llmgw_token_t *t)
+{
+    return t->user_quota;
+}
+
+
+extern "C" void
+llmgw_token_set_loaded_at(llmgw_token_t *t, uint64_t msec)
+{
+    t->loaded_at = msec;
+}
+
+
+extern "C" uint64_t
+llmgw_token_loaded_at(const llmgw_token_t *t)
+{
+    return t->loaded_at;
 }
 
 

@@ -577,7 +577,28 @@ export async function makeChannel(gw, opts = {}) {
         name: uniq('ch'), type: 1, key: `upstream-${hex(8)}`,
         groups: ['default'], priority: 0, weight: 1, ...opts,
     });
-    return expectOk(r, 'POST /api/channel');
+    const ch = expectOk(r, 'POST /api/channel');
+    if (opts.free !== false) {
+        await makeFree(gw, ch.models || []);
+    }
+    return ch;
+}
+
+/*
+ * The gateway serves only priced models; tests that are not about billing
+ * make their models free (a ratio of 0), unless a price is already set.
+ */
+export async function makeFree(gw, models) {
+    const cur = await gw.admin('GET', '/api/pricing');
+    const body = {};
+    for (const m of models) {
+        if (!cur.json || !(m in cur.json)) {
+            body[m] = { ratio: 0, completion_ratio: 1 };
+        }
+    }
+    if (Object.keys(body).length) {
+        expectOk(await gw.admin('PUT', '/api/pricing', body), 'PUT /api/pricing');
+    }
 }
 
 /* A user and an unlimited key in one step: -> {user, token, key}. */

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# Non-streaming chat throughput and latency: the llmgw gateway against bare
+# nginx proxy_pass, both in front of the same static upstream, measured in
+# one run (absolute numbers drift between runs; the ratio is the figure).
+#
+#   bench/chat.sh
+#
+# Starts, all on 127.0.0.1 and all stopped on exit:
+#   static   stock nginx, 1 worker, `return 200` with a small OpenAI
+#            chat.completion JSON (usage included)
+#   bare     stock nginx, worker_processes auto, proxy_pass to static through
+#            `upstream { keepalive 64; }`, HTTP/1.1, Connection ""
+#   gateway  nginx + llmgw, worker_processes auto, a private PostgreSQL
+#            database, USERS users with one key each, one channel to static,
+#            pricing for the model, a rate limit of 100000 requests/min per
+#            user (so the limiter runs on every request; the wrk script
+#            cycles over the keys so it never trips)
+# Then `wrk -t2 -cCONNECTIONS -dDURATION --latency -s bench/chat.lua`: a
+# warm-up of each, then ROUNDS rounds alternating bare / gateway.  Prints
+# req/s, p50, p99 per round and on average, gateway/bare throughput, the
+# added p50/p99, the gateway's non-2xx count, and that the ledger grew.
+#
+# Env: DURATION (10s)  CONNECTIONS (32)  THREADS (2)  ROUNDS (3, at least 2)
+#      WARMUP (3s)  USERS (32)  MODEL (bench-model)  BENCH_KEEP=1
+# This is a benchmark, not a test: it prints figures and fails only when
+# something did not run (a target missed is reported, not an error).
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=bench/lib.sh
+. "$SCRIPT_DIR/lib.sh"
+
+DURATION=${DURATION:-10s}
+CONNECTIONS=${CONNECTIONS:-32}
+THREADS=${THREADS:-2}
+ROUNDS=${ROUNDS:-3}
+WARMUP=${WARMUP:-3s}
+USERS=${USERS:-32}
+MODEL=${MODEL:-bench-model}
+
+secs() {  # 10s / 1m / 10 -> seconds
+    case "$1" in
+        *ms) echo 1 ;;
+        *s) echo "${1%s}" ;;
+        *m) echo $(( ${1%m} * 60 )) ;;
+        *h) die "DURATION in hours is too long" ;;
+        *) echo "$1" ;;
+    esac
+}
+case "$CONNECTIONS$ROUNDS$USERS$THREADS" in *[!0-9]*) die "CONNECTIONS, ROUNDS, USERS, THREADS must be numbers" ;; esac
+[ "$ROUNDS" -ge 2 ] || die "ROUNDS must be at least 2"
+[ "$(secs "$DURATION")" -le 300 ] || die "DURATION above 300 s"
+[ "$ROUNDS" -le 20 ] || die "ROUNDS above 20"
+[ "$CONNECTIONS" -ge "$THREADS" ] || die "CONNECTIONS below THREADS"
+
+bench_init chat
+OUT=$BENCH_RUN/wrk
+mkdir -p "$OUT"
+
+P_STATIC=$(free_port)
+P_BARE=$(free_port)
+P_GW=$(free_port)
+while [ "$P_BARE" = "$P_STATIC" ]; do P_BARE=$(free_port); done
+while [ "$P_GW" = "$P_STATIC" ] || [ "$P_GW" = "$P_BARE" ]; do P_GW=$(free_port); done
+
+start_pg
+start_static "$P_STATIC"
+start_bare "$P_BARE" "$P_STATIC" ""
+start_gateway "$P_GW"
+GW_URL=http://127.0.0.1:$P_GW
+BARE_URL=http://127.0.0.1:$P_BARE
+
+KEYS=$BENCH_RUN/keys
+admin setup --upstream "http://127.0.0.1:$P_STATIC" --model "$MODEL" \
+    --users "$USERS" --rl-total 100000 --probe chat >"$KEYS"
+log "gateway provisioned: $USERS users/keys, channel -> static upstream"
+
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST \
+    -H 'Content-Type: application/json' \
+    -d "{\"model\":\"$MODEL\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" \
+    "$BARE_URL/v1/chat/completions")
+[ "$code" = 200 ] || die "bare nginx answered $code"
+
+# run_wrk <name> <url> <duration>: output in $OUT/<name>.txt
+run_wrk() {
+    local limit
+    limit=$(( $(secs "$3") + 30 ))
+    BENCH_KEYS_FILE=$KEYS BENCH_MODEL=$MODEL timeout -k 5 "$limit" \
+        wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency \
+        -s "$SCRIPT_DIR/chat.lua" "$2" >"$OUT/$1.txt" 2>&1 \
+        || { cat "$OUT/$1.txt" >&2; die "wrk failed ($1)"; }
+}
+
+# parse_wrk <file>: "rps p50_ms p99_ms non2xx socket_errors requests"
+parse_wrk() {
+    awk '
+    function ms(v) {
+        if (v ~ /us$/) { sub(/us$/, "", v); return v / 1000 }
+        if (v ~ /ms$/) { sub(/ms$/, "", v); return v + 0 }
+        if (v ~ /m$/)  { sub(/m$/, "", v);  return v * 60000 }
+        if (v ~ /s$/)  { sub(/s$/, "", v);  return v * 1000 }
+        return v + 0
+    }
+    /Latency Distribution/ { dist = 1; next }
+    dist && $1 == "50%" { p50 = ms($2) }
+    dist && $1 == "99%" { p99 = ms($2); dist = 0 }
+    / requests in / { reqs = $1 }
+    /Socket errors:/ {
+        for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) { v = $i; sub(/,/, "", v); errs += v }
+    }
+    /Non-2xx or 3xx responses:/ { non2xx = $NF }
+    /^Requests\/sec:/ { rps = $2 }
+    END {
+        if (rps == "" || p99 == "") exit 1
+        printf "%.1f %.3f %.3f %d %d %d\n", rps, p50, p99, non2xx, errs, reqs
+    }' "$1"
+}
+
+gw_requests=0
+gw_non2xx=0
+gw_errors=0
+bare_non2xx=0
+
+log "warm-up: ${WARMUP} each"
+run_wrk warmup-bare "$BARE_URL" "$WARMUP"
+run_wrk warmup-gateway "$GW_URL" "$WARMUP"
+read -r _ _ _ n e q < <(parse_wrk "$OUT/warmup-gateway.txt")
+gw_requests=$((gw_requests + q)); gw_non2xx=$((gw_non2xx + n)); gw_errors=$((gw_errors + e))
+
+LEDGER0=$(admin log-total --model "$MODEL")
+# the warm-up's rows may still be on their way: settle before counting
+for _ in $(seq 1 20); do
+    sleep 1
+    t=$(admin log-total --model "$MODEL")
+    [ "$t" = "$LEDGER0" ] && break
+    LEDGER0=$t
+done
+gw_requests=0
+
+RESULTS=$BENCH_RUN/results
+: >"$RESULTS"
+for r in $(seq 1 "$ROUNDS"); do
+    for target in bare gateway; do
+        if [ "$target" = bare ]; then url=$BARE_URL; else url=$GW_URL; fi
+        log "round $r/$ROUNDS: $target (wrk -t$THREADS -c$CONNECTIONS -d$DURATION)"
+        run_wrk "r$r-$target" "$url" "$DURATION"
+        line=$(parse_wrk "$OUT/r$r-$target.txt") || die "cannot parse $OUT/r$r-$target.txt"
+        echo "$r $target $line" >>"$RESULTS"
+        read -r _ _ _ n e q <<<"$line"
+        if [ "$target" = gateway ]; then
+            gw_requests=$((gw_requests + q)); gw_non2xx=$((gw_non2xx + n)); gw_errors=$((gw_errors + e))
+        else
+            bare_non2xx=$((bare_non2xx + n))
+        fi
+    done
+done
+
+# Ledger: rows for every measured gateway request.  Rows are written in
+# batches (llmgw_flush_interval, 1 s): wait until the count stops moving.
+LEDGER1=$(admin log-total --model "$MODEL")
+for _ in $(seq 1 30); do
+    sleep 1
+    t=$(admin log-total --model "$MODEL")
+    if [ "$t" = "$LEDGER1" ] && [ "$t" -ge $((LEDGER0 + gw_requests)) ]; then
+        break
+    fi
+    LEDGER1=$t
+done
+ledger_rows=$((LEDGER1 - LEDGER0))
+
+BENCH_OK=1
+
+# ---------------------------------------------------------------- report
+echo
+echo "llmgw chat benchmark  $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "machine: $(machine_line)"
+echo "load: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency, POST /v1/chat/completions ($MODEL), $ROUNDS rounds alternating, warm-up $WARMUP"
+echo
+printf '%-6s %-8s %11s %9s %9s %8s %7s\n' round target 'req/s' 'p50 ms' 'p99 ms' non-2xx errors
+while read -r r target rps p50 p99 n e q; do
+    printf '%-6s %-8s %11.0f %9.3f %9.3f %8d %7d\n' "$r" "$target" "$rps" "$p50" "$p99" "$n" "$e"
+done <"$RESULTS"
+awk -v conns="$CONNECTIONS" '
+    { rps[$2] += $3; p50[$2] += $4; p99[$2] += $5; c[$2]++ }
+    END {
+        for (t in c) { rps[t] /= c[t]; p50[t] /= c[t]; p99[t] /= c[t] }
+        printf "%-6s %-8s %11.0f %9.3f %9.3f\n", "mean", "bare", rps["bare"], p50["bare"], p99["bare"]
+        printf "%-6s %-8s %11.0f %9.3f %9.3f\n", "mean", "gateway", rps["gateway"], p50["gateway"], p99["gateway"]
+        ratio = rps["gateway"] / rps["bare"]
+        added99 = p99["gateway"] - p99["bare"]
+        added50 = p50["gateway"] - p50["bare"]
+        print ""
+        printf "throughput gateway/bare: %.3f   (target >= 0.90: %s)\n", ratio, (ratio >= 0.90 ? "met" : "MISSED")
+        printf "added p50: %+.3f ms\n", added50
+        printf "added p99: %+.3f ms   (target < 1 ms at %d connections: %s)\n", added99, conns, (added99 < 1 ? "met" : "MISSED")
+    }' "$RESULTS"
+echo
+echo "gateway: $gw_requests requests measured, $gw_non2xx non-2xx, $gw_errors socket errors; bare: $bare_non2xx non-2xx"
+if [ "$ledger_rows" -ge "$gw_requests" ]; then
+    echo "ledger: GET /api/log total +$ledger_rows (>= $gw_requests measured requests: ok)"
+else
+    echo "ledger: GET /api/log total +$ledger_rows, FEWER than the $gw_requests measured requests"
+fi
+echo "$(gw_log_summary)"
+if [ "$gw_non2xx" -ne 0 ] || [ "$gw_errors" -ne 0 ]; then
+    echo "WARNING: the gateway did not answer every request with 2xx; see $OUT"
+    BENCH_KEEP=1
+fi

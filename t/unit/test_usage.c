@@ -1,0 +1,495 @@
+/*
+ * Usage read from upstream answers (OpenAI, Anthropic, Gemini, rerank; JSON
+ * and streams), the injected usage chunk held back from the client, feeds
+ * split anywhere, and the estimate when no usage came.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "llmgw.h"
+
+
+typedef struct {
+    char           *out;        /* what reached the client */
+    size_t          len;
+    llmgw_usage_t   u;
+} run_t;
+
+
+static void
+append(run_t *r, const char *data, size_t len)
+{
+    r->out = realloc(r->out, r->len + len + 1);
+    assert_non_null(r->out);
+    memcpy(r->out + r->len, data, len);
+    r->len += len;
+    r->out[r->len] = '\0';
+}
+
+
+/*
+ * Feeds body in pieces ending at the given cut offsets (ascending, each
+ * inside the body), then finishes; collects the client bytes and usage.
+ */
+static run_t
+run_cuts(llmgw_endpoint_e ep, int type, int stream, int injected,
+    const char *body, const size_t *cuts, size_t ncuts)
+{
+    run_t          r = { NULL, 0, { 0 } };
+    llmgw_resp_t  *resp = llmgw_resp_new(ep, type, stream, injected);
+    size_t         total = strlen(body), pos = 0;
+    llmgw_buf_t    out;
+
+    assert_non_null(resp);
+    append(&r, "", 0);
+
+    for (size_t i = 0; i <= ncuts; i++) {
+        size_t end = i < ncuts ? cuts[i] : total;
+
+        assert_true(end >= pos && end <= total);
+        assert_int_equal(llmgw_resp_feed(resp, body + pos, end - pos, &out),
+                         0);
+        if (out.data == NULL) {
+            append(&r, body + pos, end - pos);    /* passed through */
+        } else {
+            append(&r, out.data, out.len);
+            llmgw_buf_free(&out);
+        }
+        pos = end;
+    }
+
+    assert_int_equal(llmgw_resp_finish(resp, &out), 0);
+    if (out.data != NULL) {
+        append(&r, out.data, out.len);
+        llmgw_buf_free(&out);
+    }
+
+    llmgw_resp_usage(resp, &r.u);
+    llmgw_resp_free(resp);
+    return r;
+}
+
+
+static run_t
+run(llmgw_endpoint_e ep, int type, int stream, int injected,
+    const char *body)
+{
+    return run_cuts(ep, type, stream, injected, body, NULL, 0);
+}
+
+
+static void
+assert_usage(const llmgw_usage_t *u, int64_t prompt, int64_t completion,
+    int64_t cache_read, int64_t cache_creation)
+{
+    assert_int_equal(u->known, 1);
+    assert_int_equal(u->prompt_tokens, prompt);
+    assert_int_equal(u->completion_tokens, completion);
+    assert_int_equal(u->cache_read_tokens, cache_read);
+    assert_int_equal(u->cache_creation_tokens, cache_creation);
+}
+
+
+static void
+test_openai_json_usage_is_read(void **state)
+{
+    static const char body[] =
+        "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\","
+        "\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\","
+        "\"content\":\"Hello there\"},\"finish_reason\":\"stop\"}],"
+        "\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":34,"
+        "\"total_tokens\":46,\"prompt_tokens_details\":"
+        "{\"cached_tokens\":5}}}";
+    run_t r = run(LLMGW_EP_CHAT, 1, 0, 0, body);
+    (void) state;
+
+    assert_usage(&r.u, 12, 34, 5, 0);
+    /* a JSON answer reaches the client unchanged */
+    assert_string_equal(r.out, body);
+    free(r.out);
+}
+
+
+static void
+test_anthropic_json_usage_reads_cache_read_and_creation(void **state)
+{
+    static const char body[] =
+        "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\","
+        "\"content\":[{\"type\":\"text\",\"text\":\"Hi!\"}],"
+        "\"stop_reason\":\"end_turn\",\"usage\":{\"input_tokens\":21,"
+        "\"cache_creation_input_tokens\":300,"
+        "\"cache_read_input_tokens\":1200,\"output_tokens\":9}}";
+    run_t r = run(LLMGW_EP_MESSAGES, 14, 0, 0, body);
+    (void) state;
+
+    assert_usage(&r.u, 21, 9, 1200, 300);
+    assert_string_equal(r.out, body);
+    free(r.out);
+}
+
+
+static void
+test_gemini_usage_metadata_counts_thoughts_as_completion(void **state)
+{
+    static const char body[] =
+        "{\"candidates\":[{\"content\":{\"role\":\"model\",\"parts\":"
+        "[{\"inlineData\":{\"mimeType\":\"audio/L16;rate=24000\","
+        "\"data\":\"AAAA\"}}]},\"finishReason\":\"STOP\"}],"
+        "\"usageMetadata\":{\"promptTokenCount\":10,"
+        "\"candidatesTokenCount\":200,\"thoughtsTokenCount\":50,"
+        "\"cachedContentTokenCount\":4,\"totalTokenCount\":260}}";
+    run_t r = run(LLMGW_EP_GEMINI, 24, 0, 0, body);
+    (void) state;
+
+    assert_usage(&r.u, 10, 250, 4, 0);
+    assert_string_equal(r.out, body);
+    free(r.out);
+}
+
+
+static void
+test_rerank_usage_from_billed_search_units(void **state)
+{
+    (void) state;
+
+    /* Cohere */
+    run_t r = run(LLMGW_EP_RERANK, 34, 0, 0,
+        "{\"id\":\"r1\",\"results\":[{\"index\":1,"
+        "\"relevance_score\":0.9}],\"meta\":{\"api_version\":"
+        "{\"version\":\"1\"},\"billed_units\":{\"search_units\":2}}}");
+
+    assert_usage(&r.u, 2, 0, 0, 0);
+    free(r.out);
+}
+
+
+static void
+test_rerank_usage_from_usage_total_tokens(void **state)
+{
+    (void) state;
+
+    /* Jina and OpenAI-compatible rerank servers */
+    run_t r = run(LLMGW_EP_RERANK, 38, 0, 0,
+        "{\"model\":\"jina-reranker-v2\",\"usage\":{\"total_tokens\":123},"
+        "\"results\":[{\"index\":0,\"relevance_score\":0.5}]}");
+
+    assert_usage(&r.u, 123, 0, 0, 0);
+    free(r.out);
+}
+
+
+/* An OpenAI stream that ends with the usage-only chunk and [DONE]. */
+#define OA_CHUNK1 \
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\"," \
+    "\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"," \
+    "\"content\":\"\"}}],\"usage\":null}\n\n"
+#define OA_CHUNK2 \
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\"," \
+    "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]," \
+    "\"usage\":null}\n\n"
+#define OA_CHUNK3 \
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\"," \
+    "\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]," \
+    "\"usage\":null}\n\n"
+#define OA_USAGE \
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\"," \
+    "\"choices\":[],\"usage\":{\"prompt_tokens\":9," \
+    "\"completion_tokens\":2,\"total_tokens\":11," \
+    "\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n"
+#define OA_DONE  "data: [DONE]\n\n"
+
+static const char oa_stream[] =
+    OA_CHUNK1 OA_CHUNK2 OA_CHUNK3 OA_USAGE OA_DONE;
+static const char oa_stream_without_usage_chunk[] =
+    OA_CHUNK1 OA_CHUNK2 OA_CHUNK3 OA_DONE;
+
+
+static void
+test_openai_stream_usage_chunk_is_read_and_passed_through(void **state)
+{
+    run_t r = run(LLMGW_EP_CHAT, 1, 1, 0, oa_stream);
+    (void) state;
+
+    assert_usage(&r.u, 9, 2, 3, 0);
+    /* the client asked for usage itself: every byte reaches it */
+    assert_string_equal(r.out, oa_stream);
+    free(r.out);
+}
+
+
+static void
+test_injected_usage_chunk_is_removed_from_the_stream(void **state)
+{
+    run_t r = run(LLMGW_EP_CHAT, 1, 1, 1, oa_stream);
+    (void) state;
+
+    assert_usage(&r.u, 9, 2, 3, 0);
+    assert_string_equal(r.out, oa_stream_without_usage_chunk);
+    free(r.out);
+}
+
+
+static void
+test_injected_stream_reframes_other_chunks_as_data_lines(void **state)
+{
+    /* no space after the colon, CRLF line ends, a two-line data field */
+    static const char in[] =
+        "data:{\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\n"
+        "data: {\"choices\":[{\"delta\":\r\ndata: {\"content\":\"b\"}}]}"
+        "\r\n\r\n"
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,"
+        "\"completion_tokens\":2}}\r\n\r\n"
+        "data: [DONE]\r\n\r\n";
+    static const char want[] =
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"
+        "data: {\"choices\":[{\"delta\":\n"
+        "data: {\"content\":\"b\"}}]}\n\n"
+        "data: [DONE]\n\n";
+    run_t r = run(LLMGW_EP_CHAT, 1, 1, 1, in);
+    (void) state;
+
+    assert_string_equal(r.out, want);
+    assert_usage(&r.u, 1, 2, 0, 0);
+    free(r.out);
+}
+
+
+static const char anthropic_stream[] =
+    "event: message_start\n"
+    "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\","
+    "\"type\":\"message\",\"role\":\"assistant\",\"content\":[],"
+    "\"model\":\"claude-3-5-sonnet\",\"usage\":{\"input_tokens\":25,"
+    "\"cache_creation_input_tokens\":7,\"cache_read_input_tokens\":100,"
+    "\"output_tokens\":1}}}\n\n"
+    "event: content_block_start\n"
+    "data: {\"type\":\"content_block_start\",\"index\":0,"
+    "\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"
+    "event: ping\n"
+    "data: {\"type\": \"ping\"}\n\n"
+    "event: content_block_delta\n"
+    "data: {\"type\":\"content_block_delta\",\"index\":0,"
+    "\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello!\"}}\n\n"
+    "event: content_block_stop\n"
+    "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+    "event: message_delta\n"
+    "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":"
+    "\"end_turn\",\"stop_sequence\":null},\"usage\":"
+    "{\"output_tokens\":15}}\n\n"
+    "event: message_stop\n"
+    "data: {\"type\":\"message_stop\"}\n\n";
+
+
+static void
+test_anthropic_stream_usage_from_message_start_and_delta(void **state)
+{
+    run_t r = run(LLMGW_EP_MESSAGES, 14, 1, 0, anthropic_stream);
+    (void) state;
+
+    /* input and cache from message_start, output from message_delta */
+    assert_usage(&r.u, 25, 15, 100, 7);
+    assert_string_equal(r.out, anthropic_stream);
+    free(r.out);
+}
+
+
+static const char gemini_stream[] =
+    "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hel\"}],"
+    "\"role\":\"model\"}}],\"usageMetadata\":{\"promptTokenCount\":8,"
+    "\"candidatesTokenCount\":1,\"totalTokenCount\":9}}\r\n\r\n"
+    "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"lo\"}],"
+    "\"role\":\"model\"},\"finishReason\":\"STOP\"}],\"usageMetadata\":"
+    "{\"promptTokenCount\":8,\"candidatesTokenCount\":12,"
+    "\"thoughtsTokenCount\":30,\"cachedContentTokenCount\":4,"
+    "\"totalTokenCount\":54}}\r\n\r\n";
+
+
+static void
+test_gemini_stream_takes_the_last_usage_metadata(void **state)
+{
+    run_t r = run(LLMGW_EP_GEMINI, 24, 1, 0, gemini_stream);
+    (void) state;
+
+    assert_usage(&r.u, 8, 42, 4, 0);
+    assert_string_equal(r.out, gemini_stream);
+    free(r.out);
+}
+
+
+/* Every single cut point, then one byte at a time: the same result. */
+static void
+assert_split_invariant(llmgw_endpoint_e ep, int type, int injected,
+    const char *body)
+{
+    run_t   whole = run(ep, type, 1, injected, body);
+    size_t  n = strlen(body);
+    size_t *cuts = malloc(n * sizeof(size_t));
+
+    assert_non_null(cuts);
+    assert_int_equal(whole.u.known, 1);
+
+    for (size_t k = 1; k < n; k++) {
+        run_t r = run_cuts(ep, type, 1, injected, body, &k, 1);
+
+        if (r.len != whole.len || memcmp(r.out, whole.out, r.len) != 0) {
+            fail_msg("cut at %zu changed the client bytes:\n%s", k, r.out);
+        }
+        assert_memory_equal(&r.u, &whole.u, sizeof(r.u));
+        free(r.out);
+    }
+
+    for (size_t k = 0; k + 1 < n; k++) {
+        cuts[k] = k + 1;
+    }
+
+    run_t bytes = run_cuts(ep, type, 1, injected, body, cuts, n - 1);
+
+    assert_int_equal(bytes.len, whole.len);
+    assert_memory_equal(bytes.out, whole.out, whole.len);
+    assert_memory_equal(&bytes.u, &whole.u, sizeof(bytes.u));
+
+    free(bytes.out);
+    free(whole.out);
+    free(cuts);
+}
+
+
+static void
+test_stream_split_at_any_byte_gives_the_same_result(void **state)
+{
+    (void) state;
+
+    assert_split_invariant(LLMGW_EP_CHAT, 1, 1, oa_stream);
+    assert_split_invariant(LLMGW_EP_CHAT, 1, 0, oa_stream);
+    assert_split_invariant(LLMGW_EP_MESSAGES, 14, 0, anthropic_stream);
+    assert_split_invariant(LLMGW_EP_GEMINI, 24, 0, gemini_stream);
+}
+
+
+static void
+test_json_split_at_any_byte_gives_the_same_usage(void **state)
+{
+    static const char body[] =
+        "{\"choices\":[{\"message\":{\"content\":\"ok\"}}],"
+        "\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}";
+    size_t n = strlen(body);
+    (void) state;
+
+    for (size_t k = 1; k < n; k++) {
+        run_t r = run_cuts(LLMGW_EP_CHAT, 1, 0, 0, body, &k, 1);
+
+        assert_usage(&r.u, 3, 4, 0, 0);
+        assert_string_equal(r.out, body);
+        free(r.out);
+    }
+}
+
+
+static void
+test_stream_without_usage_estimates_completion_from_text(void **state)
+{
+    /* 40 bytes of content; "usage":null is no usage */
+    static const char in[] =
+        "data: {\"choices\":[{\"delta\":{\"content\":"
+        "\"0123456789abcdefghij\"}}],\"usage\":null}\n\n"
+        "data: {\"choices\":[{\"delta\":{\"content\":"
+        "\"klmnopqrstuvwxyz0123\"}}],\"usage\":null}\n\n"
+        "data: [DONE]\n\n";
+    static const char gem[] =
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":"
+        "\"0123456789abcdefghijklmnopqrstuvwxyz0123\"}]}}]}\r\n\r\n";
+    run_t r;
+    (void) state;
+
+    r = run(LLMGW_EP_CHAT, 1, 1, 1, in);
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 10);
+    /* nothing was held back: there was no usage chunk */
+    assert_string_equal(r.out, in);
+    free(r.out);
+
+    r = run(LLMGW_EP_GEMINI, 24, 1, 0, gem);
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 10);
+    free(r.out);
+}
+
+
+static void
+test_json_without_usage_estimates_completion_from_text(void **state)
+{
+    run_t r;
+    (void) state;
+
+    /* 20 bytes of content */
+    r = run(LLMGW_EP_CHAT, 1, 0, 0,
+            "{\"choices\":[{\"message\":{\"role\":\"assistant\","
+            "\"content\":\"0123456789abcdefghij\"}}]}");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 5);
+    free(r.out);
+
+    /* 12 bytes of text */
+    r = run(LLMGW_EP_MESSAGES, 14, 0, 0,
+            "{\"type\":\"message\",\"content\":[{\"type\":\"text\","
+            "\"text\":\"0123456789ab\"}]}");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 3);
+    free(r.out);
+}
+
+
+static void
+test_gemini_json_without_usage_estimates_completion_from_text(void **state)
+{
+    run_t r;
+    (void) state;
+
+    /* 40 bytes of text, as in the Gemini stream case */
+    r = run(LLMGW_EP_GEMINI, 24, 0, 0,
+            "{\"candidates\":[{\"content\":{\"role\":\"model\",\"parts\":"
+            "[{\"text\":\"0123456789abcdefghijklmnopqrstuvwxyz0123\"}]},"
+            "\"finishReason\":\"STOP\"}]}");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 10);
+    free(r.out);
+}
+
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_openai_json_usage_is_read),
+        cmocka_unit_test(
+            test_anthropic_json_usage_reads_cache_read_and_creation),
+        cmocka_unit_test(
+            test_gemini_usage_metadata_counts_thoughts_as_completion),
+        cmocka_unit_test(test_rerank_usage_from_billed_search_units),
+        cmocka_unit_test(test_rerank_usage_from_usage_total_tokens),
+        cmocka_unit_test(
+            test_openai_stream_usage_chunk_is_read_and_passed_through),
+        cmocka_unit_test(test_injected_usage_chunk_is_removed_from_the_stream),
+        cmocka_unit_test(
+            test_injected_stream_reframes_other_chunks_as_data_lines),
+        cmocka_unit_test(
+            test_anthropic_stream_usage_from_message_start_and_delta),
+        cmocka_unit_test(test_gemini_stream_takes_the_last_usage_metadata),
+        cmocka_unit_test(test_stream_split_at_any_byte_gives_the_same_result),
+        cmocka_unit_test(test_json_split_at_any_byte_gives_the_same_usage),
+        cmocka_unit_test(
+            test_stream_without_usage_estimates_completion_from_text),
+        cmocka_unit_test(
+            test_json_without_usage_estimates_completion_from_text),
+        cmocka_unit_test(
+            test_gemini_json_without_usage_estimates_completion_from_text),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
