@@ -21,6 +21,8 @@ static ngx_int_t ngx_llmgw_price(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
 static ngx_int_t ngx_llmgw_reserve(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
+static ngx_int_t ngx_llmgw_models(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_refuse(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, int status, const char *type, const char *code,
     const char *message);
@@ -205,6 +207,10 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
     ctx->group_ratio = ratio;
 
+    if (ctx->endpoint.ep == LLMGW_EP_MODELS) {
+        return ngx_llmgw_models(r, ctx);
+    }
+
     llmgw_snapshot_rate_limit(ctx->snapshot, group, &rl);
 
     if (rl.window_ms > 0
@@ -343,6 +349,27 @@ ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     }
 
     return NGX_DECLINED;
+}
+
+
+static ngx_int_t
+ngx_llmgw_models(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_int_t    rc;
+    llmgw_buf_t  list;
+
+    list = llmgw_models_json(ctx->snapshot,
+        (llmgw_str_t) { (char *) ctx->group.data, ctx->group.len },
+        ctx->token);
+
+    if (list.data == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    rc = ngx_llmgw_send_json(r, NGX_HTTP_OK, (u_char *) list.data, list.len);
+    llmgw_buf_free(&list);
+
+    return rc;
 }
 
 

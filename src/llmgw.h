@@ -123,6 +123,7 @@ int llmgw_iplist_match(const llmgw_iplist_t *l, int family,
 /* ---- configuration snapshot and routing (snapshot.cpp) ---- */
 
 typedef struct llmgw_snapshot_s  llmgw_snapshot_t;
+typedef struct llmgw_token_s     llmgw_token_t;
 
 typedef struct {
     int64_t       id;
@@ -181,14 +182,19 @@ typedef struct {
 int llmgw_snapshot_price(const llmgw_snapshot_t *s, llmgw_str_t model,
     llmgw_price_t *p);
 
+/*
+ * GET /v1/models: the models a key may use, as an OpenAI model list (those
+ * served by an enabled channel in the group and allowed by the key).
+ */
+llmgw_buf_t llmgw_models_json(const llmgw_snapshot_t *s, llmgw_str_t group,
+    const llmgw_token_t *t);
+
 /* The model name sent upstream after the channel's model_mapping. */
 llmgw_str_t llmgw_channel_map_model(const llmgw_snapshot_t *s,
     const llmgw_channel_t *c, llmgw_str_t model);
 
 
 /* ---- tokens (token.cpp) ---- */
-
-typedef struct llmgw_token_s  llmgw_token_t;
 
 /*
  * Parses the JSON answer of llmgw_token_lookup(); NULL on bad input.  A

@@ -457,6 +457,53 @@ llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep, llmgw_str_t model,
 }
 
 
+extern "C" llmgw_buf_t
+llmgw_models_json(const llmgw_snapshot_t *s, llmgw_str_t group,
+    const llmgw_token_t *t)
+{
+    try {
+        std::string g(sv(group));
+        std::vector<std::string> names;
+
+        for (const auto &kv : s->by_model) {
+            bool served = false;
+
+            for (const Channel *c : kv.second) {
+                served = served || c->groups.count(g) > 0;
+            }
+
+            llmgw_verdict_t v;
+
+            if (served && llmgw_token_check_model(t, str(kv.first), &v) == 0) {
+                names.push_back(kv.first);
+            }
+        }
+
+        std::sort(names.begin(), names.end());
+
+        Json list(json_array());
+
+        for (const auto &n : names) {
+            json_t *m = json_object();
+            json_object_set_new(m, "id", json_stringn(n.data(), n.size()));
+            json_object_set_new(m, "object", json_string("model"));
+            json_object_set_new(m, "created", json_integer(0));
+            json_object_set_new(m, "owned_by", json_string("llmgw"));
+            json_array_append_new(list.get(), m);
+        }
+
+        Json out(json_object());
+        json_object_set_new(out.get(), "object", json_string("list"));
+        json_object_set(out.get(), "data", list.get());
+
+        return make_buf(json_dump(out.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}
+
+
 extern "C" int
 llmgw_snapshot_price(const llmgw_snapshot_t *s, llmgw_str_t model,
     llmgw_price_t *p)

@@ -456,9 +456,34 @@ test_gemini_json_without_usage_estimates_completion_from_text(void **state)
             "{\"candidates\":[{\"content\":{\"role\":\"model\",\"parts\":"
             "[{\"text\":\"0123456789abcdefghijklmnopqrstuvwxyz0123\"}]},"
             "\"finishReason\":\"STOP\"}]}");
+    free(r.out);
     assert_int_equal(r.u.known, 0);
     assert_int_equal(r.u.completion_tokens, 10);
+}
+
+
+static void
+test_anthropic_null_usage_fields_keep_earlier_counts(void **state)
+{
+    /*
+     * MessageDeltaUsage declares input and cache counts optional: servers
+     * built on those types send null, which is "not reported", not 0.
+     */
+    static const char in[] =
+        "event: message_start\n"
+        "data: {\"type\":\"message_start\",\"message\":{\"usage\":"
+        "{\"input_tokens\":25,\"cache_creation_input_tokens\":7,"
+        "\"cache_read_input_tokens\":100,\"output_tokens\":1}}}\n\n"
+        "event: message_delta\n"
+        "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":"
+        "\"end_turn\"},\"usage\":{\"input_tokens\":null,"
+        "\"cache_creation_input_tokens\":null,"
+        "\"cache_read_input_tokens\":null,\"output_tokens\":15}}\n\n";
+    run_t r = run(LLMGW_EP_MESSAGES, 14, 1, 0, in);
+    (void) state;
+
     free(r.out);
+    assert_usage(&r.u, 25, 15, 100, 7);
 }
 
 
@@ -489,6 +514,8 @@ main(void)
             test_json_without_usage_estimates_completion_from_text),
         cmocka_unit_test(
             test_gemini_json_without_usage_estimates_completion_from_text),
+        cmocka_unit_test(
+            test_anthropic_null_usage_fields_keep_earlier_counts),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

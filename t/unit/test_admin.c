@@ -1,0 +1,202 @@
+/*
+ * Answers of the SQL admin dispatcher turned into HTTP answers, and the
+ * configuration notices workers follow.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <string.h>
+
+#include "llmgw.h"
+
+
+static int
+answer(const char *json, llmgw_buf_t *body, llmgw_verdict_t *v)
+{
+    memset(v, 0, sizeof(*v));
+    v->status = -1;
+    return llmgw_admin_answer(json, strlen(json), body, v);
+}
+
+
+static void
+test_admin_success_sends_the_body(void **state)
+{
+    llmgw_buf_t      body;
+    llmgw_verdict_t  v;
+    json_error_t     err;
+    json_t          *j;
+    (void) state;
+
+    assert_int_equal(answer("{\"status\":200,\"body\":{\"id\":3,"
+                            "\"name\":\"alice\",\"quota\":500000}}",
+                            &body, &v), 200);
+    assert_int_equal(v.status, 0);
+    assert_non_null(body.data);
+
+    j = json_loadb(body.data, body.len, 0, &err);
+    assert_non_null(j);
+    assert_int_equal(json_object_size(j), 3);
+    assert_int_equal(json_integer_value(json_object_get(j, "id")), 3);
+    assert_string_equal(json_string_value(json_object_get(j, "name")),
+                        "alice");
+    assert_int_equal(json_integer_value(json_object_get(j, "quota")), 500000);
+    json_decref(j);
+    llmgw_buf_free(&body);
+}
+
+
+static void
+test_admin_success_list_body_is_sent_as_is(void **state)
+{
+    llmgw_buf_t      body;
+    llmgw_verdict_t  v;
+    (void) state;
+
+    assert_int_equal(answer("{\"status\":200,\"body\":[1,2]}", &body, &v),
+                     200);
+    assert_int_equal(body.len, strlen("[1,2]"));
+    assert_memory_equal(body.data, "[1,2]", body.len);
+    llmgw_buf_free(&body);
+}
+
+
+static void
+assert_admin_error(const char *json, int status, const char *code,
+    const char *message)
+{
+    llmgw_buf_t      body;
+    llmgw_verdict_t  v;
+
+    assert_int_equal(answer(json, &body, &v), status);
+    assert_null(body.data);
+    assert_int_equal(v.status, status);
+    assert_string_equal(v.type, "gateway_error");
+    assert_string_equal(v.code, code);
+    assert_string_equal(v.message, message);
+}
+
+
+static void
+test_admin_error_keeps_status_message_and_code(void **state)
+{
+    (void) state;
+
+    assert_admin_error("{\"status\":400,\"message\":\"quota: must be an "
+                       "integer\",\"code\":\"invalid_request\"}",
+                       400, "invalid_request", "quota: must be an integer");
+    assert_admin_error("{\"status\":404,\"message\":\"user 9 not found\","
+                       "\"code\":\"not_found\"}",
+                       404, "not_found", "user 9 not found");
+    assert_admin_error("{\"status\":400,\"code\":\"invalid_json\","
+                       "\"message\":\"invalid JSON request body\"}",
+                       400, "invalid_json", "invalid JSON request body");
+    assert_admin_error("{\"status\":405,\"code\":\"method_not_allowed\","
+                       "\"message\":\"method PUT is not allowed on /user\","
+                       "\"allow\":\"GET, POST\"}",
+                       405, "method_not_allowed",
+                       "method PUT is not allowed on /user");
+    assert_admin_error("{\"status\":400,\"code\":\"conflict\","
+                       "\"message\":\"username bob already exists\"}",
+                       400, "conflict", "username bob already exists");
+}
+
+
+static void
+test_admin_unknown_code_becomes_admin_error(void **state)
+{
+    (void) state;
+
+    assert_admin_error("{\"status\":409,\"message\":\"busy\","
+                       "\"code\":\"something_new\"}",
+                       409, "admin_error", "busy");
+}
+
+
+static void
+test_admin_unreadable_answer_is_500(void **state)
+{
+    static const char *const bad[] = {
+        "", "not json", "[200]", "{\"status\":99}", "{\"status\":600}",
+    };
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        llmgw_buf_t      body;
+        llmgw_verdict_t  v;
+
+        assert_int_equal(answer(bad[i], &body, &v), 500);
+        assert_null(body.data);
+        assert_int_equal(v.status, 500);
+        assert_string_equal(v.type, "gateway_error");
+        assert_true(v.message[0] != '\0');
+    }
+}
+
+
+static void
+test_notice_parse_reads_rev_kind_and_id(void **state)
+{
+    static const char json[] = "{\"rev\" : 12, \"kind\" : \"user\", "
+                               "\"id\" : 3}";
+    llmgw_notice_t n;
+    (void) state;
+
+    assert_int_equal(llmgw_notice_parse(json, strlen(json), &n), 0);
+    assert_int_equal(n.rev, 12);
+    assert_string_equal(n.kind, "user");
+    assert_int_equal(n.id, 3);
+}
+
+
+static void
+test_notice_parse_refuses_garbage(void **state)
+{
+    static const char *const bad[] = { "", "12", "{\"rev\":", "[]" };
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        llmgw_notice_t n;
+
+        assert_int_equal(llmgw_notice_parse(bad[i], strlen(bad[i]), &n), -1);
+    }
+}
+
+
+static void
+test_notice_parse_long_kind_is_cut_not_overflowed(void **state)
+{
+    static const char json[] = "{\"rev\":1,\"kind\":"
+                               "\"abcdefghijklmnopqrstuvwxyz\",\"id\":2}";
+    llmgw_notice_t n;
+    (void) state;
+
+    assert_int_equal(llmgw_notice_parse(json, strlen(json), &n), 0);
+    assert_int_equal(strlen(n.kind), sizeof(n.kind) - 1);
+    assert_int_equal(n.id, 2);
+    /* a cut kind is never mistaken for a known one */
+    assert_true(strcmp(n.kind, "token") != 0);
+}
+
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_admin_success_sends_the_body),
+        cmocka_unit_test(test_admin_success_list_body_is_sent_as_is),
+        cmocka_unit_test(test_admin_error_keeps_status_message_and_code),
+        cmocka_unit_test(test_admin_unknown_code_becomes_admin_error),
+        cmocka_unit_test(test_admin_unreadable_answer_is_500),
+        cmocka_unit_test(test_notice_parse_reads_rev_kind_and_id),
+        cmocka_unit_test(test_notice_parse_refuses_garbage),
+        cmocka_unit_test(test_notice_parse_long_kind_is_cut_not_overflowed),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
