@@ -267,6 +267,7 @@ start_gateway() {
         cat <<EOF
   llmgw_database "$PG_CONNINFO";
   llmgw_zone_size ${BENCH_ZONE_SIZE:-64m};
+  ${FLUSH_INTERVAL:+llmgw_flush_interval $FLUSH_INTERVAL;}
   server {
     listen 127.0.0.1:$1 backlog=4096;
     location / { llmgw_gateway; }

@@ -275,7 +275,8 @@ int llmgw_notice_parse(const char *json, size_t len, llmgw_notice_t *n);
 typedef struct llmgw_req_s  llmgw_req_t;
 
 /*
- * Parses and validates a request body for an endpoint: 400 invalid JSON,
+ * Parses and validates a request body for an endpoint (the body must stay
+ * valid while the request lives): 400 invalid JSON,
  * 400 "Model name not specified", 400 invalid_request naming a missing
  * field.  path_model is the model from the URL (Gemini), may be empty.
  */

@@ -12,6 +12,7 @@ using namespace llmgw;
 struct llmgw_req_s {
     llmgw_endpoint_e  ep = LLMGW_EP_NONE;
     Json              root;
+    std::string_view  raw;          /* the caller's body, kept by it */
     std::string       model;
     bool              stream = false;
     int64_t           max_tokens = -1;
@@ -110,6 +111,7 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
     try {
         auto r = std::make_unique<llmgw_req_s>();
         r->ep = ep;
+        r->raw = std::string_view(body, len);
         r->root = json_parse(body, len);
 
         if (!json_is_object(r->root.get())) {
@@ -194,6 +196,19 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
     *usage_injected = 0;
 
     try {
+        bool same_model = r->ep == LLMGW_EP_GEMINI
+                          || sv(upstream_model) == r->model;
+        bool add_usage = r->ep == LLMGW_EP_CHAT && c->type == 1 && r->stream
+                         && !json_is_true(json_object_get(
+                                json_object_get(r->root.get(),
+                                                "stream_options"),
+                                "include_usage"));
+
+        /* the common case sends the client's bytes as they came */
+        if (same_model && !add_usage) {
+            return make_buf(r->raw);
+        }
+
         Json body(json_deep_copy(r->root.get()));
 
         if (r->ep != LLMGW_EP_GEMINI) {
