@@ -73,7 +73,8 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     row.endpoint.len = ngx_strlen(row.endpoint.data);
     row.tried = ctx->tried_ids;
     row.ntried = ctx->tried;
-    row.is_stream = ctx->req ? llmgw_req_stream(ctx->req) : 0;
+    row.is_stream = ctx->endpoint.stream
+                    || (ctx->req && llmgw_req_stream(ctx->req));
     row.status = (int) status;
     row.latency_ms = (int64_t) (ngx_current_msec - ctx->start_msec);
     row.created_at = (double) tp->sec + (double) tp->msec / 1000;

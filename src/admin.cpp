@@ -39,7 +39,7 @@ llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
         /* the verdict keeps a static code: map the known ones */
         static const char *const codes[] = {
             "invalid_request", "invalid_json", "not_found",
-            "method_not_allowed", "conflict"
+            "method_not_allowed", "conflict", "internal_error"
         };
         const char *c = "admin_error";
 

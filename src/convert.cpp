@@ -3488,6 +3488,21 @@ llmgw_test_convert_stream(int from_type, int to_ep, const char *sse_text,
 
 
 extern "C" llmgw_buf_t
+llmgw_test_convert_error(int client_ep, int status, const char *message,
+    const char *type, const char *code)
+{
+    try {
+        return llmgw::make_buf(llmgw::convert_error(
+            static_cast<llmgw_endpoint_e>(client_ep), status,
+            message ? message : "", type ? type : "", code ? code : ""));
+
+    } catch (...) {
+        return { nullptr, 0 };
+    }
+}
+
+
+extern "C" llmgw_buf_t
 llmgw_test_rerank_request(int to_type, const char *json, const char *model)
 {
     try {

@@ -120,6 +120,8 @@ llmgw_buf_t llmgw_test_convert_response(int from_type, int to_ep,
 /* sse_text is a whole upstream stream; the output includes finish(). */
 llmgw_buf_t llmgw_test_convert_stream(int from_type, int to_ep,
     const char *sse_text, const char *model);
+llmgw_buf_t llmgw_test_convert_error(int client_ep, int status,
+    const char *message, const char *type, const char *code);
 llmgw_buf_t llmgw_test_rerank_request(int to_type, const char *json,
     const char *model);
 llmgw_buf_t llmgw_test_rerank_response(int from_type,

@@ -173,6 +173,8 @@ typedef struct {
     int      per_call;
     double   ratio;             /* quota per prompt token */
     double   completion_ratio;  /* completion tokens cost this many more */
+    double   cache_ratio;       /* cache reads, as a multiple of the prompt */
+    double   cache_creation_ratio;
     double   price;             /* USD per call */
 } llmgw_price_t;
 
@@ -309,6 +311,8 @@ typedef struct {
     int64_t  completion_tokens;
     int64_t  cache_read_tokens;
     int64_t  cache_creation_tokens;
+    int      cache_in_prompt;   /* prompt_tokens counts the cache tokens too
+                                   (OpenAI, Gemini); Anthropic's does not */
     int      known;             /* the upstream reported usage */
 } llmgw_usage_t;
 
@@ -337,9 +341,11 @@ void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
 
 
 /*
- * Quota for a usage: (prompt + completion x completion_ratio) x ratio x
- * group_ratio, or price x 500,000 x group_ratio per call; rounded to the
- * nearest unit.
+ * Quota for a usage: (prompt + cache reads x cache_ratio + cache writes x
+ * cache_creation_ratio + completion x completion_ratio) x ratio x
+ * group_ratio, prompt meaning the tokens not read from or written to a
+ * cache; or price x 500,000 x group_ratio per call.  Rounded to the nearest
+ * unit.
  */
 int64_t llmgw_quota(const llmgw_price_t *p, double group_ratio,
     const llmgw_usage_t *u);

@@ -156,7 +156,8 @@ parse_channel(const json_t *j, llmgw_snapshot_s &s)
     c.pub.id = json_int(j, "id", 0);
     c.pub.type = static_cast<int>(json_int(j, "type", 0));
     c.pub.priority = json_int(j, "priority", 0);
-    c.pub.weight = json_int(j, "weight", 1);
+    /* bounded so that a level's total cannot overflow */
+    c.pub.weight = std::clamp<int64_t>(json_int(j, "weight", 1), 0, 1000000);
 
     add_strings(json_object_get(j, "groups"), c.groups);
 
@@ -318,6 +319,9 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
             } else {
                 p.ratio = json_num(v, "ratio", 0);
                 p.completion_ratio = json_num(v, "completion_ratio", 1);
+                p.cache_ratio = json_num(v, "cache_ratio", 1);
+                p.cache_creation_ratio = json_num(v, "cache_creation_ratio",
+                                                  1);
             }
             s->prices[k] = p;
         }
@@ -533,7 +537,15 @@ llmgw_quota(const llmgw_price_t *p, double group_ratio,
     if (p->per_call) {
         q = p->price * LLMGW_QUOTA_PER_USD * group_ratio;
     } else {
-        q = (static_cast<double>(u->prompt_tokens)
+        double read = static_cast<double>(u->cache_read_tokens);
+        double write = static_cast<double>(u->cache_creation_tokens);
+        double prompt = static_cast<double>(u->prompt_tokens);
+
+        if (u->cache_in_prompt) {
+            prompt = std::max(prompt - read - write, 0.0);
+        }
+
+        q = (prompt + read * p->cache_ratio + write * p->cache_creation_ratio
              + static_cast<double>(u->completion_tokens) * p->completion_ratio)
             * p->ratio * group_ratio;
     }

@@ -47,6 +47,7 @@ take_openai(const json_t *u, llmgw_usage_t &out)
     out.cache_read_tokens = json_int(json_object_get(u,
                                          "prompt_tokens_details"),
                                      "cached_tokens", 0);
+    out.cache_in_prompt = 1;
     out.known = 1;
 }
 
@@ -57,23 +58,24 @@ take_anthropic(const json_t *u, llmgw_usage_t &out)
         return;
     }
 
-    /* message_delta carries cumulative output and, sometimes, input */
-    if (json_object_get(u, "input_tokens") != nullptr) {
-        out.prompt_tokens = json_int(u, "input_tokens", 0);
+    /*
+     * message_delta carries cumulative output and, sometimes, input; a
+     * field that is absent or null keeps what message_start said.
+     */
+    struct { const char *name; int64_t *to; } fields[] = {
+        { "input_tokens", &out.prompt_tokens },
+        { "output_tokens", &out.completion_tokens },
+        { "cache_read_input_tokens", &out.cache_read_tokens },
+        { "cache_creation_input_tokens", &out.cache_creation_tokens },
+    };
+
+    for (const auto &f : fields) {
+        if (json_is_number(json_object_get(u, f.name))) {
+            *f.to = json_int(u, f.name, 0);
+        }
     }
 
-    if (json_object_get(u, "output_tokens") != nullptr) {
-        out.completion_tokens = json_int(u, "output_tokens", 0);
-    }
-
-    if (json_object_get(u, "cache_read_input_tokens") != nullptr) {
-        out.cache_read_tokens = json_int(u, "cache_read_input_tokens", 0);
-    }
-
-    if (json_object_get(u, "cache_creation_input_tokens") != nullptr) {
-        out.cache_creation_tokens = json_int(u, "cache_creation_input_tokens",
-                                             0);
-    }
+    out.cache_in_prompt = 0;
 
     out.known = 1;
 }
@@ -90,6 +92,7 @@ take_gemini(const json_t *u, llmgw_usage_t &out)
     out.completion_tokens = json_int(u, "candidatesTokenCount", 0)
                             + json_int(u, "thoughtsTokenCount", 0);
     out.cache_read_tokens = json_int(u, "cachedContentTokenCount", 0);
+    out.cache_in_prompt = 1;
     out.known = 1;
 }
 
@@ -260,6 +263,16 @@ finish_json(llmgw_resp_s &r)
 
     json_array_foreach(json_object_get(b, "content"), i, v) {
         r.text_bytes += json_str(v, "text").size();
+    }
+
+    json_array_foreach(json_object_get(b, "candidates"), i, v) {
+        size_t   k;
+        json_t  *part;
+
+        json_array_foreach(json_object_get(json_object_get(v, "content"),
+                                           "parts"), k, part) {
+            r.text_bytes += json_str(part, "text").size();
+        }
     }
 }
 
