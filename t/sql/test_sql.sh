@@ -331,7 +331,13 @@ expect_err "models required" 400 invalid_request "models: is required"
 api POST /channel '' '{"type":"1","base_url":"https://x","models":["a"]}'
 expect "type must be an integer" '.status == 400 and (.message | startswith("type: must be an integer"))'
 api POST /channel '' '{"type":1,"base_url":"ftp://x","models":["a"]}'
-expect_err "base_url scheme" 400 invalid_request "base_url: must start with http:// or https:// followed by a host"
+expect_err "base_url scheme" 400 invalid_request "base_url: must be http(s)://host[:port][/path] without credentials, query or fragment"
+api POST /channel '' '{"type":1,"base_url":"https://user:pw@x","models":["a"]}'
+expect "base_url credentials" '.status == 400 and (.message | startswith("base_url:"))'
+api POST /channel '' '{"type":1,"base_url":"https://x/v1?a=b","models":["a"]}'
+expect "base_url query" '.status == 400 and (.message | startswith("base_url:"))'
+api POST /channel '' '{"type":1,"base_url":"http://x:70000","models":["a"]}'
+expect "base_url port" '.status == 400 and .message == "base_url: the port must be 1 to 65535"'
 api POST /channel '' '{"type":1,"base_url":"https://","models":["a"]}'
 expect "base_url without host" '.status == 400 and (.message | startswith("base_url:"))'
 api POST /channel '' '{"type":1,"base_url":"https://x","models":[1]}'
@@ -377,7 +383,7 @@ expect "snapshot leaves out deleted channels" "[.channels[].id] | index($CID1) =
 
 echo "== /pricing"
 api PUT /pricing '' '{"t-gpt":{"ratio":2.5,"completion_ratio":4},"t-img":{"price":0.04},"t-emb":{"ratio":0.1},"t-old":{"ratio":1}}'
-expect "put pricing" '.status == 200 and .body["t-gpt"] == {"ratio":2.5,"completion_ratio":4} and .body["t-img"] == {"price":0.04} and .body["t-emb"] == {"ratio":0.1,"completion_ratio":1}'
+expect "put pricing" '.status == 200 and .body["t-gpt"] == {"ratio":2.5,"completion_ratio":4,"cache_ratio":1,"cache_creation_ratio":1} and .body["t-img"] == {"price":0.04} and .body["t-emb"] == {"ratio":0.1,"completion_ratio":1,"cache_ratio":1,"cache_creation_ratio":1}'
 r0=$(rev)
 api PUT /pricing '' '{"t-old":null,"t-img":{"price":0.05,"ratio":null}}'
 expect "pricing merge and removal" '.status == 200 and (.body | has("t-old") | not) and .body["t-img"] == {"price":0.05} and .body["t-gpt"].ratio == 2.5'
@@ -401,7 +407,7 @@ expect "a failed PUT changes nothing" '.status == 400'
 api GET /pricing
 expect "get pricing" '.status == 200 and (.body | has("t-new") | not) and .body["t-gpt"].completion_ratio == 4'
 ANS=$(sql "SELECT llmgw_snapshot()")
-expect "snapshot pricing" '.pricing["t-gpt"] == {"ratio":2.5,"completion_ratio":4}'
+expect "snapshot pricing" '.pricing["t-gpt"] == {"ratio":2.5,"completion_ratio":4,"cache_ratio":1,"cache_creation_ratio":1}'
 
 
 echo "== /group"
