@@ -83,12 +83,14 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST \
 
 # run_wrk <name> <url> <duration>: output in $OUT/<name>.txt
 run_wrk() {
-    local limit
+    local limit c0
     limit=$(( $(secs "$3") + 30 ))
+    c0=$(cpu_snap)
     BENCH_KEYS_FILE=$KEYS BENCH_MODEL=$MODEL timeout -k 5 "$limit" \
         wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency \
         -s "$SCRIPT_DIR/chat.lua" "$2" >"$OUT/$1.txt" 2>&1 \
         || { cat "$OUT/$1.txt" >&2; die "wrk failed ($1)"; }
+    cpu_diff "$c0" "$(cpu_snap)" >"$OUT/$1.cpu"
 }
 
 # parse_wrk <file>: "rps p50_ms p99_ms non2xx socket_errors requests"
@@ -145,7 +147,7 @@ for r in $(seq 1 "$ROUNDS"); do
         log "round $r/$ROUNDS: $target (wrk -t$THREADS -c$CONNECTIONS -d$DURATION)"
         run_wrk "r$r-$target" "$url" "$DURATION"
         line=$(parse_wrk "$OUT/r$r-$target.txt") || die "cannot parse $OUT/r$r-$target.txt"
-        echo "$r $target $line" >>"$RESULTS"
+        echo "$r $target $line $(cut -f3 "$OUT/r$r-$target.cpu") $(cut -f4 "$OUT/r$r-$target.cpu")" >>"$RESULTS"
         read -r _ _ _ n e q <<<"$line"
         if [ "$target" = gateway ]; then
             gw_requests=$((gw_requests + q)); gw_non2xx=$((gw_non2xx + n)); gw_errors=$((gw_errors + e))
@@ -176,9 +178,10 @@ echo "llmgw chat benchmark  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(machine_line)"
 echo "load: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency, POST /v1/chat/completions ($MODEL), $ROUNDS rounds alternating, warm-up $WARMUP"
 echo
-printf '%-6s %-8s %11s %9s %9s %8s %7s\n' round target 'req/s' 'p50 ms' 'p99 ms' non-2xx errors
-while read -r r target rps p50 p99 n e q; do
-    printf '%-6s %-8s %11.0f %9.3f %9.3f %8d %7d\n' "$r" "$target" "$rps" "$p50" "$p99" "$n" "$e"
+printf '%-6s %-8s %11s %9s %9s %8s %7s  %s\n' round target 'req/s' 'p50 ms' 'p99 ms' non-2xx errors 'cpu during the round'
+while read -r r target rps p50 p99 n e q _; do
+    printf '%-6s %-8s %11.0f %9.3f %9.3f %8d %7d  %s\n' "$r" "$target" "$rps" "$p50" "$p99" "$n" "$e" \
+        "$(cut -f1 "$OUT/r$r-$target.cpu")"
 done <"$RESULTS"
 awk -v conns="$CONNECTIONS" '
     { rps[$2] += $3; p50[$2] += $4; p99[$2] += $5; c[$2]++ }

@@ -201,6 +201,20 @@ start_pg() {
     log "PostgreSQL in $BENCH_PG_DIR (socket only)"
 }
 
+# pid of our postmaster (its backends are its children).
+pg_pid() {
+    head -n 1 "$BENCH_PG_DIR/pg/postmaster.pid" 2>/dev/null || true
+}
+
+# cpu_snap / cpu_diff: CPU accounting around a measurement (lib/cpu.mjs);
+# ours = this script's process tree and our PostgreSQL.
+cpu_snap() {
+    node "$BENCH_LIB_DIR/lib/cpu.mjs" snap "$$" "$(pg_pid)"
+}
+cpu_diff() {
+    node "$BENCH_LIB_DIR/lib/cpu.mjs" diff "$1" "$2"
+}
+
 # start_static <port>: stock nginx answering every request with a small
 # OpenAI chat.completion; one worker.
 start_static() {

@@ -23,6 +23,8 @@
 # difference, and whether every stream got every chunk and [DONE].
 #
 # Env: STREAMS (500)  ROUNDS (3)  CHUNKS (20)  INTERVAL_MS (50)
+#      WARMUP_STREAMS (STREAMS: opens every client connection)
+#      STAGGER_MS (INTERVAL_MS: request starts spread over this time)
 #      MODEL (bench-stream)  BENCH_KEEP=1
 # A benchmark, not a test: it fails only if something did not run or a
 # stream stalled.
@@ -67,37 +69,33 @@ KEY=$(admin setup --upstream "http://127.0.0.1:$P_UP" --model "$MODEL" \
     --users 1 --rl-total 100000 --probe stream)
 log "gateway provisioned: 1 user/key, channel -> SSE upstream"
 
-# run_streams <target> <label> <n>
-run_streams() {
-    local url key=
-    case "$1" in
-        direct) url=http://127.0.0.1:$P_UP ;;
-        bare) url=http://127.0.0.1:$P_BARE ;;
-        gateway) url=$GW_URL; key=$KEY ;;
-    esac
-    timeout -k 5 $(( TIMEOUT_MS / 1000 + 30 )) node "$SCRIPT_DIR/lib/stream-client.mjs" run \
-        --url "$url" ${key:+--key "$key"} --n "$3" --model "$MODEL" \
-        --chunks "$CHUNKS" --stagger-ms "$INTERVAL_MS" --timeout-ms "$TIMEOUT_MS" \
-        --target "$1" --out "$OUT/$2.json" >>"$BENCH_RUN/client.log" 2>&1 \
-        || { tail -n 20 "$BENCH_RUN/client.log" >&2; die "stream client failed ($2)"; }
-    tail -n 1 "$BENCH_RUN/client.log" | sed 's/^/bench:   /' >&2
-}
-
-log "warm-up: 50 streams each"
-mkdir -p "$OUT/warmup"
-for t in direct bare gateway; do
-    run_streams "$t" "warmup/$t" 50
-done
-
-LEDGER0=$(admin log-total --model "$MODEL")
-for r in $(seq 1 "$ROUNDS"); do
-    for t in direct bare gateway; do
-        log "round $r/$ROUNDS: $t, $STREAMS concurrent streams"
-        run_streams "$t" "$t-r$r" "$STREAMS"
+# Ledger baseline once the setup probes' rows are written (1 s batches).
+ledger_settled() {
+    local a b
+    a=$(admin log-total --model "$MODEL")
+    for _ in $(seq 1 20); do
+        sleep 1.2
+        b=$(admin log-total --model "$MODEL")
+        [ "$a" = "$b" ] && break
+        a=$b
     done
-done
+    echo "$a"
+}
+LEDGER0=$(ledger_settled)
 
-gw_streams=$(( ROUNDS * STREAMS ))
+WARM=${WARMUP_STREAMS:-$STREAMS}
+STAGGER_MS=${STAGGER_MS:-$INTERVAL_MS}
+log "client: warm-up $WARM streams per target, then $ROUNDS rounds of $STREAMS streams: direct, bare, gateway"
+# Bounded: (1 + ROUNDS) batches per target, each at most TIMEOUT_MS.
+timeout -k 5 $(( (1 + ROUNDS) * 3 * (TIMEOUT_MS / 1000 + 2) + 30 )) \
+    node "$SCRIPT_DIR/lib/stream-client.mjs" run \
+    --targets "direct=http://127.0.0.1:$P_UP,bare=http://127.0.0.1:$P_BARE,gateway=$GW_URL" \
+    --keyed gateway --key "$KEY" --n "$STREAMS" --rounds "$ROUNDS" --warmup "$WARM" \
+    --model "$MODEL" --chunks "$CHUNKS" --stagger-ms "$STAGGER_MS" --timeout-ms "$TIMEOUT_MS" \
+    --cpu-roots "$$,$(pg_pid)" --dir "$OUT" 2>&1 | tee "$BENCH_RUN/client.log" | sed 's/^/bench:   /' >&2 \
+    || die "stream client failed (log: $BENCH_RUN/client.log)"
+
+gw_streams=$(( WARM + ROUNDS * STREAMS ))
 LEDGER1=$LEDGER0
 for _ in $(seq 1 20); do
     LEDGER1=$(admin log-total --model "$MODEL")
@@ -109,14 +107,14 @@ done
 echo
 echo "llmgw stream benchmark  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(machine_line)"
-echo "load: $STREAMS concurrent streams per round (started over $INTERVAL_MS ms), $CHUNKS chunks $INTERVAL_MS ms apart + usage + [DONE], $ROUNDS rounds of direct / bare / gateway"
+echo "load: $STREAMS concurrent streams per round (started over $STAGGER_MS ms, on kept-alive client connections), $CHUNKS chunks $INTERVAL_MS ms apart + usage + [DONE], $ROUNDS rounds of direct / bare / gateway"
 echo "TTFT+  = time to first chunk minus the upstream's own time to send it"
 echo "chunk+ = chunk arrival minus its upstream send time (chunks 2..last)"
 echo
 rc=0
 node "$SCRIPT_DIR/lib/stream-client.mjs" report --targets direct,bare,gateway \
     --base bare --gw gateway "$OUT"/direct-r*.json "$OUT"/bare-r*.json "$OUT"/gateway-r*.json || rc=$?
-echo "ledger: GET /api/log total +$(( LEDGER1 - LEDGER0 )) for $gw_streams gateway streams" \
+echo "ledger: GET /api/log total +$(( LEDGER1 - LEDGER0 )) for $gw_streams gateway streams (warm-up included)" \
     "($([ $(( LEDGER1 - LEDGER0 )) -ge "$gw_streams" ] && echo ok || echo FEWER))"
 echo "$(gw_log_summary)"
 [ "$rc" -eq 0 ] || die "some streams stalled (samples in $OUT)"

@@ -295,6 +295,7 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
     }
 
     if (ngx_llmgw_route(r, ctx, &v) != NGX_OK
+        || llmgw_req_check(ctx->req, ctx->channels[0]->type, &v) != 0
         || ngx_llmgw_price(r, ctx, &v) != NGX_OK
         || ngx_llmgw_reserve(r, ctx, &v) != NGX_OK)
     {

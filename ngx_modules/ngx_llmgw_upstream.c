@@ -787,6 +787,7 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 {
     size_t        len, klen;
     u_char       *p;
+    ngx_uint_t    stream;
     ngx_buf_t    *b;
     ngx_str_t     path, version, beta, model;
     llmgw_str_t   upstream_model;
@@ -811,14 +812,17 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         return NGX_ERROR;
     }
 
-    switch (ctx->endpoint.ep) {
-    case LLMGW_EP_MESSAGES:
-        ngx_str_set(&path, "/v1/messages");
-        break;
-    case LLMGW_EP_RERANK:
+    stream = llmgw_req_stream(ctx->req) || ctx->endpoint.stream;
+
+    /* the path is the channel's format, whatever the client spoke */
+    switch (ctx->endpoint.ep == LLMGW_EP_RERANK ? 0 : ch->type) {
+    case 0:
         ngx_str_set(&path, "/v1/rerank");
         break;
-    case LLMGW_EP_GEMINI:
+    case 14:
+        ngx_str_set(&path, "/v1/messages");
+        break;
+    case 24:
         path.len = sizeof("/v1beta/models/:streamGenerateContent?alt=sse")
                    + model.len;
         path.data = ngx_pnalloc(r->pool, path.len);
@@ -827,9 +831,8 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
             return NGX_ERROR;
         }
         path.len = ngx_sprintf(path.data, "/v1beta/models/%V:%s", &model,
-                               ctx->endpoint.stream
-                               ? "streamGenerateContent?alt=sse"
-                               : "generateContent")
+                               stream ? "streamGenerateContent?alt=sse"
+                                      : "generateContent")
                    - path.data;
         break;
     default:
@@ -872,7 +875,7 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     p = ngx_cpymem(p, "Connection: keep-alive\r\n",
                    sizeof("Connection: keep-alive\r\n") - 1);
 
-    if (llmgw_req_stream(ctx->req) || ctx->endpoint.stream) {
+    if (stream) {
         p = ngx_cpymem(p, "Accept: text/event-stream\r\n",
                        sizeof("Accept: text/event-stream\r\n") - 1);
     }
@@ -1131,11 +1134,11 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
                                llmgw_req_stream(ctx->req)
                                || ctx->endpoint.stream,
                                ctx->usage_injected);
-    if (ctx->resp == NULL) {
+    if (ctx->resp == NULL || llmgw_resp_convert(ctx->resp, ctx->req) != 0) {
         return NGX_ERROR;
     }
 
-    if (ctx->usage_injected) {
+    if (llmgw_resp_rewrites(ctx->resp)) {
         /* a chunk is held back, so the length is no longer known */
         u->headers_in.content_length_n = -1;
         u->headers_in.content_length = NULL;
@@ -1368,23 +1371,33 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
         return;
     }
 
-    if (ctx->resp) {
-        (void) llmgw_resp_finish(ctx->resp, &json);
-        llmgw_buf_free(&json);
-        return;
-    }
-
-    if (!ctx->error_mode || ctx->responded) {
+    if (ctx->responded) {
         return;
     }
 
     ctx->responded = 1;
 
-    b = ctx->error_body;
+    if (ctx->resp) {
+        /* what a converted answer still owes the client */
+        if (llmgw_resp_finish(ctx->resp, &json) != 0 || json.data == NULL) {
+            return;
+        }
 
-    json = llmgw_upstream_error_json((int) ctx->status,
-        b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
-        (llmgw_str_t) { (char *) ctx->request_id, NGX_LLMGW_REQUEST_ID_LEN });
+    } else if (ctx->error_mode) {
+        b = ctx->error_body;
+
+        json = llmgw_upstream_error_for(ctx->endpoint.ep, (int) ctx->status,
+            b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
+            (llmgw_str_t) { (char *) ctx->request_id,
+                            NGX_LLMGW_REQUEST_ID_LEN });
+    } else {
+        return;
+    }
+
+    if (json.len == 0) {
+        llmgw_buf_free(&json);
+        return;
+    }
 
     if (json.data == NULL) {
         return;

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "internal.h"
+#include "convert.h"
 
 namespace {
 
@@ -292,6 +293,33 @@ llmgw_upstream_error_json(int status, const char *body, size_t len,
 
         return render_error(message, "upstream_error", code,
                             llmgw::sv(request_id));
+
+    } catch (...) {
+        return { nullptr, 0 };
+    }
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_upstream_error_for(int client_ep, int status, const char *body,
+    size_t len, llmgw_str_t request_id)
+{
+    if (client_ep != LLMGW_EP_MESSAGES) {
+        return llmgw_upstream_error_json(status, body, len, request_id);
+    }
+
+    try {
+        std::string_view raw(body ? body : "", body ? len : 0);
+        Json root = llmgw::json_parse(raw.data(), raw.size());
+        std::string message = upstream_message(root.get(), raw, status);
+
+        message += " (request id: ";
+        message += llmgw::sv(request_id);
+        message += ")";
+
+        return llmgw::make_buf(llmgw::convert_error(
+            LLMGW_EP_MESSAGES, status, valid_utf8(message), "upstream_error",
+            upstream_code(root.get())));
 
     } catch (...) {
         return { nullptr, 0 };

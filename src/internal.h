@@ -56,6 +56,10 @@ int64_t json_int(const json_t *obj, const char *key, int64_t dflt);
 
 double json_num(const json_t *obj, const char *key, double dflt);
 
+/* The parsed client body of a request (request.cpp). */
+const json_t *req_json(const llmgw_req_t *r);
+llmgw_endpoint_e req_endpoint(const llmgw_req_t *r);
+
 } /* namespace llmgw */
 
 #endif /* LLMGW_INTERNAL_H */

@@ -67,6 +67,10 @@ llmgw_buf_t llmgw_error_json(llmgw_str_t message, llmgw_str_t type,
 llmgw_buf_t llmgw_upstream_error_json(int status, const char *body,
     size_t len, llmgw_str_t request_id);
 
+/* The same, in the client's format (Anthropic's shape on /v1/messages). */
+llmgw_buf_t llmgw_upstream_error_for(int client_ep, int status,
+    const char *body, size_t len, llmgw_str_t request_id);
+
 
 /* ---- endpoints (endpoint.cpp) ---- */
 
@@ -303,6 +307,13 @@ llmgw_buf_t llmgw_req_upstream_body(const llmgw_req_t *r,
     const llmgw_channel_t *c, llmgw_str_t upstream_model,
     int *usage_injected);
 
+/*
+ * Whether the request can be sent to a channel of this type (a conversion
+ * exists and accepts it): 0, or -1 with a 400 invalid_request in v.
+ */
+int llmgw_req_check(const llmgw_req_t *r, int channel_type,
+    llmgw_verdict_t *v);
+
 
 /* ---- upstream responses and usage (usage.cpp) ---- */
 
@@ -334,6 +345,15 @@ void llmgw_resp_free(llmgw_resp_t *r);
  */
 int llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
     llmgw_buf_t *out);
+/*
+ * Makes the client's format out of the channel's: converted chat/messages
+ * answers and streams, normalised rerank answers.  Call after
+ * llmgw_resp_new; then llmgw_resp_rewrites() tells whether the body
+ * changes (its length is no longer the upstream's).
+ */
+int llmgw_resp_convert(llmgw_resp_t *resp, const llmgw_req_t *req);
+int llmgw_resp_rewrites(const llmgw_resp_t *resp);
+
 /* End of the upstream body; may return trailing bytes for the client. */
 int llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out);
 /* Usage as reported, or estimated from the delivered text. */

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "internal.h"
+#include "convert.h"
 
 using namespace llmgw;
 
@@ -140,6 +141,18 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             return nullptr;
         }
 
+        if (ep == LLMGW_EP_RERANK) {
+            /* the checks do not depend on the channel: any rerank type */
+            Json probe;
+            std::string err;
+
+            if (!rerank_request(34, j, r->model, probe, err)) {
+                llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                                  "%s", err.c_str());
+                return nullptr;
+            }
+        }
+
         r->stream = json_is_true(json_object_get(j, "stream"));
         r->max_tokens = max_tokens_of(ep, j);
         r->prompt_estimate = static_cast<int64_t>(text_bytes(j, 0) / 4) + 4;
@@ -196,6 +209,27 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
     *usage_injected = 0;
 
     try {
+        std::string err;
+        Json out;
+
+        if (r->ep == LLMGW_EP_RERANK) {
+            if (!rerank_request(c->type, r->root.get(), sv(upstream_model),
+                                out, err))
+            {
+                return llmgw_buf_t { nullptr, 0 };
+            }
+            return make_buf(json_dump(out.get()));
+        }
+
+        if (can_convert(r->ep, c->type)) {
+            if (!convert_request(r->ep, c->type, r->root.get(),
+                                 sv(upstream_model), out, err))
+            {
+                return llmgw_buf_t { nullptr, 0 };
+            }
+            return make_buf(json_dump(out.get()));
+        }
+
         bool same_model = r->ep == LLMGW_EP_GEMINI
                           || sv(upstream_model) == r->model;
         bool add_usage = r->ep == LLMGW_EP_CHAT && c->type == 1 && r->stream
@@ -238,3 +272,50 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
         return llmgw_buf_t { nullptr, 0 };
     }
 }
+
+
+extern "C" int
+llmgw_req_check(const llmgw_req_t *r, int channel_type, llmgw_verdict_t *v)
+{
+    try {
+        std::string err;
+        Json out;
+
+        if (!can_convert(r->ep, channel_type)) {
+            return 0;
+        }
+
+        if (convert_request(r->ep, channel_type, r->root.get(), r->model, out,
+                            err))
+        {
+            return 0;
+        }
+
+        llmgw_verdict_set(v, 400, "gateway_error", "invalid_request", "%s",
+                          err.c_str());
+        return -1;
+
+    } catch (...) {
+        llmgw_verdict_set(v, 500, "gateway_error", "convert_request_failed",
+                          "the request could not be converted");
+        return -1;
+    }
+}
+
+
+namespace llmgw {
+
+const json_t *
+req_json(const llmgw_req_t *r)
+{
+    return r->root.get();
+}
+
+
+llmgw_endpoint_e
+req_endpoint(const llmgw_req_t *r)
+{
+    return r->ep;
+}
+
+} /* namespace llmgw */

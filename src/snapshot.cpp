@@ -213,10 +213,11 @@ bool
 endpoint_serves(llmgw_endpoint_e ep, int type)
 {
     switch (ep) {
+    /* chat and messages reach the other formats through conversion */
     case LLMGW_EP_CHAT:
-        return type == 1;
+        return type == 1 || type == 14 || type == 24;
     case LLMGW_EP_MESSAGES:
-        return type == 14;
+        return type == 14 || type == 1;
     case LLMGW_EP_GEMINI:
         return type == 24;
     case LLMGW_EP_RERANK:

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "internal.h"
+#include "convert.h"
 
 using namespace llmgw;
 
@@ -29,6 +30,13 @@ struct llmgw_resp_s {
     std::string       out;              /* re-framed SSE when filtering */
     size_t            text_bytes = 0;   /* delivered completion text */
     llmgw_usage_t     usage {};
+
+    /* the client's format when it is not the channel's */
+    llmgw_endpoint_e                  client = LLMGW_EP_NONE;
+    std::string                       client_model;
+    const json_t                     *client_req = nullptr;
+    bool                              hold_json = false;
+    std::unique_ptr<StreamConverter>  conv;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
@@ -196,6 +204,11 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
         }
     }
 
+    if (r->conv) {
+        (void) r->conv->event(sv(ev->event), data, r->out);
+        return;
+    }
+
     if (!r->usage_injected || drop) {
         return;
     }
@@ -322,24 +335,33 @@ llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
 
     try {
         if (!r->stream) {
-            if (r->body.size() + len > kMaxJsonBody) {
+            if (r->body.size() + len > kMaxJsonBody && !r->hold_json) {
                 r->overflow = true;
                 r->text_bytes += len;
                 r->body.clear();
             } else if (!r->overflow) {
                 r->body.append(data, len);
             }
+
+            if (r->hold_json) {
+                /* nothing goes out before the whole answer is converted */
+                *out = make_buf("");
+                return out->data ? 0 : -1;
+            }
+
             return 0;
         }
 
         r->out.clear();
 
-        if (llmgw_sse_feed(r->sse, data, len, on_event, r) != 0) {
+        if (llmgw_sse_feed(r->sse, data, len, on_event, r) != 0
+            && r->conv == nullptr)
+        {
             /* an oversized event: stop filtering, keep passing bytes */
             r->usage_injected = false;
         }
 
-        if (r->usage_injected) {
+        if (r->usage_injected || r->conv) {
             *out = make_buf(r->out);
             if (out->data == nullptr) {
                 return -1;
@@ -354,6 +376,28 @@ llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
 }
 
 
+/* The held JSON answer in the client's format (or as it came). */
+std::string
+converted_json(llmgw_resp_s &r)
+{
+    Json in = json_parse(r.body.data(), r.body.size());
+    Json out;
+    std::string err;
+
+    if (in) {
+        bool ok = r.client == LLMGW_EP_RERANK
+                  ? rerank_response(r.type, in.get(), r.client_req, out, err)
+                  : convert_response(r.type, r.client, in.get(),
+                                     r.client_model, out, err);
+        if (ok) {
+            return json_dump(out.get());
+        }
+    }
+
+    return r.body;
+}
+
+
 extern "C" int
 llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out)
 {
@@ -363,12 +407,74 @@ llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out)
     try {
         if (!r->stream) {
             finish_json(*r);
+
+            if (r->hold_json) {
+                *out = make_buf(converted_json(*r));
+            }
+
+        } else if (r->conv) {
+            std::string tail;
+            r->conv->finish(tail);
+            *out = make_buf(tail);
         }
+
         return 0;
 
     } catch (...) {
         return -1;
     }
+}
+
+
+extern "C" int
+llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
+{
+    try {
+        llmgw_endpoint_e client = req_endpoint(req);
+        const json_t *body = req_json(req);
+
+        r->client = client;
+        r->client_req = body;
+        r->client_model = json_str(body, "model");
+
+        if (client == LLMGW_EP_RERANK) {
+            r->hold_json = !r->stream;
+            return 0;
+        }
+
+        if (!can_convert(client, r->type)) {
+            return 0;
+        }
+
+        if (!r->stream) {
+            r->hold_json = true;
+            return 0;
+        }
+
+        r->conv = std::make_unique<StreamConverter>(r->type, client,
+                                                    r->client_model);
+        if (!r->conv->usable()) {
+            r->conv.reset();
+            return -1;
+        }
+
+        r->conv->include_usage(json_is_true(json_object_get(
+            json_object_get(body, "stream_options"), "include_usage")));
+
+        /* the converter reframes every event itself */
+        r->usage_injected = false;
+        return 0;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_resp_rewrites(const llmgw_resp_t *r)
+{
+    return r->hold_json || r->conv != nullptr || r->usage_injected;
 }
 
 

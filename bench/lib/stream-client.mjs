@@ -1,9 +1,13 @@
 // Streaming load client and report for bench/stream.sh (Node built-ins).
 //
-//   node stream-client.mjs run --url URL --out FILE [--key K] [--n 500]
+//   node stream-client.mjs run --targets name=URL,... --dir DIR
+//        [--keyed name,...] [--key K] [--n 500] [--rounds 3] [--warmup 50]
 //        [--model M] [--chunks 20] [--stagger-ms 50] [--timeout-ms 30000]
+//        [--cpu-roots pid,...]
 //
-//     N concurrent POST /v1/chat/completions {"stream":true} through one
+//     One process for the whole plan: a warm-up batch of `warmup` streams
+//     per target, then `rounds` rounds visiting the targets in order (the
+//     key goes to the --keyed targets only).  Each batch is N concurrent POST /v1/chat/completions {"stream":true} through one
 //     http.Agent (maxSockets N), started over stagger-ms so they do not all
 //     tick in the same millisecond.  Per stream it records, against the
 //     upstream's own hrtime stamps (x_bench in every chunk; CLOCK_MONOTONIC
@@ -16,7 +20,10 @@
 //     and whether the stream completed: status 200, every chunk in order,
 //     the usage chunk and `data: [DONE]`.  Everything is bounded by
 //     timeout-ms; streams still open then count as stalled.
-//     Writes the samples as JSON to FILE and a one-line summary to stdout.
+//     CPU use during each batch (lib/cpu.mjs: this process and the
+//     descendants of --cpu-roots are "ours") is recorded as a noise sign.
+//     Writes each measured batch's samples as JSON to DIR/<name>-r<i>.json
+//     and a one-line summary per batch to stdout.
 //
 //   node stream-client.mjs report [--targets direct,bare,gateway]
 //        [--base bare] [--gw gateway] FILE...
@@ -28,7 +35,10 @@ import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 
+import { diff as cpuDiff, fmt as cpuFmt, snapshot as cpuSnap } from './cpu.mjs';
+
 const now = () => process.hrtime.bigint();
+const sleep = (t) => new Promise((r) => setTimeout(r, t));
 const ms = (ns) => Number(ns) / 1e6;
 
 function parseArgs(argv) {
@@ -148,13 +158,8 @@ function oneStream(agent, u, body, headers, chunks, deadline) {
     });
 }
 
-async function run(o) {
-    const u = new URL(o.url);
-    const n = Number(o.n || 500);
-    const chunks = Number(o.chunks || 20);
-    const stagger = Number(o['stagger-ms'] || 50);
-    const timeoutMs = Number(o['timeout-ms'] || 30000);
-    const model = o.model || 'bench-stream';
+async function batch({ agent, url, key, n, chunks, stagger, timeoutMs, model, target, out, roots }) {
+    const u = new URL(url);
     const body = JSON.stringify({
         model, stream: true, messages: [{ role: 'user', content: 'hi' }],
     });
@@ -162,12 +167,12 @@ async function run(o) {
         'Content-Type': 'application/json',
         'Content-Length': Buffer.byteLength(body),
     };
-    if (o.key) {
-        headers.Authorization = `Bearer ${o.key}`;
+    if (key) {
+        headers.Authorization = `Bearer ${key}`;
     }
-    const agent = new http.Agent({ keepAlive: true, maxSockets: n, maxFreeSockets: n });
     const deadline = Date.now() + timeoutMs;
     const started = Date.now();
+    const cpu0 = cpuSnap(roots);
     const all = [];
     for (let i = 0; i < n; i++) {
         all.push(new Promise((resolve) => {
@@ -177,13 +182,13 @@ async function run(o) {
         }));
     }
     const recs = await Promise.all(all);
-    agent.destroy();
+    const cpu = cpuDiff(cpu0, cpuSnap(roots));
     const wall = Date.now() - started;
 
     const stalled = recs.filter((r) => !(r.status === 200 && r.seqs === chunks &&
         r.usage && r.done && !r.error));
-    const out = {
-        target: o.target || '', n, chunks, wallMs: wall,
+    const res = {
+        target, n, chunks, wallMs: wall, cpu,
         completed: n - stalled.length, stalled: stalled.length,
         errors: [...new Set(stalled.map((r) => `${r.status} ${r.error || 'incomplete'} ` +
             `(chunks ${r.seqs}/${chunks}, usage ${r.usage}, done ${r.done})`))].slice(0, 5),
@@ -192,13 +197,75 @@ async function run(o) {
         addedTtft: recs.map((r) => r.addedTtft).filter(Number.isFinite),
         perChunk: recs.flatMap((r) => r.perChunk),
     };
-    fs.writeFileSync(o.out, JSON.stringify(out));
-    const a = stats(out.addedTtft);
-    const c = stats(out.perChunk);
-    console.log(`${out.target || o.url}: ${out.completed}/${n} streams complete, ` +
+    if (out) {
+        fs.writeFileSync(out, JSON.stringify(res));
+    }
+    const a = stats(res.addedTtft);
+    const c = stats(res.perChunk);
+    console.log(`${path.basename(out || 'warm-up ' + target)}: ${res.completed}/${n} streams complete, ` +
         `added TTFT p50 ${a.p50.toFixed(3)} p99 ${a.p99.toFixed(3)} ms, ` +
-        `per chunk p50 ${c.p50.toFixed(3)} p99 ${c.p99.toFixed(3)} ms, ` +
-        `wall ${wall} ms`);
+        `per chunk p50 ${c.p50.toFixed(3)} p99 ${c.p99.toFixed(3)} ms, wall ${wall} ms, ` +
+        `cpu: ${cpuFmt(cpu)}`);
+    return res;
+}
+
+/*
+ * One process for the whole plan, so that every target meets the same
+ * warmed-up client: a warm-up batch per target, then ROUNDS rounds that
+ * visit the targets in order.
+ */
+async function run(o) {
+    const targets = (o.targets || '').split(',').filter(Boolean).map((t) => {
+        const i = t.indexOf('=');
+        return { name: t.slice(0, i), url: t.slice(i + 1) };
+    });
+    if (!targets.length || !o.dir) {
+        throw new Error('run needs --targets name=url,... and --dir');
+    }
+    const keyed = new Set((o.keyed || '').split(',').filter(Boolean));
+    const common = {
+        chunks: Number(o.chunks || 20),
+        stagger: Number(o['stagger-ms'] || 50),
+        timeoutMs: Number(o['timeout-ms'] || 30000),
+        model: o.model || 'bench-stream',
+    };
+    const n = Number(o.n || 500);
+    const roots = [process.pid, ...(o['cpu-roots'] || '').split(',').filter(Boolean)];
+    common.roots = roots;
+    const rounds = Number(o.rounds || 3);
+    const warm = Number(o.warmup || 50);
+    const pause = Number(o['pause-ms'] || 500);
+    const key = (t) => (keyed.has(t.name) ? o.key : undefined);
+    /*
+     * One keep-alive agent per target for the whole plan: the warm-up opens
+     * the client connections, the rounds reuse them, so TTFT measures the
+     * request path rather than a burst of TCP handshakes.
+     */
+    for (const t of targets) {
+        t.agent = new http.Agent({ keepAlive: true, maxSockets: n, maxFreeSockets: n,
+            keepAliveMsecs: 1000, scheduling: 'fifo' });
+    }
+    try {
+        for (const t of targets) {
+            if (warm > 0) {
+                await batch({ ...common, agent: t.agent, url: t.url, key: key(t), n: warm, target: t.name });
+                await sleep(pause);
+            }
+        }
+        for (let r = 1; r <= rounds; r++) {
+            for (const t of targets) {
+                await batch({
+                    ...common, agent: t.agent, url: t.url, key: key(t), n, target: t.name,
+                    out: path.join(o.dir, `${t.name}-r${r}.json`),
+                });
+                await sleep(pause);
+            }
+        }
+    } finally {
+        for (const t of targets) {
+            t.agent.destroy();
+        }
+    }
 }
 
 function report(o) {
@@ -219,17 +286,17 @@ function report(o) {
         p.maxGapMs = Math.max(p.maxGapMs, j.maxGapMs);
         p.errors.push(...j.errors);
         (rounds[t] ||= []).push({
-            file: path.basename(f), a: stats(j.addedTtft), c: stats(j.perChunk),
+            file: path.basename(f), a: stats(j.addedTtft), c: stats(j.perChunk), cpu: j.cpu,
         });
     }
     const f3 = (x) => (Number.isFinite(x) ? x.toFixed(3) : 'n/a').padStart(9);
     console.log('per round (ms):');
     console.log(`${'round'.padEnd(22)} ${'TTFT+ p50'.padStart(9)} ${'TTFT+ p99'.padStart(9)} ` +
-        `${'chunk+ p50'.padStart(10)} ${'chunk+ p99'.padStart(10)}`);
+        `${'chunk+ p50'.padStart(10)} ${'chunk+ p99'.padStart(10)}   cpu during the round`);
     for (const t of targets) {
         for (const r of rounds[t] || []) {
             console.log(`${r.file.replace(/\.json$/, '').padEnd(22)} ${f3(r.a.p50)} ${f3(r.a.p99)} ` +
-                ` ${f3(r.c.p50)}  ${f3(r.c.p99)}`);
+                ` ${f3(r.c.p50)}  ${f3(r.c.p99)}   ${r.cpu ? cpuFmt(r.cpu) : ''}`);
         }
     }
     console.log('');

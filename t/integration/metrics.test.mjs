@@ -94,14 +94,14 @@ describe('metrics', { timeout: 180000 }, () => {
     });
 
     test('requests are counted by endpoint, model and status over all workers', async () => {
-        const rs = await times(8, () => gw.chat(key, M));
+        const rs = await times(16, () => gw.chat(key, M));
         rs.forEach((r) => assertOk(r));
         assert.equal(new Set(rs.map((r) => r.headers['x-worker'])).size, 2,
             'both workers served');
         await eventually(async () => {
             const s = await scrape();
             assert.equal(sum(s, 'llmgw_requests_total',
-                { endpoint: 'chat', model: M, status: '200' }), 8);
+                { endpoint: 'chat', model: M, status: '200' }), 16);
         }, { ms: 2000 });
     });
 

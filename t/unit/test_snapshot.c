@@ -352,8 +352,9 @@ test_route_endpoint_compatibility_by_channel_type(void **state)
         int64_t           ids[3];
         size_t            n;
     } cases[] = {
-        { LLMGW_EP_CHAT,     { 1 },         1 },
-        { LLMGW_EP_MESSAGES, { 14 },        1 },
+        /* chat and messages reach the other formats by conversion */
+        { LLMGW_EP_CHAT,     { 1, 14, 24 }, 3 },
+        { LLMGW_EP_MESSAGES, { 14, 1 },     2 },
         { LLMGW_EP_GEMINI,   { 24 },        1 },
         { LLMGW_EP_RERANK,   { 1, 34, 38 }, 3 },
     };
@@ -408,8 +409,8 @@ test_route_incompatible_counts_only_the_groups_channels(void **state)
     const llmgw_channel_t  *out[MAXC];
     size_t                  inc = 99;
 
-    /* the model exists but no channel speaks chat: the caller's 500 */
-    assert_int_equal(route(s, LLMGW_EP_CHAT, "m", "default", 1, out, &inc),
+    /* the model exists but no channel of the group reranks: the 500 */
+    assert_int_equal(route(s, LLMGW_EP_RERANK, "m", "default", 1, out, &inc),
                      0);
     assert_int_equal(inc, 2);
 

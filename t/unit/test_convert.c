@@ -1,0 +1,1819 @@
+/*
+ * Format conversion: OpenAI chat <-> Anthropic messages, OpenAI chat ->
+ * Gemini, their answers and streams, error bodies per client format, and
+ * rerank requests and answers.
+ *
+ * JSON in this file is written with ' for " and ` for \" (a quote inside
+ * a JSON string) so that the bodies stay readable.
+ */
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "llmgw.h"
+#include "convert.h"
+
+
+#define MAX_EVENTS  32
+
+
+typedef struct {
+    char     name[64];
+    json_t  *data;      /* NULL for [DONE] */
+    int      done;
+} ev_t;
+
+typedef struct {
+    ev_t  ev[MAX_EVENTS];
+    int   n;
+} evs_t;
+
+
+/* ' -> ", ` -> \" */
+static char *
+unquote(const char *sq)
+{
+    size_t  n = strlen(sq);
+    char   *out = malloc(2 * n + 1);
+    char   *p = out;
+
+    assert_non_null(out);
+
+    for (size_t i = 0; i < n; i++) {
+        if (sq[i] == '\'') {
+            *p++ = '"';
+        } else if (sq[i] == '`') {
+            *p++ = '\\';
+            *p++ = '"';
+        } else {
+            *p++ = sq[i];
+        }
+    }
+
+    *p = '\0';
+    return out;
+}
+
+
+/* Parses a successful output; fails the test on an "ERROR: " answer. */
+static json_t *
+take_json(llmgw_buf_t b)
+{
+    json_error_t  err;
+    json_t       *j;
+
+    assert_non_null(b.data);
+    if (strncmp(b.data, "ERROR: ", 7) == 0) {
+        fail_msg("unexpected refusal: %s", b.data);
+    }
+
+    j = json_loadb(b.data, b.len, 0, &err);
+    if (j == NULL) {
+        fail_msg("output is not JSON (%s): %s", err.text, b.data);
+    }
+
+    llmgw_buf_free(&b);
+    return j;
+}
+
+
+static void
+take_error(llmgw_buf_t b, const char *expected)
+{
+    assert_non_null(b.data);
+    if (strncmp(b.data, "ERROR: ", 7) != 0) {
+        fail_msg("expected a refusal, got: %s", b.data);
+    }
+
+    assert_string_equal(b.data + 7, expected);
+    llmgw_buf_free(&b);
+}
+
+
+static json_t *
+request(int from, int to, const char *sq)
+{
+    char        *body = unquote(sq);
+    llmgw_buf_t  b = llmgw_test_convert_request(from, to, body, "up-model");
+
+    free(body);
+    return take_json(b);
+}
+
+
+static void
+request_error(int from, int to, const char *sq, const char *expected)
+{
+    char        *body = unquote(sq);
+    llmgw_buf_t  b = llmgw_test_convert_request(from, to, body, "up-model");
+
+    free(body);
+    take_error(b, expected);
+}
+
+
+static json_t *
+response(int from, int to, const char *sq)
+{
+    char        *body = unquote(sq);
+    llmgw_buf_t  b = llmgw_test_convert_response(from, to, body, "client-m");
+
+    free(body);
+    return take_json(b);
+}
+
+
+static json_t *
+rerank_req(int to, const char *sq)
+{
+    char        *body = unquote(sq);
+    llmgw_buf_t  b = llmgw_test_rerank_request(to, body, "up-rerank");
+
+    free(body);
+    return take_json(b);
+}
+
+
+static void
+rerank_req_error(const char *sq, const char *expected)
+{
+    char        *body = unquote(sq);
+    llmgw_buf_t  b = llmgw_test_rerank_request(34, body, "up-rerank");
+
+    free(body);
+    take_error(b, expected);
+}
+
+
+static json_t *
+rerank_resp(int from, const char *up_sq, const char *client_sq)
+{
+    char        *up = unquote(up_sq);
+    char        *client = unquote(client_sq);
+    llmgw_buf_t  b = llmgw_test_rerank_response(from, up, client);
+
+    free(up);
+    free(client);
+    return take_json(b);
+}
+
+
+static void
+collect(void *arg, const llmgw_sse_event_t *e)
+{
+    evs_t         *evs = arg;
+    ev_t          *ev;
+    json_error_t   err;
+
+    assert_true(evs->n < MAX_EVENTS);
+    ev = &evs->ev[evs->n++];
+
+    assert_true(e->event.len < sizeof(ev->name));
+    memcpy(ev->name, e->event.data, e->event.len);
+    ev->name[e->event.len] = '\0';
+
+    if (e->data.len == 6 && memcmp(e->data.data, "[DONE]", 6) == 0) {
+        ev->done = 1;
+        ev->data = NULL;
+        return;
+    }
+
+    ev->done = 0;
+    ev->data = json_loadb(e->data.data, e->data.len, 0, &err);
+    assert_non_null(ev->data);
+}
+
+
+/* Runs a whole upstream stream through the converter, events back. */
+static void
+stream(int from, int to, const char *sq, evs_t *evs)
+{
+    char         *text = unquote(sq);
+    llmgw_buf_t   b = llmgw_test_convert_stream(from, to, text, "client-m");
+    llmgw_sse_t  *p = llmgw_sse_new(0);
+
+    free(text);
+    assert_non_null(b.data);
+    if (strncmp(b.data, "ERROR: ", 7) == 0) {
+        fail_msg("unexpected refusal: %s", b.data);
+    }
+
+    evs->n = 0;
+    assert_int_equal(llmgw_sse_feed(p, b.data, b.len, collect, evs), 0);
+    llmgw_sse_free(p);
+    llmgw_buf_free(&b);
+}
+
+
+static void
+evs_free(evs_t *evs)
+{
+    for (int i = 0; i < evs->n; i++) {
+        json_decref(evs->ev[i].data);
+    }
+
+    evs->n = 0;
+}
+
+
+/* j at a slash path: "messages/0/content/1/source/type" */
+static json_t *
+at(json_t *j, const char *path)
+{
+    char  buf[256];
+    char *save = NULL;
+
+    assert_true(strlen(path) < sizeof(buf));
+    strcpy(buf, path);
+
+    for (char *k = strtok_r(buf, "/", &save); k != NULL && j != NULL;
+         k = strtok_r(NULL, "/", &save))
+    {
+        if (json_is_array(j)) {
+            j = json_array_get(j, strtoul(k, NULL, 10));
+        } else {
+            j = json_object_get(j, k);
+        }
+    }
+
+    return j;
+}
+
+
+static const char *
+str_at(json_t *j, const char *path)
+{
+    json_t *v = at(j, path);
+
+    if (!json_is_string(v)) {
+        fail_msg("%s is not a string", path);
+    }
+
+    return json_string_value(v);
+}
+
+
+static json_int_t
+int_at(json_t *j, const char *path)
+{
+    json_t *v = at(j, path);
+
+    if (!json_is_integer(v)) {
+        fail_msg("%s is not an integer", path);
+    }
+
+    return json_integer_value(v);
+}
+
+
+static double
+num_at(json_t *j, const char *path)
+{
+    json_t *v = at(j, path);
+
+    if (!json_is_number(v)) {
+        fail_msg("%s is not a number", path);
+    }
+
+    return json_number_value(v);
+}
+
+
+static size_t
+size_at(json_t *j, const char *path)
+{
+    json_t *v = at(j, path);
+
+    if (json_is_array(v)) {
+        return json_array_size(v);
+    }
+
+    if (json_is_object(v)) {
+        return json_object_size(v);
+    }
+
+    fail_msg("%s is not an array or object", path);
+    return 0;
+}
+
+
+/* ---- OpenAI chat -> Anthropic ---- */
+
+static void
+test_system_message_becomes_anthropic_system(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'gpt-x','messages':["
+        "{'role':'system','content':'Be brief.'},"
+        "{'role':'developer','content':[{'type':'text',"
+        "'text':'Answer in French.'}]},"
+        "{'role':'user','content':'Hi'}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "system"), "Be brief.\nAnswer in French.");
+    assert_int_equal(size_at(j, "messages"), 1);
+    assert_string_equal(str_at(j, "messages/0/role"), "user");
+    assert_string_equal(str_at(j, "messages/0/content/0/type"), "text");
+    assert_string_equal(str_at(j, "messages/0/content/0/text"), "Hi");
+    assert_string_equal(str_at(j, "model"), "up-model");
+    json_decref(j);
+}
+
+
+static void
+test_anthropic_max_tokens_defaults_to_4096(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':'Hi'}]}");
+    (void) state;
+
+    assert_int_equal(int_at(j, "max_tokens"), 4096);
+    assert_null(json_object_get(j, "stream"));
+    json_decref(j);
+}
+
+
+static void
+test_max_completion_tokens_wins_over_max_tokens(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','max_tokens':50,'max_completion_tokens':100,"
+        "'messages':[{'role':'user','content':'Hi'}]}");
+    (void) state;
+
+    assert_int_equal(int_at(j, "max_tokens"), 100);
+    json_decref(j);
+}
+
+
+static void
+test_image_urls_become_anthropic_image_sources(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':["
+        "{'type':'text','text':'What is this?'},"
+        "{'type':'image_url','image_url':{'url':'https://x.test/a.png'}},"
+        "{'type':'image_url','image_url':"
+        "{'url':'data:image/png;base64,iVBORw0'}}]}]}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "messages/0/content"), 3);
+    assert_string_equal(str_at(j, "messages/0/content/1/type"), "image");
+    assert_string_equal(str_at(j, "messages/0/content/1/source/type"), "url");
+    assert_string_equal(str_at(j, "messages/0/content/1/source/url"),
+                        "https://x.test/a.png");
+    assert_string_equal(str_at(j, "messages/0/content/2/source/type"),
+                        "base64");
+    assert_string_equal(str_at(j, "messages/0/content/2/source/media_type"),
+                        "image/png");
+    assert_string_equal(str_at(j, "messages/0/content/2/source/data"),
+                        "iVBORw0");
+    json_decref(j);
+}
+
+
+static void
+test_unusable_image_url_is_refused_with_its_position(void **state)
+{
+    (void) state;
+    request_error(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':'a'},"
+        "{'role':'assistant','content':'b'},{'role':'user','content':["
+        "{'type':'text','text':'x'},"
+        "{'type':'image_url','image_url':{'url':'ftp://x/a.png'}}]}]}",
+        "messages[2].content[1]: only http(s) URLs and base64 data URLs "
+        "can be sent");
+}
+
+
+static void
+test_tool_calls_become_tool_use_and_tool_messages_tool_results(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':["
+        "{'role':'user','content':'Weather in Paris and Rome?'},"
+        "{'role':'assistant','content':null,'tool_calls':["
+        "{'id':'call_1','type':'function','function':{'name':'get_weather',"
+        "'arguments':'{`city`:`Paris`}'}},"
+        "{'id':'call_2','type':'function','function':{'name':'get_weather',"
+        "'arguments':'{`city`:'}}]},"
+        "{'role':'tool','tool_call_id':'call_1','content':'18C'},"
+        "{'role':'tool','tool_call_id':'call_2','content':'21C'}]}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "messages"), 3);
+    assert_string_equal(str_at(j, "messages/1/role"), "assistant");
+    assert_string_equal(str_at(j, "messages/1/content/0/type"), "tool_use");
+    assert_string_equal(str_at(j, "messages/1/content/0/id"), "call_1");
+    assert_string_equal(str_at(j, "messages/1/content/0/name"),
+                        "get_weather");
+    assert_string_equal(str_at(j, "messages/1/content/0/input/city"),
+                        "Paris");
+    /* cut arguments become an empty input, not a failure */
+    assert_true(json_is_object(at(j, "messages/1/content/1/input")));
+    assert_int_equal(size_at(j, "messages/1/content/1/input"), 0);
+
+    /* both results in one user turn: Anthropic wants alternation */
+    assert_string_equal(str_at(j, "messages/2/role"), "user");
+    assert_int_equal(size_at(j, "messages/2/content"), 2);
+    assert_string_equal(str_at(j, "messages/2/content/0/type"),
+                        "tool_result");
+    assert_string_equal(str_at(j, "messages/2/content/0/tool_use_id"),
+                        "call_1");
+    assert_string_equal(str_at(j, "messages/2/content/0/content"), "18C");
+    assert_string_equal(str_at(j, "messages/2/content/1/tool_use_id"),
+                        "call_2");
+    json_decref(j);
+}
+
+
+static void
+test_tool_ids_are_made_valid_for_anthropic_on_both_sides(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':'q'},"
+        "{'role':'assistant','tool_calls':[{'id':'functions.get:0',"
+        "'type':'function','function':{'name':'get','arguments':'{}'}}]},"
+        "{'role':'tool','tool_call_id':'functions.get:0','content':'r'}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "messages/1/content/0/id"),
+                        "functions_get_0");
+    assert_string_equal(str_at(j, "messages/2/content/0/tool_use_id"),
+                        "functions_get_0");
+    json_decref(j);
+}
+
+
+static void
+test_consecutive_same_role_messages_merge(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':'a'},"
+        "{'role':'user','content':'b'},{'role':'assistant','content':'c'},"
+        "{'role':'assistant','content':'d'},{'role':'user','content':'e'}]}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "messages"), 3);
+    assert_int_equal(size_at(j, "messages/0/content"), 2);
+    assert_string_equal(str_at(j, "messages/0/content/1/text"), "b");
+    assert_string_equal(str_at(j, "messages/1/role"), "assistant");
+    assert_string_equal(str_at(j, "messages/1/content/1/text"), "d");
+    json_decref(j);
+}
+
+
+static void
+test_tool_results_open_the_merged_user_turn(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':'q'},"
+        "{'role':'assistant','tool_calls':[{'id':'c1','type':'function',"
+        "'function':{'name':'f','arguments':'{}'}}]},"
+        "{'role':'user','content':'also this'},"
+        "{'role':'tool','tool_call_id':'c1','content':'r'}]}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "messages/2/content"), 2);
+    assert_string_equal(str_at(j, "messages/2/content/0/type"),
+                        "tool_result");
+    assert_string_equal(str_at(j, "messages/2/content/1/text"), "also this");
+    json_decref(j);
+}
+
+
+static void
+test_tools_and_tool_choice_map_to_anthropic(void **state)
+{
+    const char *tools =
+        "'tools':[{'type':'function','function':{'name':'f',"
+        "'description':'d','parameters':{'type':'object',"
+        "'properties':{'a':{'type':'string'}}}}}],";
+    char        body[1024];
+    json_t     *j;
+    (void) state;
+
+    snprintf(body, sizeof(body), "{'model':'m',%s'tool_choice':'required',"
+             "'messages':[{'role':'user','content':'q'}]}", tools);
+    j = request(LLMGW_EP_CHAT, 14, body);
+    assert_string_equal(str_at(j, "tools/0/name"), "f");
+    assert_string_equal(str_at(j, "tools/0/description"), "d");
+    assert_string_equal(str_at(j, "tools/0/input_schema/properties/a/type"),
+                        "string");
+    assert_string_equal(str_at(j, "tool_choice/type"), "any");
+    json_decref(j);
+
+    snprintf(body, sizeof(body), "{'model':'m',%s'tool_choice':{'type':"
+             "'function','function':{'name':'f'}},"
+             "'messages':[{'role':'user','content':'q'}]}", tools);
+    j = request(LLMGW_EP_CHAT, 14, body);
+    assert_string_equal(str_at(j, "tool_choice/type"), "tool");
+    assert_string_equal(str_at(j, "tool_choice/name"), "f");
+    json_decref(j);
+
+    snprintf(body, sizeof(body), "{'model':'m',%s'tool_choice':'auto',"
+             "'parallel_tool_calls':false,"
+             "'messages':[{'role':'user','content':'q'}]}", tools);
+    j = request(LLMGW_EP_CHAT, 14, body);
+    assert_string_equal(str_at(j, "tool_choice/type"), "auto");
+    assert_true(json_is_true(at(j, "tool_choice/disable_parallel_tool_use")));
+    json_decref(j);
+}
+
+
+static void
+test_tool_choice_none_omits_tools_without_tool_history(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'f'}}],"
+        "'tool_choice':'none','messages':[{'role':'user','content':'q'}]}");
+    (void) state;
+
+    assert_null(json_object_get(j, "tools"));
+    assert_null(json_object_get(j, "tool_choice"));
+    json_decref(j);
+}
+
+
+static void
+test_tool_choice_none_keeps_tools_that_explain_tool_history(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'f'}}],"
+        "'tool_choice':'none','messages':[{'role':'user','content':'q'},"
+        "{'role':'assistant','tool_calls':[{'id':'c1','type':'function',"
+        "'function':{'name':'f','arguments':'{}'}}]},"
+        "{'role':'tool','tool_call_id':'c1','content':'r'}]}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "tools"), 1);
+    assert_string_equal(str_at(j, "tools/0/input_schema/type"), "object");
+    assert_string_equal(str_at(j, "tool_choice/type"), "none");
+    json_decref(j);
+}
+
+
+static void
+test_sampling_fields_carry_over_to_anthropic(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','temperature':0.5,'top_p':0.9,'stop':'END',"
+        "'stream':true,'messages':[{'role':'user','content':'q'}]}");
+    (void) state;
+
+    assert_true(num_at(j, "temperature") == 0.5);
+    assert_true(num_at(j, "top_p") == 0.9);
+    assert_int_equal(size_at(j, "stop_sequences"), 1);
+    assert_string_equal(str_at(j, "stop_sequences/0"), "END");
+    assert_true(json_is_true(at(j, "stream")));
+    json_decref(j);
+
+    /* OpenAI's range is 0..2, Anthropic's 0..1 */
+    j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','temperature':1.7,'stop':['a','b'],"
+        "'messages':[{'role':'user','content':'q'}]}");
+    assert_true(num_at(j, "temperature") == 1.0);
+    assert_int_equal(size_at(j, "stop_sequences"), 2);
+    json_decref(j);
+}
+
+
+static void
+test_pairs_without_conversion_are_refused(void **state)
+{
+    const char *chat = "{'model':'m','messages':[]}";
+    (void) state;
+
+    request_error(LLMGW_EP_CHAT, 34, chat,
+                  "no conversion from chat to channel type 34");
+    request_error(LLMGW_EP_CHAT, 38, chat,
+                  "no conversion from chat to channel type 38");
+    request_error(LLMGW_EP_RERANK, 14, "{'model':'m','query':'q'}",
+                  "no conversion from rerank to channel type 14");
+    request_error(LLMGW_EP_MESSAGES, 24, chat,
+                  "no conversion from messages to channel type 24");
+}
+
+
+static void
+test_unknown_content_part_is_refused_with_its_position(void **state)
+{
+    (void) state;
+    request_error(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':["
+        "{'type':'input_audio','input_audio':{'data':'AA','format':'wav'}}"
+        "]}]}",
+        "messages[0].content[0]: part type \"input_audio\" cannot be sent "
+        "to this channel");
+}
+
+
+/* ---- OpenAI chat -> Gemini ---- */
+
+static void
+test_openai_messages_become_gemini_contents(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','max_tokens':64,'temperature':0.2,'top_p':0.8,"
+        "'stop':['x','y'],'messages':[{'role':'system','content':'S'},"
+        "{'role':'user','content':'Hi'},{'role':'assistant','content':'Hello'},"
+        "{'role':'user','content':'Bye'}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "systemInstruction/parts/0/text"), "S");
+    assert_int_equal(size_at(j, "contents"), 3);
+    assert_string_equal(str_at(j, "contents/0/role"), "user");
+    assert_string_equal(str_at(j, "contents/0/parts/0/text"), "Hi");
+    assert_string_equal(str_at(j, "contents/1/role"), "model");
+    assert_string_equal(str_at(j, "contents/2/parts/0/text"), "Bye");
+    /* the model goes in the URL */
+    assert_null(json_object_get(j, "model"));
+    assert_int_equal(int_at(j, "generationConfig/maxOutputTokens"), 64);
+    assert_true(num_at(j, "generationConfig/temperature") == 0.2);
+    assert_true(num_at(j, "generationConfig/topP") == 0.8);
+    assert_string_equal(str_at(j, "generationConfig/stopSequences/1"), "y");
+    json_decref(j);
+}
+
+
+static void
+test_openai_images_become_gemini_inline_and_file_data(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','messages':[{'role':'user','content':["
+        "{'type':'image_url','image_url':{'url':'data:image/jpeg;base64,/9j'}},"
+        "{'type':'image_url','image_url':{'url':'https://x.test/b.PNG?s=1'}}"
+        "]}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "contents/0/parts/0/inlineData/mimeType"),
+                        "image/jpeg");
+    assert_string_equal(str_at(j, "contents/0/parts/0/inlineData/data"),
+                        "/9j");
+    assert_string_equal(str_at(j, "contents/0/parts/1/fileData/fileUri"),
+                        "https://x.test/b.PNG?s=1");
+    assert_string_equal(str_at(j, "contents/0/parts/1/fileData/mimeType"),
+                        "image/png");
+    json_decref(j);
+}
+
+
+static void
+test_openai_tool_turns_become_gemini_function_call_and_response(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','messages':[{'role':'user','content':'Weather?'},"
+        "{'role':'assistant','tool_calls':[{'id':'call_9','type':'function',"
+        "'function':{'name':'get_weather','arguments':'{`city`:`Oslo`}'}}]},"
+        "{'role':'tool','tool_call_id':'call_9','content':'-2C'}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "contents/1/role"), "model");
+    assert_string_equal(str_at(j, "contents/1/parts/0/functionCall/name"),
+                        "get_weather");
+    assert_string_equal(
+        str_at(j, "contents/1/parts/0/functionCall/args/city"), "Oslo");
+    /* Gemini 3 refuses replayed calls without a signature */
+    assert_non_null(at(j, "contents/1/parts/0/thoughtSignature"));
+    assert_string_equal(str_at(j, "contents/2/role"), "user");
+    assert_string_equal(
+        str_at(j, "contents/2/parts/0/functionResponse/name"), "get_weather");
+    assert_string_equal(
+        str_at(j, "contents/2/parts/0/functionResponse/response/content"),
+        "-2C");
+    json_decref(j);
+}
+
+
+static void
+test_gemini_tool_result_needs_a_matching_call(void **state)
+{
+    (void) state;
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','messages':[{'role':'user','content':'q'},"
+        "{'role':'tool','tool_call_id':'nope','content':'r'}]}",
+        "messages[1].tool_call_id matches no earlier tool call");
+}
+
+
+static void
+test_gemini_tool_schema_keeps_only_keys_gemini_knows(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tool_choice':'required','tools':["
+        "{'type':'function','function':{'name':'f','description':'d',"
+        "'parameters':{'$schema':'http://json-schema.org/draft-07/schema#',"
+        "'type':'object','additionalProperties':false,"
+        "'properties':{'a':{'type':['string','null'],'description':'x'}},"
+        "'required':['a']}}},"
+        "{'type':'function','function':{'name':'g','parameters':"
+        "{'type':'object','properties':{}}}}],"
+        "'messages':[{'role':'user','content':'q'}]}");
+    json_t *p = at(j, "tools/0/functionDeclarations/0/parameters");
+    (void) state;
+
+    assert_non_null(p);
+    assert_null(json_object_get(p, "$schema"));
+    assert_null(json_object_get(p, "additionalProperties"));
+    assert_string_equal(str_at(p, "properties/a/type"), "string");
+    assert_true(json_is_true(at(p, "properties/a/nullable")));
+    assert_string_equal(str_at(p, "required/0"), "a");
+    /* an object without properties is refused by Gemini: left out */
+    assert_string_equal(str_at(j, "tools/0/functionDeclarations/1/name"),
+                        "g");
+    assert_null(at(j, "tools/0/functionDeclarations/1/parameters"));
+    assert_string_equal(str_at(j, "toolConfig/functionCallingConfig/mode"),
+                        "ANY");
+    json_decref(j);
+}
+
+
+/* ---- Anthropic messages -> OpenAI chat ---- */
+
+static void
+test_anthropic_system_blocks_become_first_system_message(void **state)
+{
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':300,'system':["
+        "{'type':'text','text':'A'},{'type':'text','text':'B'}],"
+        "'messages':[{'role':'user','content':'Hi'}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "model"), "up-model");
+    assert_string_equal(str_at(j, "messages/0/role"), "system");
+    assert_string_equal(str_at(j, "messages/0/content"), "A\nB");
+    assert_string_equal(str_at(j, "messages/1/role"), "user");
+    assert_string_equal(str_at(j, "messages/1/content"), "Hi");
+    assert_int_equal(int_at(j, "max_tokens"), 300);
+    assert_null(json_object_get(j, "stream_options"));
+    json_decref(j);
+}
+
+
+static void
+test_anthropic_tool_use_and_result_become_openai_tool_calls(void **state)
+{
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':10,'messages':["
+        "{'role':'user','content':'q'},"
+        "{'role':'assistant','content':[{'type':'text','text':'Let me check'},"
+        "{'type':'tool_use','id':'toolu_1','name':'get_weather',"
+        "'input':{'city':'Paris'}}]},"
+        "{'role':'user','content':[{'type':'tool_result',"
+        "'tool_use_id':'toolu_1','content':[{'type':'text','text':'18C'}]},"
+        "{'type':'text','text':'thanks'}]}]}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "messages"), 4);
+    assert_string_equal(str_at(j, "messages/1/content"), "Let me check");
+    assert_string_equal(str_at(j, "messages/1/tool_calls/0/id"), "toolu_1");
+    assert_string_equal(str_at(j, "messages/1/tool_calls/0/type"),
+                        "function");
+    assert_string_equal(str_at(j, "messages/1/tool_calls/0/function/name"),
+                        "get_weather");
+    assert_string_equal(
+        str_at(j, "messages/1/tool_calls/0/function/arguments"),
+        "{\"city\":\"Paris\"}");
+    /* the tool answer comes right after the call, before the user text */
+    assert_string_equal(str_at(j, "messages/2/role"), "tool");
+    assert_string_equal(str_at(j, "messages/2/tool_call_id"), "toolu_1");
+    assert_string_equal(str_at(j, "messages/2/content"), "18C");
+    assert_string_equal(str_at(j, "messages/3/role"), "user");
+    assert_string_equal(str_at(j, "messages/3/content"), "thanks");
+    json_decref(j);
+}
+
+
+static void
+test_anthropic_images_become_openai_image_urls(void **state)
+{
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':10,'messages':[{'role':'user',"
+        "'content':[{'type':'image','source':{'type':'base64',"
+        "'media_type':'image/png','data':'AAA'}},"
+        "{'type':'image','source':{'type':'url','url':'https://x.test/c.gif'}},"
+        "{'type':'text','text':'compare'}]}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "messages/0/content/0/type"), "image_url");
+    assert_string_equal(str_at(j, "messages/0/content/0/image_url/url"),
+                        "data:image/png;base64,AAA");
+    assert_string_equal(str_at(j, "messages/0/content/1/image_url/url"),
+                        "https://x.test/c.gif");
+    assert_string_equal(str_at(j, "messages/0/content/2/text"), "compare");
+    json_decref(j);
+}
+
+
+static void
+test_anthropic_stream_request_asks_openai_for_usage(void **state)
+{
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':10,'stream':true,'temperature':0.3,"
+        "'top_p':0.7,'stop_sequences':['###'],"
+        "'messages':[{'role':'user','content':'q'}]}");
+    (void) state;
+
+    assert_true(json_is_true(at(j, "stream")));
+    assert_true(json_is_true(at(j, "stream_options/include_usage")));
+    assert_string_equal(str_at(j, "stop/0"), "###");
+    assert_true(num_at(j, "temperature") == 0.3);
+    assert_true(num_at(j, "top_p") == 0.7);
+    json_decref(j);
+}
+
+
+static void
+test_anthropic_tools_and_tool_choice_map_to_openai(void **state)
+{
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':10,'tools':[{'name':'f',"
+        "'description':'d','input_schema':{'type':'object',"
+        "'properties':{'a':{'type':'integer'}}}}],"
+        "'tool_choice':{'type':'any','disable_parallel_tool_use':true},"
+        "'messages':[{'role':'user','content':'q'}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "tools/0/type"), "function");
+    assert_string_equal(str_at(j, "tools/0/function/name"), "f");
+    assert_string_equal(str_at(j, "tools/0/function/description"), "d");
+    assert_string_equal(
+        str_at(j, "tools/0/function/parameters/properties/a/type"),
+        "integer");
+    assert_string_equal(str_at(j, "tool_choice"), "required");
+    assert_true(json_is_false(at(j, "parallel_tool_calls")));
+    json_decref(j);
+
+    j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':10,'tools':[{'name':'f',"
+        "'input_schema':{'type':'object'}}],"
+        "'tool_choice':{'type':'tool','name':'f'},"
+        "'messages':[{'role':'user','content':'q'}]}");
+    assert_string_equal(str_at(j, "tool_choice/type"), "function");
+    assert_string_equal(str_at(j, "tool_choice/function/name"), "f");
+    json_decref(j);
+}
+
+
+static void
+test_anthropic_server_tools_are_refused(void **state)
+{
+    (void) state;
+    request_error(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':10,'tools':[{'type':"
+        "'web_search_20250305','name':'web_search'}],"
+        "'messages':[{'role':'user','content':'q'}]}",
+        "tools[0]: tool type \"web_search_20250305\" is Anthropic's own and "
+        "cannot be sent to this channel");
+}
+
+
+/* ---- answers ---- */
+
+static void
+test_anthropic_answer_becomes_chat_completion(void **state)
+{
+    json_t *j = response(14, LLMGW_EP_CHAT,
+        "{'id':'msg_1','type':'message','role':'assistant','model':'claude',"
+        "'content':[{'type':'text','text':'Hel'},{'type':'text','text':'lo'}],"
+        "'stop_reason':'end_turn','usage':{'input_tokens':10,"
+        "'output_tokens':5,'cache_read_input_tokens':100,"
+        "'cache_creation_input_tokens':20}}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "object"), "chat.completion");
+    assert_string_equal(str_at(j, "id"), "msg_1");
+    assert_string_equal(str_at(j, "model"), "client-m");
+    assert_true(int_at(j, "created") > 0);
+    assert_string_equal(str_at(j, "choices/0/message/role"), "assistant");
+    assert_string_equal(str_at(j, "choices/0/message/content"), "Hello");
+    assert_null(at(j, "choices/0/message/tool_calls"));
+    assert_string_equal(str_at(j, "choices/0/finish_reason"), "stop");
+    /* OpenAI's prompt count includes the cached part */
+    assert_int_equal(int_at(j, "usage/prompt_tokens"), 130);
+    assert_int_equal(int_at(j, "usage/completion_tokens"), 5);
+    assert_int_equal(int_at(j, "usage/total_tokens"), 135);
+    assert_int_equal(int_at(j, "usage/prompt_tokens_details/cached_tokens"),
+                     100);
+    json_decref(j);
+}
+
+
+static void
+test_anthropic_stop_reasons_map_to_finish_reasons(void **state)
+{
+    static const char *const map[][2] = {
+        { "end_turn", "stop" }, { "stop_sequence", "stop" },
+        { "max_tokens", "length" }, { "tool_use", "tool_calls" },
+    };
+    char body[256];
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        snprintf(body, sizeof(body), "{'id':'m','content':[],"
+                 "'stop_reason':'%s','usage':{}}", map[i][0]);
+        json_t *j = response(14, LLMGW_EP_CHAT, body);
+        assert_string_equal(str_at(j, "choices/0/finish_reason"), map[i][1]);
+        assert_true(json_is_null(at(j, "choices/0/message/content")));
+        json_decref(j);
+    }
+}
+
+
+/*
+ * A call made by Claude reaches an OpenAI client as tool_calls; the client
+ * sends it back with the tool's answer; Claude must see its own id and
+ * input again.
+ */
+static void
+test_tool_call_round_trip(void **state)
+{
+    json_t       *answer, *message, *req, *j;
+    const char   *id;
+    char         *text;
+    llmgw_buf_t   b;
+    (void) state;
+
+    answer = response(14, LLMGW_EP_CHAT,
+        "{'id':'msg_2','content':[{'type':'tool_use','id':'toolu_77',"
+        "'name':'lookup','input':{'q':'llmgw','n':3}}],"
+        "'stop_reason':'tool_use','usage':{'input_tokens':1,"
+        "'output_tokens':1}}");
+
+    assert_string_equal(str_at(answer, "choices/0/finish_reason"),
+                        "tool_calls");
+    message = at(answer, "choices/0/message");
+    id = str_at(message, "tool_calls/0/id");
+    assert_string_equal(id, "toolu_77");
+    assert_string_equal(str_at(message, "tool_calls/0/function/name"),
+                        "lookup");
+
+    req = json_pack("{s:s, s:[{s:s, s:s}, O, {s:s, s:s, s:s}]}",
+                    "model", "gpt", "messages",
+                    "role", "user", "content", "find it",
+                    message,
+                    "role", "tool", "tool_call_id", id, "content", "found");
+    assert_non_null(req);
+    text = json_dumps(req, JSON_COMPACT);
+    b = llmgw_test_convert_request(LLMGW_EP_CHAT, 14, text, "claude-up");
+    free(text);
+    j = take_json(b);
+
+    assert_string_equal(str_at(j, "messages/1/content/0/type"), "tool_use");
+    assert_string_equal(str_at(j, "messages/1/content/0/id"), "toolu_77");
+    assert_string_equal(str_at(j, "messages/1/content/0/input/q"), "llmgw");
+    assert_int_equal(int_at(j, "messages/1/content/0/input/n"), 3);
+    assert_string_equal(str_at(j, "messages/2/content/0/tool_use_id"),
+                        "toolu_77");
+    assert_string_equal(str_at(j, "messages/2/content/0/content"), "found");
+
+    json_decref(j);
+    json_decref(req);
+    json_decref(answer);
+}
+
+
+static void
+test_gemini_answer_becomes_chat_completion(void **state)
+{
+    json_t *j = response(24, LLMGW_EP_CHAT,
+        "{'candidates':[{'content':{'role':'model','parts':["
+        "{'text':'Hi '},{'text':'there'}]},'finishReason':'STOP'}],"
+        "'usageMetadata':{'promptTokenCount':7,'candidatesTokenCount':3,"
+        "'thoughtsTokenCount':4,'totalTokenCount':14}}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "object"), "chat.completion");
+    assert_string_equal(str_at(j, "model"), "client-m");
+    assert_string_equal(str_at(j, "choices/0/message/content"), "Hi there");
+    assert_string_equal(str_at(j, "choices/0/finish_reason"), "stop");
+    assert_int_equal(int_at(j, "usage/prompt_tokens"), 7);
+    /* thinking is billed as output */
+    assert_int_equal(int_at(j, "usage/completion_tokens"), 7);
+    assert_int_equal(int_at(j, "usage/total_tokens"), 14);
+    json_decref(j);
+}
+
+
+static void
+test_gemini_function_call_answer_becomes_tool_calls(void **state)
+{
+    json_t       *j, *args;
+    json_error_t  err;
+    const char   *a;
+    (void) state;
+
+    j = response(24, LLMGW_EP_CHAT,
+        "{'candidates':[{'content':{'role':'model','parts':["
+        "{'functionCall':{'name':'f','args':{'a':1}}},"
+        "{'functionCall':{'name':'g','args':{}}}]},"
+        "'finishReason':'STOP'}]}");
+
+    assert_string_equal(str_at(j, "choices/0/finish_reason"), "tool_calls");
+    assert_true(json_is_null(at(j, "choices/0/message/content")));
+    assert_int_equal(size_at(j, "choices/0/message/tool_calls"), 2);
+    assert_memory_equal(str_at(j, "choices/0/message/tool_calls/0/id"),
+                        "call_", 5);
+    assert_string_not_equal(str_at(j, "choices/0/message/tool_calls/0/id"),
+                            str_at(j, "choices/0/message/tool_calls/1/id"));
+    assert_string_equal(
+        str_at(j, "choices/0/message/tool_calls/0/function/name"), "f");
+    a = str_at(j, "choices/0/message/tool_calls/0/function/arguments");
+    args = json_loads(a, 0, &err);
+    assert_non_null(args);
+    assert_int_equal(int_at(args, "a"), 1);
+    json_decref(args);
+    json_decref(j);
+}
+
+
+static void
+test_gemini_finish_reasons_map_to_finish_reasons(void **state)
+{
+    static const char *const map[][2] = {
+        { "STOP", "stop" }, { "MAX_TOKENS", "length" },
+        { "SAFETY", "content_filter" }, { "RECITATION", "content_filter" },
+    };
+    char body[256];
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        snprintf(body, sizeof(body), "{'candidates':[{'content':{'parts':"
+                 "[{'text':'x'}]},'finishReason':'%s'}]}", map[i][0]);
+        json_t *j = response(24, LLMGW_EP_CHAT, body);
+        assert_string_equal(str_at(j, "choices/0/finish_reason"), map[i][1]);
+        json_decref(j);
+    }
+}
+
+
+static void
+test_openai_answer_becomes_anthropic_message(void **state)
+{
+    json_t *j = response(1, LLMGW_EP_MESSAGES,
+        "{'id':'chatcmpl-1','object':'chat.completion','choices':[{'index':0,"
+        "'message':{'role':'assistant','content':'Hi','tool_calls':[{"
+        "'id':'call_1','type':'function','function':{'name':'f',"
+        "'arguments':'{`a`:1}'}}]},'finish_reason':'tool_calls'}],"
+        "'usage':{'prompt_tokens':9,'completion_tokens':4,'total_tokens':13}}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "type"), "message");
+    assert_string_equal(str_at(j, "role"), "assistant");
+    assert_string_equal(str_at(j, "model"), "client-m");
+    assert_string_equal(str_at(j, "content/0/type"), "text");
+    assert_string_equal(str_at(j, "content/0/text"), "Hi");
+    assert_string_equal(str_at(j, "content/1/type"), "tool_use");
+    assert_string_equal(str_at(j, "content/1/id"), "call_1");
+    assert_string_equal(str_at(j, "content/1/name"), "f");
+    assert_int_equal(int_at(j, "content/1/input/a"), 1);
+    assert_string_equal(str_at(j, "stop_reason"), "tool_use");
+    assert_true(json_is_null(at(j, "stop_sequence")));
+    assert_int_equal(int_at(j, "usage/input_tokens"), 9);
+    assert_int_equal(int_at(j, "usage/output_tokens"), 4);
+    json_decref(j);
+}
+
+
+static void
+test_openai_finish_reasons_map_to_stop_reasons(void **state)
+{
+    static const char *const map[][2] = {
+        { "stop", "end_turn" }, { "length", "max_tokens" },
+        { "tool_calls", "tool_use" }, { "content_filter", "end_turn" },
+    };
+    char body[256];
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+        snprintf(body, sizeof(body), "{'choices':[{'message':{'role':"
+                 "'assistant','content':'x'},'finish_reason':'%s'}]}",
+                 map[i][0]);
+        json_t *j = response(1, LLMGW_EP_MESSAGES, body);
+        assert_string_equal(str_at(j, "stop_reason"), map[i][1]);
+        json_decref(j);
+    }
+}
+
+
+/* ---- streams ---- */
+
+#define A_START \
+    "event: message_start\ndata: {'type':'message_start','message':{" \
+    "'id':'msg_1','type':'message','role':'assistant','content':[]," \
+    "'model':'claude','usage':{'input_tokens':10," \
+    "'cache_read_input_tokens':5,'cache_creation_input_tokens':0," \
+    "'output_tokens':1}}}\n\n"
+
+#define A_TEXT_DELTA(i, t) \
+    "event: content_block_delta\ndata: {'type':'content_block_delta'," \
+    "'index':" #i ",'delta':{'type':'text_delta','text':'" t "'}}\n\n"
+
+#define A_STOP(i) \
+    "event: content_block_stop\ndata: {'type':'content_block_stop'," \
+    "'index':" #i "}\n\n"
+
+
+static void
+test_anthropic_stream_to_openai_chunks_keeps_usage(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(14, LLMGW_EP_CHAT,
+        A_START
+        "event: content_block_start\ndata: {'type':'content_block_start',"
+        "'index':0,'content_block':{'type':'text','text':''}}\n\n"
+        "event: ping\ndata: {'type':'ping'}\n\n"
+        A_TEXT_DELTA(0, "Hel")
+        A_TEXT_DELTA(0, "lo")
+        A_STOP(0)
+        "event: message_delta\ndata: {'type':'message_delta','delta':"
+        "{'stop_reason':'end_turn','stop_sequence':null},"
+        "'usage':{'output_tokens':7}}\n\n"
+        "event: message_stop\ndata: {'type':'message_stop'}\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 6);
+
+    for (int i = 0; i < evs.n; i++) {
+        /* chat clients read plain data: lines */
+        assert_string_equal(evs.ev[i].name, "message");
+    }
+
+    assert_string_equal(str_at(evs.ev[0].data, "object"),
+                        "chat.completion.chunk");
+    assert_string_equal(str_at(evs.ev[0].data, "id"), "msg_1");
+    assert_string_equal(str_at(evs.ev[0].data, "model"), "client-m");
+    assert_string_equal(str_at(evs.ev[0].data, "choices/0/delta/role"),
+                        "assistant");
+    assert_string_equal(str_at(evs.ev[1].data, "choices/0/delta/content"),
+                        "Hel");
+    assert_true(json_is_null(at(evs.ev[1].data, "choices/0/finish_reason")));
+    assert_string_equal(str_at(evs.ev[2].data, "choices/0/delta/content"),
+                        "lo");
+    assert_string_equal(str_at(evs.ev[3].data, "choices/0/finish_reason"),
+                        "stop");
+
+    assert_int_equal(size_at(evs.ev[4].data, "choices"), 0);
+    assert_int_equal(int_at(evs.ev[4].data, "usage/prompt_tokens"), 15);
+    assert_int_equal(int_at(evs.ev[4].data, "usage/completion_tokens"), 7);
+    assert_int_equal(int_at(evs.ev[4].data, "usage/total_tokens"), 22);
+
+    assert_true(evs.ev[5].done);
+    evs_free(&evs);
+}
+
+
+static void
+test_anthropic_stream_tool_use_becomes_tool_call_deltas(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(14, LLMGW_EP_CHAT,
+        A_START
+        "event: content_block_start\ndata: {'type':'content_block_start',"
+        "'index':0,'content_block':{'type':'text','text':''}}\n\n"
+        A_TEXT_DELTA(0, "ok")
+        A_STOP(0)
+        "event: content_block_start\ndata: {'type':'content_block_start',"
+        "'index':1,'content_block':{'type':'tool_use','id':'toolu_1',"
+        "'name':'f','input':{}}}\n\n"
+        "event: content_block_delta\ndata: {'type':'content_block_delta',"
+        "'index':1,'delta':{'type':'input_json_delta',"
+        "'partial_json':'{`a`'}}\n\n"
+        "event: content_block_delta\ndata: {'type':'content_block_delta',"
+        "'index':1,'delta':{'type':'input_json_delta',"
+        "'partial_json':':1}'}}\n\n"
+        A_STOP(1)
+        "event: message_delta\ndata: {'type':'message_delta','delta':"
+        "{'stop_reason':'tool_use'},'usage':{'output_tokens':9}}\n\n"
+        "event: message_stop\ndata: {'type':'message_stop'}\n\n",
+        &evs);
+
+    /* role, "ok", tool start, 2 argument pieces, finish, usage, DONE */
+    assert_int_equal(evs.n, 8);
+    json_t *call = at(evs.ev[2].data, "choices/0/delta/tool_calls/0");
+    assert_int_equal(int_at(call, "index"), 0);
+    assert_string_equal(str_at(call, "id"), "toolu_1");
+    assert_string_equal(str_at(call, "type"), "function");
+    assert_string_equal(str_at(call, "function/name"), "f");
+    assert_string_equal(str_at(call, "function/arguments"), "");
+
+    call = at(evs.ev[3].data, "choices/0/delta/tool_calls/0");
+    assert_int_equal(int_at(call, "index"), 0);
+    assert_string_equal(str_at(call, "function/arguments"), "{\"a\"");
+    call = at(evs.ev[4].data, "choices/0/delta/tool_calls/0");
+    assert_string_equal(str_at(call, "function/arguments"), ":1}");
+
+    assert_string_equal(str_at(evs.ev[5].data, "choices/0/finish_reason"),
+                        "tool_calls");
+    assert_int_equal(int_at(evs.ev[6].data, "usage/completion_tokens"), 9);
+    assert_true(evs.ev[7].done);
+    evs_free(&evs);
+}
+
+
+static void
+test_anthropic_stream_error_becomes_openai_error_chunk(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(14, LLMGW_EP_CHAT,
+        "event: error\ndata: {'type':'error','error':{"
+        "'type':'overloaded_error','message':'Overloaded'}}\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 2);
+    assert_string_equal(str_at(evs.ev[0].data, "error/message"),
+                        "Overloaded");
+    assert_string_equal(str_at(evs.ev[0].data, "error/type"),
+                        "overloaded_error");
+    assert_true(evs.ev[1].done);
+    evs_free(&evs);
+}
+
+
+static void
+test_anthropic_stream_cut_short_still_ends_with_one_done(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(14, LLMGW_EP_CHAT, A_START A_TEXT_DELTA(0, "partial"), &evs);
+
+    /* role, text, usage (prompt known from message_start), DONE */
+    assert_int_equal(evs.n, 4);
+    assert_int_equal(int_at(evs.ev[2].data, "usage/prompt_tokens"), 15);
+    assert_true(evs.ev[3].done);
+    evs_free(&evs);
+}
+
+
+static void
+test_gemini_stream_to_openai_chunks_sends_usage_at_end(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(24, LLMGW_EP_CHAT,
+        "data: {'candidates':[{'content':{'role':'model','parts':"
+        "[{'text':'Hel'}]}}],'usageMetadata':{'promptTokenCount':5,"
+        "'candidatesTokenCount':1},'responseId':'r1'}\n\n"
+        "data: {'candidates':[{'content':{'role':'model','parts':"
+        "[{'text':'lo'}]},'finishReason':'STOP'}],'usageMetadata':"
+        "{'promptTokenCount':5,'candidatesTokenCount':2,"
+        "'thoughtsTokenCount':3}}\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 6);
+    assert_string_equal(str_at(evs.ev[0].data, "id"), "r1");
+    assert_string_equal(str_at(evs.ev[0].data, "choices/0/delta/role"),
+                        "assistant");
+    assert_string_equal(str_at(evs.ev[1].data, "choices/0/delta/content"),
+                        "Hel");
+    assert_string_equal(str_at(evs.ev[2].data, "choices/0/delta/content"),
+                        "lo");
+    assert_string_equal(str_at(evs.ev[3].data, "choices/0/finish_reason"),
+                        "stop");
+    /* the last usageMetadata counts, thinking as output */
+    assert_int_equal(int_at(evs.ev[4].data, "usage/prompt_tokens"), 5);
+    assert_int_equal(int_at(evs.ev[4].data, "usage/completion_tokens"), 5);
+    assert_true(evs.ev[5].done);
+    evs_free(&evs);
+}
+
+
+static void
+test_gemini_stream_function_call_becomes_whole_tool_call(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(24, LLMGW_EP_CHAT,
+        "data: {'candidates':[{'content':{'role':'model','parts':"
+        "[{'functionCall':{'name':'f','args':{'a':1}}}]},"
+        "'finishReason':'STOP'}]}\n\n",
+        &evs);
+
+    /* role, tool call, finish, DONE (no usage was reported) */
+    assert_int_equal(evs.n, 4);
+    json_t *call = at(evs.ev[1].data, "choices/0/delta/tool_calls/0");
+    assert_int_equal(int_at(call, "index"), 0);
+    assert_memory_equal(str_at(call, "id"), "call_", 5);
+    assert_string_equal(str_at(call, "function/name"), "f");
+    assert_string_equal(str_at(call, "function/arguments"), "{\"a\":1}");
+    assert_string_equal(str_at(evs.ev[2].data, "choices/0/finish_reason"),
+                        "tool_calls");
+    assert_true(evs.ev[3].done);
+    evs_free(&evs);
+}
+
+
+#define O_CHUNK(delta, finish) \
+    "data: {'id':'chatcmpl-1','object':'chat.completion.chunk'," \
+    "'created':1,'model':'gpt','choices':[{'index':0,'delta':" delta \
+    ",'finish_reason':" finish "}]}\n\n"
+
+#define O_USAGE(p, c) \
+    "data: {'id':'chatcmpl-1','object':'chat.completion.chunk'," \
+    "'created':1,'model':'gpt','choices':[],'usage':{'prompt_tokens':" \
+    #p ",'completion_tokens':" #c ",'total_tokens':0}}\n\n"
+
+
+static void
+assert_event(evs_t *evs, int i, const char *type)
+{
+    assert_true(i < evs->n);
+    assert_string_equal(evs->ev[i].name, type);
+    assert_non_null(evs->ev[i].data);
+    assert_string_equal(str_at(evs->ev[i].data, "type"), type);
+}
+
+
+static void
+test_openai_stream_to_anthropic_events(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','content':''}", "null")
+        O_CHUNK("{'content':'Hel'}", "null")
+        O_CHUNK("{'content':'lo'}", "null")
+        O_CHUNK("{}", "'stop'")
+        O_USAGE(9, 2)
+        "data: [DONE]\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 7);
+    assert_event(&evs, 0, "message_start");
+    assert_string_equal(str_at(evs.ev[0].data, "message/id"), "chatcmpl-1");
+    assert_string_equal(str_at(evs.ev[0].data, "message/type"), "message");
+    assert_string_equal(str_at(evs.ev[0].data, "message/role"), "assistant");
+    assert_string_equal(str_at(evs.ev[0].data, "message/model"), "client-m");
+    assert_int_equal(size_at(evs.ev[0].data, "message/content"), 0);
+    assert_true(json_is_null(at(evs.ev[0].data, "message/stop_reason")));
+
+    assert_event(&evs, 1, "content_block_start");
+    assert_int_equal(int_at(evs.ev[1].data, "index"), 0);
+    assert_string_equal(str_at(evs.ev[1].data, "content_block/type"), "text");
+
+    assert_event(&evs, 2, "content_block_delta");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/type"), "text_delta");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/text"), "Hel");
+    assert_event(&evs, 3, "content_block_delta");
+    assert_string_equal(str_at(evs.ev[3].data, "delta/text"), "lo");
+
+    assert_event(&evs, 4, "content_block_stop");
+    assert_int_equal(int_at(evs.ev[4].data, "index"), 0);
+
+    /* held back until the usage chunk, so no count is lost */
+    assert_event(&evs, 5, "message_delta");
+    assert_string_equal(str_at(evs.ev[5].data, "delta/stop_reason"),
+                        "end_turn");
+    assert_true(json_is_null(at(evs.ev[5].data, "delta/stop_sequence")));
+    assert_int_equal(int_at(evs.ev[5].data, "usage/output_tokens"), 2);
+    assert_int_equal(int_at(evs.ev[5].data, "usage/input_tokens"), 9);
+
+    assert_event(&evs, 6, "message_stop");
+    evs_free(&evs);
+}
+
+
+static void
+test_openai_stream_tool_calls_become_tool_use_blocks(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','content':'Checking'}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'id':'call_1','type':'function',"
+                "'function':{'name':'f','arguments':''}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':'{`a`'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':':1}'}}]}", "null")
+        O_CHUNK("{}", "'tool_calls'")
+        O_USAGE(20, 6)
+        "data: [DONE]\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 10);
+    assert_event(&evs, 0, "message_start");
+    assert_event(&evs, 1, "content_block_start");
+    assert_event(&evs, 2, "content_block_delta");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/text"), "Checking");
+    assert_event(&evs, 3, "content_block_stop");
+    assert_int_equal(int_at(evs.ev[3].data, "index"), 0);
+
+    assert_event(&evs, 4, "content_block_start");
+    assert_int_equal(int_at(evs.ev[4].data, "index"), 1);
+    assert_string_equal(str_at(evs.ev[4].data, "content_block/type"),
+                        "tool_use");
+    assert_string_equal(str_at(evs.ev[4].data, "content_block/id"), "call_1");
+    assert_string_equal(str_at(evs.ev[4].data, "content_block/name"), "f");
+    assert_int_equal(size_at(evs.ev[4].data, "content_block/input"), 0);
+
+    assert_event(&evs, 5, "content_block_delta");
+    assert_int_equal(int_at(evs.ev[5].data, "index"), 1);
+    assert_string_equal(str_at(evs.ev[5].data, "delta/type"),
+                        "input_json_delta");
+    assert_string_equal(str_at(evs.ev[5].data, "delta/partial_json"),
+                        "{\"a\"");
+    assert_event(&evs, 6, "content_block_delta");
+    assert_string_equal(str_at(evs.ev[6].data, "delta/partial_json"), ":1}");
+
+    assert_event(&evs, 7, "content_block_stop");
+    assert_int_equal(int_at(evs.ev[7].data, "index"), 1);
+    assert_event(&evs, 8, "message_delta");
+    assert_string_equal(str_at(evs.ev[8].data, "delta/stop_reason"),
+                        "tool_use");
+    assert_int_equal(int_at(evs.ev[8].data, "usage/output_tokens"), 6);
+    assert_event(&evs, 9, "message_stop");
+    evs_free(&evs);
+}
+
+
+static void
+test_openai_stream_without_usage_or_done_is_closed_at_finish(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','content':'x'}", "null")
+        O_CHUNK("{}", "'length'"),
+        &evs);
+
+    assert_int_equal(evs.n, 6);
+    assert_event(&evs, 3, "content_block_stop");
+    assert_event(&evs, 4, "message_delta");
+    assert_string_equal(str_at(evs.ev[4].data, "delta/stop_reason"),
+                        "max_tokens");
+    assert_event(&evs, 5, "message_stop");
+    evs_free(&evs);
+}
+
+
+static void
+test_openai_stream_error_becomes_anthropic_error_event(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(1, LLMGW_EP_MESSAGES,
+        "data: {'error':{'message':'boom','type':'server_error'}}\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 1);
+    assert_event(&evs, 0, "error");
+    assert_string_equal(str_at(evs.ev[0].data, "error/type"), "server_error");
+    assert_string_equal(str_at(evs.ev[0].data, "error/message"), "boom");
+    evs_free(&evs);
+}
+
+
+/* ---- error bodies ---- */
+
+static void
+test_error_for_messages_client_has_anthropic_shape(void **state)
+{
+    json_t *j = take_json(llmgw_test_convert_error(LLMGW_EP_MESSAGES, 401,
+        "Invalid token (request id: r1)", "gateway_error", ""));
+    (void) state;
+
+    assert_int_equal(json_object_size(j), 2);
+    assert_string_equal(str_at(j, "type"), "error");
+    assert_int_equal(size_at(j, "error"), 2);
+    assert_string_equal(str_at(j, "error/type"), "gateway_error");
+    assert_string_equal(str_at(j, "error/message"),
+                        "Invalid token (request id: r1)");
+    json_decref(j);
+
+    /* without a type, Anthropic's own type for the status */
+    j = take_json(llmgw_test_convert_error(LLMGW_EP_MESSAGES, 429,
+                                           "slow down", "", ""));
+    assert_string_equal(str_at(j, "error/type"), "rate_limit_error");
+    json_decref(j);
+}
+
+
+static void
+test_error_for_chat_client_has_contract_shape(void **state)
+{
+    json_t *j = take_json(llmgw_test_convert_error(LLMGW_EP_CHAT, 503,
+        "no channel (request id: r2)", "gateway_error", "model_not_found"));
+    (void) state;
+
+    assert_int_equal(json_object_size(j), 1);
+    assert_int_equal(size_at(j, "error"), 3);
+    assert_string_equal(str_at(j, "error/message"),
+                        "no channel (request id: r2)");
+    assert_string_equal(str_at(j, "error/type"), "gateway_error");
+    assert_string_equal(str_at(j, "error/code"), "model_not_found");
+    json_decref(j);
+}
+
+
+/* ---- rerank ---- */
+
+static void
+test_rerank_request_sends_documents_as_strings(void **state)
+{
+    static const int types[] = { 34, 38, 1 };
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        json_t *j = rerank_req(types[i],
+            "{'model':'rerank-x','query':'q','documents':['a',{'text':'b'}],"
+            "'return_documents':true}");
+
+        assert_string_equal(str_at(j, "model"), "up-rerank");
+        assert_string_equal(str_at(j, "query"), "q");
+        assert_int_equal(size_at(j, "documents"), 2);
+        assert_string_equal(str_at(j, "documents/0"), "a");
+        assert_string_equal(str_at(j, "documents/1"), "b");
+        assert_true(json_is_true(at(j, "return_documents")));
+        json_decref(j);
+    }
+}
+
+
+static void
+test_top_n_not_defaulted(void **state)
+{
+    json_t *j = rerank_req(34,
+        "{'model':'r','query':'q','documents':['a','b','c']}");
+    (void) state;
+
+    assert_null(json_object_get(j, "top_n"));
+    assert_null(json_object_get(j, "return_documents"));
+    json_decref(j);
+
+    j = rerank_req(38,
+        "{'model':'r','query':'q','documents':['a','b','c'],'top_n':2}");
+    assert_int_equal(int_at(j, "top_n"), 2);
+    json_decref(j);
+}
+
+
+static void
+test_rerank_validation_names_the_field(void **state)
+{
+    (void) state;
+    rerank_req_error("{'model':'r','documents':['a']}",
+                     "field query is required");
+    rerank_req_error("{'model':'r','query':'','documents':['a']}",
+                     "field query is required");
+    rerank_req_error("{'model':'r','query':'q'}",
+                     "field documents is required");
+    rerank_req_error("{'model':'r','query':'q','documents':[]}",
+                     "documents must be a non-empty array");
+    rerank_req_error("{'model':'r','query':'q','documents':'a'}",
+                     "documents must be a non-empty array");
+    rerank_req_error("{'model':'r','query':'q','documents':['a','b',3]}",
+                     "documents[2] must be a string or an object with text");
+    rerank_req_error("{'model':'r','query':'q','documents':['a',{'t':1}]}",
+                     "documents[1] must be a string or an object with text");
+    rerank_req_error("{'model':'r','query':'q','documents':['a'],'top_n':0}",
+                     "top_n must be a positive integer");
+    rerank_req_error("{'model':'r','query':'q','documents':['a'],"
+                     "'return_documents':'yes'}",
+                     "return_documents must be a boolean");
+    rerank_req_error("{'query':'q','documents':['a']}",
+                     "field model is required");
+}
+
+
+static void
+test_rerank_to_chat_channel_is_refused(void **state)
+{
+    llmgw_buf_t b = llmgw_test_rerank_request(14,
+        "{\"model\":\"r\",\"query\":\"q\",\"documents\":[\"a\"]}", "r");
+    (void) state;
+
+    take_error(b, "no conversion from rerank to channel type 14");
+}
+
+
+static void
+test_rerank_results_sorted_by_score(void **state)
+{
+    json_t *j = rerank_resp(38,
+        "{'model':'jina','results':[{'index':0,'relevance_score':0.1},"
+        "{'index':1,'relevance_score':0.9},{'index':2,'relevance_score':0.5}],"
+        "'usage':{'total_tokens':30}}",
+        "{'model':'r','query':'q','documents':['a','b','c']}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "results"), 3);
+    assert_int_equal(int_at(j, "results/0/index"), 1);
+    assert_int_equal(int_at(j, "results/1/index"), 2);
+    assert_int_equal(int_at(j, "results/2/index"), 0);
+    assert_true(num_at(j, "results/0/relevance_score") == 0.9);
+    json_decref(j);
+}
+
+
+static void
+test_rerank_without_return_documents_has_no_document(void **state)
+{
+    static const char *const clients[] = {
+        "{'model':'r','query':'q','documents':['a','b']}",
+        "{'model':'r','query':'q','documents':['a','b'],"
+        "'return_documents':false}",
+    };
+    (void) state;
+
+    for (size_t i = 0; i < 2; i++) {
+        /* even when the upstream sent the documents */
+        json_t *j = rerank_resp(38,
+            "{'results':[{'index':0,'relevance_score':0.3,"
+            "'document':{'text':'a'}},{'index':1,'relevance_score':0.6,"
+            "'document':{'text':'b'}}]}",
+            clients[i]);
+
+        assert_int_equal(size_at(j, "results"), 2);
+        assert_null(at(j, "results/0/document"));
+        assert_null(at(j, "results/1/document"));
+        json_decref(j);
+    }
+}
+
+
+static void
+test_rerank_documents_come_from_upstream_or_client(void **state)
+{
+    json_t *j = rerank_resp(34,
+        "{'id':'c1','results':[{'index':0,'relevance_score':0.8,"
+        "'document':{'text':'from upstream'}},"
+        "{'index':1,'relevance_score':0.2},"
+        "{'index':2,'relevance_score':0.1,'document':'plain'}]}",
+        "{'model':'r','query':'q','return_documents':true,"
+        "'documents':['a',{'text':'from client'},'c']}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "results/0/document/text"),
+                        "from upstream");
+    assert_string_equal(str_at(j, "results/1/document/text"), "from client");
+    assert_string_equal(str_at(j, "results/2/document/text"), "plain");
+    json_decref(j);
+}
+
+
+static void
+test_rerank_meta_keeps_only_upstream_billed_units(void **state)
+{
+    json_t *j = rerank_resp(34,
+        "{'id':'c1','results':[{'index':0,'relevance_score':0.5}],"
+        "'meta':{'api_version':{'version':'1'},"
+        "'billed_units':{'search_units':1}}}",
+        "{'model':'r','query':'q','documents':['a']}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "id"), "c1");
+    assert_int_equal(int_at(j, "meta/billed_units/search_units"), 1);
+    assert_int_equal(size_at(j, "meta"), 1);
+    json_decref(j);
+
+    /* an OpenAI-compatible server: data[] and score, tokens in usage */
+    j = rerank_resp(1,
+        "{'data':[{'index':0,'score':0.2},{'index':1,'score':0.7}],"
+        "'usage':{'total_tokens':12}}",
+        "{'model':'r','query':'q','documents':['a','b']}");
+    assert_memory_equal(str_at(j, "id"), "rerank-", 7);
+    assert_int_equal(int_at(j, "results/0/index"), 1);
+    assert_null(at(j, "meta/billed_units"));
+    assert_int_equal(int_at(j, "meta/tokens/input_tokens"), 12);
+    json_decref(j);
+
+    j = rerank_resp(38, "{'results':[{'index':0,'relevance_score':0.2}]}",
+                    "{'model':'r','query':'q','documents':['a']}");
+    assert_int_equal(size_at(j, "meta"), 0);
+    json_decref(j);
+}
+
+
+static void
+test_rerank_top_n_cuts_an_upstream_that_ignored_it(void **state)
+{
+    json_t *j = rerank_resp(1,
+        "{'results':[{'index':0,'relevance_score':0.1},"
+        "{'index':1,'relevance_score':0.3},{'index':2,'relevance_score':0.2}]}",
+        "{'model':'r','query':'q','documents':['a','b','c'],'top_n':2}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "results"), 2);
+    assert_int_equal(int_at(j, "results/0/index"), 1);
+    assert_int_equal(int_at(j, "results/1/index"), 2);
+    json_decref(j);
+}
+
+
+static void
+test_rerank_result_without_index_is_refused(void **state)
+{
+    llmgw_buf_t b = llmgw_test_rerank_response(38,
+        "{\"results\":[{\"relevance_score\":0.1}]}",
+        "{\"model\":\"r\",\"query\":\"q\",\"documents\":[\"a\"]}");
+    (void) state;
+
+    take_error(b, "upstream results[0] has no index");
+}
+
+
+int
+main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_system_message_becomes_anthropic_system),
+        cmocka_unit_test(test_anthropic_max_tokens_defaults_to_4096),
+        cmocka_unit_test(test_max_completion_tokens_wins_over_max_tokens),
+        cmocka_unit_test(test_image_urls_become_anthropic_image_sources),
+        cmocka_unit_test(
+            test_unusable_image_url_is_refused_with_its_position),
+        cmocka_unit_test(
+            test_tool_calls_become_tool_use_and_tool_messages_tool_results),
+        cmocka_unit_test(
+            test_tool_ids_are_made_valid_for_anthropic_on_both_sides),
+        cmocka_unit_test(test_consecutive_same_role_messages_merge),
+        cmocka_unit_test(test_tool_results_open_the_merged_user_turn),
+        cmocka_unit_test(test_tools_and_tool_choice_map_to_anthropic),
+        cmocka_unit_test(
+            test_tool_choice_none_omits_tools_without_tool_history),
+        cmocka_unit_test(
+            test_tool_choice_none_keeps_tools_that_explain_tool_history),
+        cmocka_unit_test(test_sampling_fields_carry_over_to_anthropic),
+        cmocka_unit_test(test_pairs_without_conversion_are_refused),
+        cmocka_unit_test(
+            test_unknown_content_part_is_refused_with_its_position),
+        cmocka_unit_test(test_openai_messages_become_gemini_contents),
+        cmocka_unit_test(
+            test_openai_images_become_gemini_inline_and_file_data),
+        cmocka_unit_test(
+            test_openai_tool_turns_become_gemini_function_call_and_response),
+        cmocka_unit_test(test_gemini_tool_result_needs_a_matching_call),
+        cmocka_unit_test(
+            test_gemini_tool_schema_keeps_only_keys_gemini_knows),
+        cmocka_unit_test(
+            test_anthropic_system_blocks_become_first_system_message),
+        cmocka_unit_test(
+            test_anthropic_tool_use_and_result_become_openai_tool_calls),
+        cmocka_unit_test(test_anthropic_images_become_openai_image_urls),
+        cmocka_unit_test(test_anthropic_stream_request_asks_openai_for_usage),
+        cmocka_unit_test(test_anthropic_tools_and_tool_choice_map_to_openai),
+        cmocka_unit_test(test_anthropic_server_tools_are_refused),
+        cmocka_unit_test(test_anthropic_answer_becomes_chat_completion),
+        cmocka_unit_test(test_anthropic_stop_reasons_map_to_finish_reasons),
+        cmocka_unit_test(test_tool_call_round_trip),
+        cmocka_unit_test(test_gemini_answer_becomes_chat_completion),
+        cmocka_unit_test(test_gemini_function_call_answer_becomes_tool_calls),
+        cmocka_unit_test(test_gemini_finish_reasons_map_to_finish_reasons),
+        cmocka_unit_test(test_openai_answer_becomes_anthropic_message),
+        cmocka_unit_test(test_openai_finish_reasons_map_to_stop_reasons),
+        cmocka_unit_test(test_anthropic_stream_to_openai_chunks_keeps_usage),
+        cmocka_unit_test(
+            test_anthropic_stream_tool_use_becomes_tool_call_deltas),
+        cmocka_unit_test(
+            test_anthropic_stream_error_becomes_openai_error_chunk),
+        cmocka_unit_test(
+            test_anthropic_stream_cut_short_still_ends_with_one_done),
+        cmocka_unit_test(
+            test_gemini_stream_to_openai_chunks_sends_usage_at_end),
+        cmocka_unit_test(
+            test_gemini_stream_function_call_becomes_whole_tool_call),
+        cmocka_unit_test(test_openai_stream_to_anthropic_events),
+        cmocka_unit_test(
+            test_openai_stream_tool_calls_become_tool_use_blocks),
+        cmocka_unit_test(
+            test_openai_stream_without_usage_or_done_is_closed_at_finish),
+        cmocka_unit_test(
+            test_openai_stream_error_becomes_anthropic_error_event),
+        cmocka_unit_test(test_error_for_messages_client_has_anthropic_shape),
+        cmocka_unit_test(test_error_for_chat_client_has_contract_shape),
+        cmocka_unit_test(test_rerank_request_sends_documents_as_strings),
+        cmocka_unit_test(test_top_n_not_defaulted),
+        cmocka_unit_test(test_rerank_validation_names_the_field),
+        cmocka_unit_test(test_rerank_to_chat_channel_is_refused),
+        cmocka_unit_test(test_rerank_results_sorted_by_score),
+        cmocka_unit_test(
+            test_rerank_without_return_documents_has_no_document),
+        cmocka_unit_test(test_rerank_documents_come_from_upstream_or_client),
+        cmocka_unit_test(test_rerank_meta_keeps_only_upstream_billed_units),
+        cmocka_unit_test(test_rerank_top_n_cuts_an_upstream_that_ignored_it),
+        cmocka_unit_test(test_rerank_result_without_index_is_refused),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
