@@ -519,10 +519,21 @@ ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 }
 
 
+/*
+ * Settlement, the ledger row, metrics and the rate limiter's success log,
+ * once per request: as soon as the answer is decided (before its last byte
+ * leaves), else in the log phase.
+ */
 void
 ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
     ngx_uint_t  status;
+
+    if (ctx->logged) {
+        return;
+    }
+
+    ctx->logged = 1;
 
     status = r->headers_out.status;
 

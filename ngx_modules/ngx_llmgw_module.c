@@ -389,6 +389,10 @@ ngx_llmgw_send_json(ngx_http_request_t *r, ngx_uint_t status, u_char *data,
 
     r->headers_out.status = status;
     r->headers_out.content_length_n = len;
+
+    /* recorded before the answer leaves: a worker killed now loses no row */
+    ngx_llmgw_gateway_log(r, ctx);
+
     ngx_str_set(&r->headers_out.content_type, "application/json");
     r->headers_out.content_type_len = r->headers_out.content_type.len;
     r->headers_out.content_type_lowcase = NULL;
@@ -590,13 +594,9 @@ ngx_llmgw_log_handler(ngx_http_request_t *r)
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_llmgw_module);
 
-    if (ctx == NULL || ctx->logged || r != r->main) {
-        return NGX_OK;
+    if (ctx != NULL && r == r->main) {
+        ngx_llmgw_gateway_log(r, ctx);
     }
-
-    ctx->logged = 1;
-
-    ngx_llmgw_gateway_log(r, ctx);
 
     return NGX_OK;
 }

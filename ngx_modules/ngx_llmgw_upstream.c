@@ -1378,8 +1378,13 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
     ctx->responded = 1;
 
     if (ctx->resp) {
-        /* what a converted answer still owes the client */
-        if (llmgw_resp_finish(ctx->resp, &json) != 0 || json.data == NULL) {
+        /* usage is complete now; a converted answer may still owe bytes */
+        rc = llmgw_resp_finish(ctx->resp, &json);
+
+        /* settled before the last bytes reach the client */
+        ngx_llmgw_gateway_log(r, ctx);
+
+        if (rc != 0 || json.data == NULL) {
             return;
         }
 
@@ -1390,7 +1395,11 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
             b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
             (llmgw_str_t) { (char *) ctx->request_id,
                             NGX_LLMGW_REQUEST_ID_LEN });
+
+        ngx_llmgw_gateway_log(r, ctx);
+
     } else {
+        ngx_llmgw_gateway_log(r, ctx);
         return;
     }
 

@@ -5,7 +5,13 @@
 //
 //   node cpu.mjs snap <root pid>...      prints a snapshot (one JSON line)
 //   node cpu.mjs diff '<snap a>' '<snap b>'
-//        prints "busy B% ours O% other F% steal S%" (percent of all cores)
+//        prints "ours O% other F% irq I% steal S% idle D%" (percent of all
+//        cores), a tab, other, a tab, steal
+//
+// ours: user+system time of the benchmark's processes; other: user+system
+// time of every other process; irq: hard and soft interrupt time (on
+// loopback much of the network stack runs there, for everyone); steal:
+// time the hypervisor gave to other guests.
 //
 // "ours" is every live descendant of the root pids (utime+stime plus the
 // reaped children's cutime+cstime, so a finished wrk counts through its
@@ -60,7 +66,7 @@ export function snapshot(roots) {
     const [user, nice, system, idle, iowait, irq, softirq, steal] = line.slice(1, 9).map(Number);
     return {
         ours,
-        busy: user + nice + system + irq + softirq,
+        busy: user + nice + system, irq: irq + softirq,
         idle: idle + iowait, steal,
     };
 }
@@ -69,19 +75,21 @@ export function snapshot(roots) {
  * tracked parent reaped them; pass the same roots to both snapshots. */
 export function diff(a, b) {
     const busy = b.busy - a.busy;
+    const irq = b.irq - a.irq;
     const idle = b.idle - a.idle;
     const steal = b.steal - a.steal;
-    const all = busy + idle + steal;
+    const all = busy + irq + idle + steal;
     const ours = Math.min(busy, Math.max(0, b.ours - a.ours));
     const pct = (x) => (all > 0 ? (100 * x) / all : 0);
     return {
-        busy: pct(busy), ours: pct(ours), other: pct(busy - ours), steal: pct(steal),
+        idle: pct(idle), ours: pct(ours), other: pct(busy - ours), irq: pct(irq),
+        steal: pct(steal),
     };
 }
 
 export function fmt(d) {
-    return `busy ${d.busy.toFixed(0)}% ours ${d.ours.toFixed(0)}% ` +
-        `other ${d.other.toFixed(0)}% steal ${d.steal.toFixed(0)}%`;
+    return `ours ${d.ours.toFixed(0)}% other ${d.other.toFixed(0)}% ` +
+        `irq ${d.irq.toFixed(0)}% steal ${d.steal.toFixed(0)}% idle ${d.idle.toFixed(0)}%`;
 }
 
 if (process.argv[1] && process.argv[1].endsWith('cpu.mjs')) {

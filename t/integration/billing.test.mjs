@@ -715,14 +715,14 @@ describe('billing: the ledger survives failures', { timeout: 300000 }, () => {
             /*
              * Writes are blocked so that every row is still queued in shared
              * memory when the workers die (with the 1 s flush interval a row
-             * could otherwise be written before the kill).  The short pause
-             * lets each request finish its log phase after its last byte.
+             * could otherwise be written before the kill).  The kill comes as
+             * soon as the last answer is complete: a request whose answer the
+             * client has must already have its row queued.
              */
             let ids, pids;
             await psql(db.conninfo, 'ALTER TABLE logs RENAME TO logs_x');
             try {
                 ids = await burst(gw, a.key, model, 12);
-                await sleep(100);
                 pids = gw.workerPids();
                 assert.ok(pids.length >= 1);
                 for (const p of pids) {

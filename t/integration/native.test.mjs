@@ -1,0 +1,901 @@
+// Native endpoints and format conversion:
+//   - Gemini generateContent / streamGenerateContent passed through as is
+//     (audio generation), with the key as Bearer, x-goog-api-key or ?key=;
+//   - rerank (/v1/rerank, /v2/rerank) over Cohere, Jina and OpenAI-compatible
+//     upstreams, answered in one shape;
+//   - /v1/chat/completions served by Anthropic and Gemini channels and
+//     /v1/messages served by OpenAI channels, converted both ways.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, hex, makeChannel, makeUserKey,
+    settle, sseEvents, startGateway, stopAll, uniq, waitLogs,
+} from '../lib/harness.mjs';
+import {
+    anthropicError, anthropicMessage, anthropicStream, echo, openaiChat,
+    openaiError, openaiStream, sendJson, startMock,
+} from '../lib/mock.mjs';
+
+/* ------------------------------------------------------------------ */
+/* vendor shapes                                                       */
+/* ------------------------------------------------------------------ */
+
+const AUDIO_B64 = Buffer.from(Array.from({ length: 3000 }, (_, i) => (i * 37) & 255))
+    .toString('base64');
+
+/* A Gemini TTS answer, as text, with fields the gateway must not touch. */
+function geminiAudioText() {
+    return JSON.stringify({
+        candidates: [{
+            content: {
+                role: 'model',
+                parts: [{ inlineData: { mimeType: 'audio/L16;codec=pcm;rate=24000', data: AUDIO_B64 } }],
+            },
+            finishReason: 'STOP',
+            index: 0,
+            safetyRatings: [
+                { category: 'HARM_CATEGORY_HATE_SPEECH', probability: 'NEGLIGIBLE' },
+                { category: 'HARM_CATEGORY_DANGEROUS_CONTENT', probability: 'LOW', blocked: false },
+            ],
+        }],
+        usageMetadata: {
+            promptTokenCount: 9, candidatesTokenCount: 160, totalTokenCount: 169,
+            promptTokensDetails: [{ modality: 'TEXT', tokenCount: 9 }],
+        },
+        modelVersion: 'gemini-2.5-flash-preview-tts',
+        responseId: `resp-${hex(6)}`,
+        vendorExtra: { keep: [1, 'two', null] },
+    }, null, 1) + '\n';
+}
+
+function geminiText({ text = 'bonjour', finishReason = 'STOP', parts,
+    usage = { promptTokenCount: 12, candidatesTokenCount: 30, totalTokenCount: 42 } } = {}) {
+    return {
+        candidates: [{
+            content: { role: 'model', parts: parts || [{ text }] },
+            finishReason, index: 0,
+        }],
+        usageMetadata: usage,
+        modelVersion: 'gemini-mock',
+    };
+}
+
+function sseHead(res) {
+    res.writeHead(200, { 'Content-Type': 'text/event-stream', 'Cache-Control': 'no-cache' });
+    res.flushHeaders();
+}
+
+/* Gemini SSE frames, each data line one JSON chunk. */
+function geminiStreamFrames(texts, final = { promptTokenCount: 5, candidatesTokenCount: 7, totalTokenCount: 12 }) {
+    return texts.map((t, i) => `data: ${JSON.stringify({
+        candidates: [{
+            content: { role: 'model', parts: [{ text: t }] },
+            ...(i === texts.length - 1 ? { finishReason: 'STOP' } : {}), index: 0,
+        }],
+        usageMetadata: i === texts.length - 1 ? final
+            : { promptTokenCount: final.promptTokenCount, candidatesTokenCount: i + 1, totalTokenCount: final.promptTokenCount + i + 1 },
+    })}\r\n\r\n`);
+}
+
+const DOCS = ['Paris is the capital of France.', 'Bananas are yellow.',
+    'The Eiffel Tower is in Paris.', 'Rust is a language.'];
+/* the scores every mock gives, by document index */
+const SCORES = [0.71, 0.02, 0.93, 0.15];
+
+/*
+ * Rerank answers as the vendors give them.  Cohere sorts and returns
+ * documents only when asked; Jina always returns them and has no id;
+ * the OpenAI-compatible server answers every document in input order.
+ */
+function rerankUpstream(kind, body) {
+    const n = body.documents.length;
+    let results = Array.from({ length: n }, (_, i) => ({ index: i, relevance_score: SCORES[i % 4] }));
+    const sorted = results.slice().sort((a, b) => b.relevance_score - a.relevance_score);
+    const doc = (i) => (typeof body.documents[i] === 'string' ? body.documents[i] : body.documents[i].text);
+    if (kind === 'cohere') {
+        results = sorted.slice(0, body.top_n || n)
+            .map((r) => (body.return_documents ? { ...r, document: { text: doc(r.index) } } : r));
+        return {
+            id: `co-${hex(6)}`, results,
+            meta: { api_version: { version: '2' }, billed_units: { search_units: 1 } },
+        };
+    }
+    if (kind === 'jina') {
+        return {
+            model: body.model, usage: { total_tokens: 33, prompt_tokens: 33 },
+            results: sorted.slice(0, body.top_n || n)
+                .map((r) => ({ index: r.index, document: { text: doc(r.index) }, relevance_score: r.relevance_score })),
+        };
+    }
+    /* this one ignores top_n: the gateway must still show only top_n */
+    return {
+        id: `rr-${hex(6)}`, model: body.model, usage: { total_tokens: 21 },
+        results: results.map((r) => ({ ...r, document: { text: doc(r.index) } })),
+    };
+}
+
+/* chat.completion.chunk objects of an OpenAI stream (without [DONE]). */
+function chatChunks(text) {
+    return sseEvents(text).filter((e) => e.data !== '[DONE]').map((e) => JSON.parse(e.data));
+}
+
+const deltaText = (chunks) => chunks
+    .map((c) => (c.choices && c.choices[0] && c.choices[0].delta && c.choices[0].delta.content) || '')
+    .join('');
+
+/* Text of an Anthropic system/content field (a string or text blocks). */
+function blocksText(v) {
+    if (typeof v === 'string') {
+        return v;
+    }
+    if (Array.isArray(v)) {
+        return v.filter((b) => b.type === 'text').map((b) => b.text).join('');
+    }
+    return undefined;
+}
+
+/* Text of an OpenAI message content (a string or text parts). */
+function partsText(v) {
+    if (typeof v === 'string') {
+        return v;
+    }
+    if (Array.isArray(v)) {
+        return v.filter((p) => p.type === 'text').map((p) => p.text).join('');
+    }
+    return undefined;
+}
+
+const WEATHER_SCHEMA = {
+    type: 'object',
+    properties: { city: { type: 'string', description: 'city name' } },
+    required: ['city'],
+};
+const OPENAI_TOOLS = [{
+    type: 'function',
+    function: { name: 'get_weather', description: 'Weather of a city', parameters: WEATHER_SCHEMA },
+}];
+const ANTHROPIC_TOOLS = [{ name: 'get_weather', description: 'Weather of a city', input_schema: WEATHER_SCHEMA }];
+const PNG_B64 = 'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==';
+
+/* ------------------------------------------------------------------ */
+
+describe('native endpoints and conversion', { timeout: 300000 }, () => {
+    let db, gw, key, token;
+    let gm, rr, an, oa;
+    const gmKey = `gm-${hex(8)}`;
+    const anKey = `an-${hex(8)}`;
+    const oaKey = `oa-${hex(8)}`;
+    const rrKey = `rr-${hex(8)}`;
+    const M = {
+        tts: uniq('gemini-tts'), ttsMapped: uniq('gemini-tts-mapped'),
+        cohere: uniq('rerank-co'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
+        viaClaude: uniq('chat-via-claude'), viaGemini: uniq('chat-via-gemini'),
+        viaOpenai: uniq('msg-via-openai'),
+    };
+    const last = (mock) => mock.requests[mock.requests.length - 1];
+
+    before(async () => {
+        db = await createDb();
+        gm = await startMock((req, res) => sendJson(res, 200, geminiText()));
+        rr = await startMock((req, res, rec) => {
+            const kind = rec.path.startsWith('/cohere') ? 'cohere'
+                : rec.path.startsWith('/jina') ? 'jina' : 'oa';
+            sendJson(res, 200, rerankUpstream(kind, rec.json));
+        });
+        an = await startMock();
+        oa = await startMock();
+        gw = await startGateway({ db });
+        await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.tts, M.viaGemini] });
+        await makeChannel(gw, {
+            type: 24, base_url: gm.url, key: gmKey, models: [M.ttsMapped],
+            model_mapping: { [M.ttsMapped]: 'gemini-2.5-flash-preview-tts' },
+        });
+        await makeChannel(gw, { type: 34, base_url: `${rr.url}/cohere`, key: rrKey, models: [M.cohere] });
+        await makeChannel(gw, {
+            type: 38, base_url: `${rr.url}/jina`, key: rrKey, models: [M.jina],
+            model_mapping: { [M.jina]: 'jina-reranker-v2-base-multilingual' },
+        });
+        await makeChannel(gw, { type: 1, base_url: `${rr.url}/oa`, key: rrKey, models: [M.oaRerank] });
+        await makeChannel(gw, {
+            type: 14, base_url: an.url, key: anKey, models: [M.viaClaude],
+            model_mapping: { [M.viaClaude]: 'claude-real-1' },
+        });
+        await makeChannel(gw, { type: 1, base_url: oa.url, key: oaKey, models: [M.viaOpenai] });
+        ({ key, token } = await makeUserKey(gw));
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await Promise.all([gm, rr, an, oa].map((m) => m?.close()));
+            await dropDb(db);
+        }
+    });
+
+    /* ============================================================== */
+    describe('Gemini native pass-through', () => {
+        const ttsBody = (text = 'Say cheerfully: have a wonderful day!') => JSON.stringify({
+            contents: [{ role: 'user', parts: [{ text }] }],
+            generationConfig: {
+                responseModalities: ['AUDIO'],
+                speechConfig: { voiceConfig: { prebuiltVoiceConfig: { voiceName: 'Kore' } } },
+                temperature: 0.7,
+            },
+            safetySettings: [{ category: 'HARM_CATEGORY_HARASSMENT', threshold: 'BLOCK_NONE' }],
+        }, null, 2);
+
+        test('generateContent: request and response bytes unchanged, channel key upstream', async () => {
+            const answer = geminiAudioText();
+            gm.handler = (req, res) => sendJson(res, 200, answer, { 'X-Vendor': 'g' });
+            const body = ttsBody();
+            const r = await gw.req('POST', `/v1beta/models/${M.tts}:generateContent`, {
+                key, body, headers: { 'Content-Type': 'application/json' },
+            });
+            assertOk(r);
+            assert.equal(r.text, answer, 'the answer passes through unchanged');
+            assert.match(r.headers['content-type'], /^application\/json/);
+            const up = last(gm);
+            assert.equal(up.method, 'POST');
+            assert.equal(up.path, `/v1beta/models/${M.tts}:generateContent`);
+            assert.equal(up.headers['x-goog-api-key'], gmKey);
+            assert.equal(up.body, body, 'the request body reaches the upstream unchanged');
+            assert.ok(!JSON.stringify(up.headers).includes(key.slice(3)),
+                'the client key never reaches the upstream');
+            const row = (await waitLogs(gw, { token_id: token.id, model: M.tts },
+                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
+                .items.find((i) => i.request_id === r.headers['x-request-id']);
+            assert.equal(row.prompt_tokens, 9);
+            assert.equal(row.completion_tokens, 160);
+        });
+
+        test('the key is accepted as Bearer, x-goog-api-key and ?key=, never sent upstream', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
+            const p = `/v1beta/models/${M.tts}:generateContent`;
+            const body = ttsBody();
+            const ways = {
+                bearer: await gw.req('POST', p, { body, headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' } }),
+                header: await gw.req('POST', p, { body, headers: { 'x-goog-api-key': key, 'Content-Type': 'application/json' } }),
+                query: await gw.req('POST', `${p}?key=${key}`, { body, headers: { 'Content-Type': 'application/json' } }),
+            };
+            for (const [how, r] of Object.entries(ways)) {
+                assert.equal(r.status, 200, `${how}: ${r.status} ${r.text.slice(0, 300)}`);
+            }
+            for (const up of gm.requests.slice(-3)) {
+                assert.equal(up.path, p, 'no client key in the upstream URL');
+                assert.equal(up.headers['x-goog-api-key'], gmKey);
+                assert.ok(!JSON.stringify(up.headers).includes(key.slice(3)));
+            }
+            const bad = `sk-${hex(24)}`;
+            assertError(await gw.req('POST', p, { body, headers: { 'x-goog-api-key': bad } }), 401,
+                { code: 'invalid_token' });
+            assertError(await gw.req('POST', `${p}?key=${bad}`, { body }), 401, { code: 'invalid_token' });
+            assertError(await gw.req('POST', p, { body }), 401, { code: 'invalid_token' });
+        });
+
+        test('model_mapping rewrites the model in the upstream URL only', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
+            const body = ttsBody('mapped');
+            const r = await gw.req('POST', `/v1beta/models/${M.ttsMapped}:generateContent`, { key, body });
+            assertOk(r);
+            assert.equal(last(gm).path, '/v1beta/models/gemini-2.5-flash-preview-tts:generateContent');
+            assert.equal(last(gm).body, body);
+        });
+
+        test('streamGenerateContent?alt=sse: events pass through in order', async () => {
+            const frames = geminiStreamFrames(['Hel', 'lo ', 'there']);
+            gm.handler = async (req, res) => {
+                sseHead(res);
+                for (const f of frames) {
+                    res.write(f);
+                    await new Promise((s) => setTimeout(s, 50));
+                }
+                res.end();
+            };
+            const body = ttsBody('stream me');
+            const r = await gw.req('POST', `/v1beta/models/${M.tts}:streamGenerateContent?alt=sse`, { key, body });
+            assertOk(r);
+            assert.match(r.headers['content-type'], /^text\/event-stream/);
+            const up = last(gm);
+            assert.equal(up.path, `/v1beta/models/${M.tts}:streamGenerateContent?alt=sse`);
+            assert.equal(up.headers['x-goog-api-key'], gmKey);
+            assert.equal(up.body, body);
+            const got = sseEvents(r.text).map((e) => JSON.parse(e.data));
+            const want = frames.map((f) => JSON.parse(f.slice(6)));
+            assert.deepEqual(got, want);
+        });
+
+        test('an upstream Gemini error keeps its status and message', async () => {
+            gm.handler = (req, res) => sendJson(res, 400, {
+                error: { code: 400, message: 'Unsupported voice: Nobody', status: 'INVALID_ARGUMENT' },
+            });
+            const r = await gw.req('POST', `/v1beta/models/${M.tts}:generateContent`, { key, body: ttsBody() });
+            assert.equal(r.status, 400, r.text);
+            assert.ok(r.text.includes('Unsupported voice: Nobody'), r.text);
+            assert.ok(r.headers['x-request-id']);
+        });
+
+        test('400 when contents is missing; the upstream is not called', async () => {
+            const n = gm.requests.length;
+            const r = await gw.req('POST', `/v1beta/models/${M.tts}:generateContent`, {
+                key, body: { generationConfig: { responseModalities: ['AUDIO'] } },
+            });
+            assertError(r, 400, { code: 'invalid_request' });
+            assert.equal(gm.requests.length, n);
+        });
+    });
+
+    /* ============================================================== */
+    describe('rerank', () => {
+        const rerank = (body, path = '/v1/rerank') => gw.req('POST', path, { key, body });
+
+        /* The answer shape every upstream must be normalised to. */
+        function assertRerank(r, { n, docs = false, input = DOCS }) {
+            assertOk(r);
+            const j = r.json;
+            assert.ok(j && typeof j.id === 'string' && j.id.length > 0, `id: ${r.text}`);
+            assert.ok(j.meta && typeof j.meta === 'object' && !Array.isArray(j.meta), `meta: ${r.text}`);
+            assert.ok(Array.isArray(j.results), r.text);
+            assert.equal(j.results.length, n, r.text);
+            const seen = new Set();
+            for (const x of j.results) {
+                assert.ok(Number.isInteger(x.index) && x.index >= 0 && x.index < input.length, r.text);
+                assert.ok(!seen.has(x.index), `index once: ${r.text}`);
+                seen.add(x.index);
+                assert.equal(x.relevance_score, SCORES[x.index % 4], `score of ${x.index}: ${r.text}`);
+                if (docs) {
+                    assert.deepEqual(x.document, { text: input[x.index] }, r.text);
+                } else {
+                    assert.ok(!('document' in x), `no document unless asked: ${r.text}`);
+                }
+            }
+            for (let i = 1; i < j.results.length; i++) {
+                assert.ok(j.results[i - 1].relevance_score >= j.results[i].relevance_score,
+                    `sorted by score, highest first: ${r.text}`);
+            }
+            return j;
+        }
+
+        test('400 for a missing model, query or documents, or empty documents', async () => {
+            const n = rr.requests.length;
+            const cases = [
+                [{ query: 'q', documents: DOCS }, 'model_not_specified'],
+                [{ model: M.cohere, documents: DOCS }, undefined],
+                [{ model: M.cohere, query: 'q' }, undefined],
+                [{ model: M.cohere, query: 'q', documents: [] }, undefined],
+            ];
+            for (const [body, code] of cases) {
+                const r = await rerank(body);
+                assertError(r, 400, code ? { code } : {});
+            }
+            assert.equal(rr.requests.length, n, 'no upstream call for an invalid request');
+        });
+
+        for (const [kind, model, prefix] of [
+            ['Cohere (34)', 'cohere', '/cohere'],
+            ['Jina (38)', 'jina', '/jina'],
+            ['OpenAI-compatible (1)', 'oaRerank', '/oa'],
+        ]) {
+            test(`${kind}: <base_url>/v1/rerank with the channel key; sorted, no documents by default`, async () => {
+                const r = await rerank({ model: M[model], query: 'Where is the Eiffel Tower?', documents: DOCS });
+                const j = assertRerank(r, { n: DOCS.length, docs: false });
+                assert.deepEqual(j.results.map((x) => x.index), [2, 0, 3, 1]);
+                const up = last(rr);
+                assert.equal(up.method, 'POST');
+                assert.equal(up.path, `${prefix}/v1/rerank`);
+                assert.equal(up.headers.authorization, `Bearer ${rrKey}`);
+                assert.equal(up.json.query, 'Where is the Eiffel Tower?');
+                assert.deepEqual(up.json.documents, DOCS);
+                assert.ok(!('top_n' in up.json), `top_n not defaulted: ${up.body}`);
+            });
+
+            test(`${kind}: return_documents true gives each result its document; top_n as given`, async () => {
+                const r = await rerank({
+                    model: M[model], query: 'Paris', documents: DOCS, top_n: 2, return_documents: true,
+                });
+                const j = assertRerank(r, { n: 2, docs: true });
+                assert.deepEqual(j.results.map((x) => x.index), [2, 0]);
+                assert.equal(last(rr).json.top_n, 2);
+            });
+        }
+
+        test('Cohere: meta carries the upstream billed_units', async () => {
+            const j = assertRerank(await rerank({ model: M.cohere, query: 'q', documents: DOCS }),
+                { n: DOCS.length });
+            assert.deepEqual(j.meta.billed_units, { search_units: 1 });
+        });
+
+        test('Jina: model_mapping names the upstream model; an id is made when the upstream has none', async () => {
+            const j = assertRerank(await rerank({ model: M.jina, query: 'q', documents: DOCS, return_documents: false }),
+                { n: DOCS.length });
+            assert.equal(last(rr).json.model, 'jina-reranker-v2-base-multilingual');
+            assert.ok(j.id);
+        });
+
+        test('/v2/rerank (the Cohere v2 client) is served the same way', async () => {
+            const r = await rerank({ model: M.cohere, query: 'q', documents: DOCS, top_n: 3 }, '/v2/rerank');
+            const j = assertRerank(r, { n: 3 });
+            assert.deepEqual(j.results.map((x) => x.index), [2, 0, 3]);
+            assert.equal(last(rr).path, '/cohere/v1/rerank');
+        });
+
+        test('an upstream rerank error keeps its status and message', async () => {
+            rr.handler = (req, res) => sendJson(res, 422, { message: 'too many documents for this model' });
+            try {
+                const r = await rerank({ model: M.cohere, query: 'q', documents: DOCS });
+                assert.equal(r.status, 422, r.text);
+                assert.ok(r.text.includes('too many documents'), r.text);
+            } finally {
+                rr.handler = (req, res, rec) => {
+                    const kind = rec.path.startsWith('/cohere') ? 'cohere'
+                        : rec.path.startsWith('/jina') ? 'jina' : 'oa';
+                    sendJson(res, 200, rerankUpstream(kind, rec.json));
+                };
+            }
+        });
+    });
+
+    /* ============================================================== */
+    describe('format conversion', () => {
+        const chatBody = (model, extra = {}) => ({
+            model,
+            messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hello there' }],
+            ...extra,
+        });
+
+        /* -------- chat -> Anthropic channel -------- */
+
+        test('chat -> Anthropic: system, messages, max_tokens, stop; answer as chat.completion', async () => {
+            an.handler = (req, res) => sendJson(res, 200, anthropicMessage({
+                model: 'claude-real-1', content: 'Bonjour!',
+                usage: { input_tokens: 11, output_tokens: 7 },
+            }));
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.viaClaude, { max_tokens: 50, stop: ['END'], temperature: 0.3 }),
+            });
+            assertOk(r);
+            const up = last(an);
+            assert.equal(up.path, '/v1/messages');
+            assert.equal(up.headers['x-api-key'], anKey);
+            assert.ok(up.headers['anthropic-version'], 'anthropic-version sent');
+            assert.equal(up.json.model, 'claude-real-1');
+            assert.equal(blocksText(up.json.system), 'be brief');
+            assert.equal(up.json.messages.length, 1, up.body);
+            assert.equal(up.json.messages[0].role, 'user');
+            assert.equal(blocksText(up.json.messages[0].content), 'hello there');
+            assert.equal(up.json.max_tokens, 50);
+            assert.deepEqual(up.json.stop_sequences, ['END']);
+            assert.equal(up.json.temperature, 0.3);
+
+            const j = r.json;
+            assert.equal(j.object, 'chat.completion', r.text);
+            assert.equal(j.choices.length, 1);
+            assert.equal(j.choices[0].message.role, 'assistant');
+            assert.equal(j.choices[0].message.content, 'Bonjour!');
+            assert.equal(j.choices[0].finish_reason, 'stop');
+            assert.equal(j.usage.prompt_tokens, 11);
+            assert.equal(j.usage.completion_tokens, 7);
+            assert.equal(j.usage.total_tokens, 18);
+        });
+
+        test('chat -> Anthropic: max_tokens is always sent (Anthropic requires it)', async () => {
+            an.handler = echo;
+            assertOk(await gw.req('POST', '/v1/chat/completions', { key, body: chatBody(M.viaClaude) }));
+            const mt = last(an).json.max_tokens;
+            assert.ok(Number.isInteger(mt) && mt > 0, `max_tokens ${mt}`);
+        });
+
+        test('chat -> Anthropic: tools and tool calls both ways; max_tokens stop reason -> length', async () => {
+            an.handler = (req, res, rec) => sendJson(res, 200, {
+                id: `msg_${hex(6)}`, type: 'message', role: 'assistant', model: rec.json.model,
+                content: [
+                    { type: 'text', text: 'Let me check.' },
+                    { type: 'tool_use', id: 'toolu_01A', name: 'get_weather', input: { city: 'Paris' } },
+                ],
+                stop_reason: 'tool_use', stop_sequence: null,
+                usage: { input_tokens: 30, output_tokens: 12 },
+            });
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.viaClaude, { tools: OPENAI_TOOLS, tool_choice: 'auto' }),
+            });
+            assertOk(r);
+            const upTools = last(an).json.tools;
+            assert.equal(upTools.length, 1, last(an).body);
+            assert.equal(upTools[0].name, 'get_weather');
+            assert.equal(upTools[0].description, 'Weather of a city');
+            assert.deepEqual(upTools[0].input_schema, WEATHER_SCHEMA);
+            const msg = r.json.choices[0].message;
+            assert.equal(r.json.choices[0].finish_reason, 'tool_calls');
+            assert.equal(msg.tool_calls.length, 1, r.text);
+            assert.equal(msg.tool_calls[0].type, 'function');
+            assert.equal(msg.tool_calls[0].id, 'toolu_01A');
+            assert.equal(msg.tool_calls[0].function.name, 'get_weather');
+            assert.deepEqual(JSON.parse(msg.tool_calls[0].function.arguments), { city: 'Paris' });
+
+            /* the follow-up turn with the tool result */
+            an.handler = (req, res, rec) => sendJson(res, 200, {
+                ...anthropicMessage({ model: rec.json.model, content: 'It is sunny.' }),
+                stop_reason: 'max_tokens',
+            });
+            const r2 = await gw.req('POST', '/v1/chat/completions', {
+                key,
+                body: {
+                    model: M.viaClaude, tools: OPENAI_TOOLS,
+                    messages: [
+                        { role: 'user', content: 'Weather in Paris?' },
+                        { role: 'assistant', content: null, tool_calls: [{ id: 'toolu_01A', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+                        { role: 'tool', tool_call_id: 'toolu_01A', content: '{"sky":"sunny"}' },
+                    ],
+                },
+            });
+            assertOk(r2);
+            const msgs = last(an).json.messages;
+            assert.equal(msgs.length, 3, last(an).body);
+            assert.equal(msgs[1].role, 'assistant');
+            const use = msgs[1].content.find((b) => b.type === 'tool_use');
+            assert.ok(use, last(an).body);
+            assert.equal(use.id, 'toolu_01A');
+            assert.equal(use.name, 'get_weather');
+            assert.deepEqual(use.input, { city: 'Paris' });
+            assert.equal(msgs[2].role, 'user');
+            const res = msgs[2].content.find((b) => b.type === 'tool_result');
+            assert.ok(res, last(an).body);
+            assert.equal(res.tool_use_id, 'toolu_01A');
+            assert.equal(blocksText(res.content), '{"sky":"sunny"}');
+            assert.equal(r2.json.choices[0].message.content, 'It is sunny.');
+            assert.equal(r2.json.choices[0].finish_reason, 'length');
+        });
+
+        test('chat -> Anthropic: a data-URL image becomes a base64 image block', async () => {
+            an.handler = echo;
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key,
+                body: {
+                    model: M.viaClaude, max_tokens: 20,
+                    messages: [{
+                        role: 'user', content: [
+                            { type: 'text', text: 'What is this?' },
+                            { type: 'image_url', image_url: { url: `data:image/png;base64,${PNG_B64}` } },
+                        ],
+                    }],
+                },
+            });
+            assertOk(r);
+            const content = last(an).json.messages[0].content;
+            assert.ok(Array.isArray(content), last(an).body);
+            assert.deepEqual(content.find((b) => b.type === 'image'),
+                { type: 'image', source: { type: 'base64', media_type: 'image/png', data: PNG_B64 } });
+            assert.equal(blocksText(content), 'What is this?');
+        });
+
+        test('chat -> Anthropic stream: chat.completion.chunk events, usage only when asked', async () => {
+            an.handler = (req, res, rec) => anthropicStream(res, ['Bon', 'jour'], {
+                model: rec.json.model, usage: { input_tokens: 10, output_tokens: 20 },
+            });
+            for (const asked of [false, true]) {
+                const extra = asked ? { stream: true, stream_options: { include_usage: true } } : { stream: true };
+                const r = await gw.req('POST', '/v1/chat/completions', { key, body: chatBody(M.viaClaude, extra) });
+                assertOk(r);
+                assert.match(r.headers['content-type'], /^text\/event-stream/);
+                assert.equal(last(an).json.stream, true);
+                const ev = sseEvents(r.text);
+                assert.equal(ev[ev.length - 1].data, '[DONE]', r.text);
+                const chunks = chatChunks(r.text);
+                assert.ok(chunks.every((c) => c.object === 'chat.completion.chunk'), r.text);
+                assert.equal(deltaText(chunks), 'Bonjour');
+                assert.ok(chunks.some((c) => c.choices && c.choices[0] && c.choices[0].finish_reason === 'stop'),
+                    `finish_reason stop: ${r.text}`);
+                const usage = chunks.filter((c) => c.usage);
+                if (asked) {
+                    assert.equal(usage.length, 1, r.text);
+                    assert.equal(usage[0].usage.prompt_tokens, 10);
+                    assert.equal(usage[0].usage.completion_tokens, 20);
+                } else {
+                    assert.equal(usage.length, 0, `no usage chunk unless asked: ${r.text}`);
+                }
+                const row = (await waitLogs(gw, { token_id: token.id, model: M.viaClaude },
+                    (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
+                    .items.find((i) => i.request_id === r.headers['x-request-id']);
+                assert.equal(row.prompt_tokens, 10);
+                assert.equal(row.completion_tokens, 20);
+                assert.equal(row.is_stream, true);
+            }
+        });
+
+        test('chat -> Anthropic: an upstream error comes back in the OpenAI error format', async () => {
+            an.handler = (req, res) => anthropicError(res, 400, 'max_tokens: 999999 > 8192, the maximum');
+            const r = await gw.req('POST', '/v1/chat/completions', { key, body: chatBody(M.viaClaude, { max_tokens: 999999 }) });
+            assert.equal(r.status, 400, r.text);
+            assert.ok(r.json && r.json.error && typeof r.json.error === 'object', r.text);
+            assert.ok(r.json.error.message.includes('max_tokens: 999999 > 8192'), r.text);
+            assert.equal(typeof r.json.error.type, 'string');
+            assert.ok(!('type' in r.json && r.json.type === 'error'), `not the Anthropic shape: ${r.text}`);
+        });
+
+        /* -------- chat -> Gemini channel -------- */
+
+        test('chat -> Gemini: contents, systemInstruction, generationConfig; answer as chat.completion', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiText({
+                text: 'Salut!',
+                usage: { promptTokenCount: 12, candidatesTokenCount: 30, thoughtsTokenCount: 5, totalTokenCount: 47 },
+            }));
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.viaGemini, { max_tokens: 64, temperature: 0.2, stop: ['END'] }),
+            });
+            assertOk(r);
+            const up = last(gm);
+            assert.equal(up.path, `/v1beta/models/${M.viaGemini}:generateContent`);
+            assert.equal(up.headers['x-goog-api-key'], gmKey);
+            assert.ok(!up.headers.authorization || !up.headers.authorization.includes(key.slice(3)));
+            assert.deepEqual(up.json.contents, [{ role: 'user', parts: [{ text: 'hello there' }] }]);
+            assert.deepEqual(up.json.systemInstruction.parts.map((p) => p.text).join(''), 'be brief');
+            assert.equal(up.json.generationConfig.maxOutputTokens, 64);
+            assert.equal(up.json.generationConfig.temperature, 0.2);
+            assert.deepEqual(up.json.generationConfig.stopSequences, ['END']);
+            assert.ok(!('model' in up.json) && !('messages' in up.json), up.body);
+
+            const j = r.json;
+            assert.equal(j.object, 'chat.completion', r.text);
+            assert.equal(j.choices[0].message.role, 'assistant');
+            assert.equal(j.choices[0].message.content, 'Salut!');
+            assert.equal(j.choices[0].finish_reason, 'stop');
+            assert.equal(j.usage.prompt_tokens, 12);
+            assert.equal(j.usage.completion_tokens, 35, 'thoughts count as completion');
+        });
+
+        test('chat -> Gemini: tools become functionDeclarations; functionCall becomes tool_calls', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiText({
+                parts: [{ functionCall: { name: 'get_weather', args: { city: 'Paris' } } }],
+            }));
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.viaGemini, { tools: OPENAI_TOOLS }),
+            });
+            assertOk(r);
+            const decl = last(gm).json.tools.flatMap((t) => t.functionDeclarations || []);
+            assert.equal(decl.length, 1, last(gm).body);
+            assert.equal(decl[0].name, 'get_weather');
+            assert.equal(decl[0].description, 'Weather of a city');
+            assert.ok(decl[0].parameters && decl[0].parameters.properties.city, last(gm).body);
+            const msg = r.json.choices[0].message;
+            assert.equal(r.json.choices[0].finish_reason, 'tool_calls', r.text);
+            assert.equal(msg.tool_calls.length, 1, r.text);
+            assert.equal(msg.tool_calls[0].type, 'function');
+            assert.ok(msg.tool_calls[0].id, 'a tool call id is made');
+            assert.equal(msg.tool_calls[0].function.name, 'get_weather');
+            assert.deepEqual(JSON.parse(msg.tool_calls[0].function.arguments), { city: 'Paris' });
+        });
+
+        test('chat -> Gemini: images become inlineData; MAX_TOKENS -> length', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiText({ text: 'A pixel', finishReason: 'MAX_TOKENS' }));
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key,
+                body: {
+                    model: M.viaGemini,
+                    messages: [{
+                        role: 'user', content: [
+                            { type: 'text', text: 'What is this?' },
+                            { type: 'image_url', image_url: { url: `data:image/png;base64,${PNG_B64}` } },
+                        ],
+                    }],
+                },
+            });
+            assertOk(r);
+            const parts = last(gm).json.contents[0].parts;
+            assert.deepEqual(parts.find((p) => p.inlineData), { inlineData: { mimeType: 'image/png', data: PNG_B64 } });
+            assert.equal(parts.filter((p) => p.text).map((p) => p.text).join(''), 'What is this?');
+            assert.equal(r.json.choices[0].finish_reason, 'length');
+        });
+
+        test('chat -> Gemini stream: streamGenerateContent?alt=sse re-framed as chunks', async () => {
+            gm.handler = async (req, res) => {
+                sseHead(res);
+                for (const f of geminiStreamFrames(['Hel', 'lo'])) {
+                    res.write(f);
+                }
+                res.end();
+            };
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.viaGemini, { stream: true, stream_options: { include_usage: true } }),
+            });
+            assertOk(r);
+            assert.equal(last(gm).path, `/v1beta/models/${M.viaGemini}:streamGenerateContent?alt=sse`);
+            assert.match(r.headers['content-type'], /^text\/event-stream/);
+            const ev = sseEvents(r.text);
+            assert.equal(ev[ev.length - 1].data, '[DONE]', r.text);
+            const chunks = chatChunks(r.text);
+            assert.ok(chunks.every((c) => c.object === 'chat.completion.chunk'), r.text);
+            assert.equal(deltaText(chunks), 'Hello');
+            assert.ok(chunks.some((c) => c.choices && c.choices[0] && c.choices[0].finish_reason === 'stop'), r.text);
+            const u = chunks.filter((c) => c.usage);
+            assert.equal(u.length, 1, r.text);
+            assert.equal(u[0].usage.prompt_tokens, 5);
+            assert.equal(u[0].usage.completion_tokens, 7);
+        });
+
+        test('chat -> Gemini: an upstream error comes back in the OpenAI error format', async () => {
+            gm.handler = (req, res) => sendJson(res, 400, {
+                error: { code: 400, message: 'Request contains an invalid argument.', status: 'INVALID_ARGUMENT' },
+            });
+            const r = await gw.req('POST', '/v1/chat/completions', { key, body: chatBody(M.viaGemini) });
+            assert.equal(r.status, 400, r.text);
+            assert.ok(r.json && r.json.error && typeof r.json.error.message === 'string', r.text);
+            assert.ok(r.json.error.message.includes('Request contains an invalid argument.'), r.text);
+            assert.equal(typeof r.json.error.type, 'string', r.text);
+        });
+
+        /* -------- messages -> OpenAI channel -------- */
+
+        const msgBody = (extra = {}) => ({
+            model: M.viaOpenai, max_tokens: 64, system: 'be brief',
+            messages: [{ role: 'user', content: 'hello there' }], ...extra,
+        });
+
+        test('messages -> OpenAI: system, messages, max_tokens, stop; answer as an Anthropic message', async () => {
+            oa.handler = (req, res, rec) => sendJson(res, 200, openaiChat({
+                model: rec.json.model, content: 'Hi!', usage: { prompt_tokens: 13, completion_tokens: 4 },
+            }));
+            const r = await gw.req('POST', '/v1/messages', {
+                key, body: msgBody({ stop_sequences: ['END'], temperature: 0.4 }),
+            });
+            assertOk(r);
+            const up = last(oa);
+            assert.equal(up.path, '/v1/chat/completions');
+            assert.equal(up.headers.authorization, `Bearer ${oaKey}`);
+            assert.equal(up.json.model, M.viaOpenai);
+            assert.equal(up.json.messages.length, 2, up.body);
+            assert.equal(up.json.messages[0].role, 'system');
+            assert.equal(partsText(up.json.messages[0].content), 'be brief');
+            assert.equal(up.json.messages[1].role, 'user');
+            assert.equal(partsText(up.json.messages[1].content), 'hello there');
+            assert.equal(up.json.max_tokens ?? up.json.max_completion_tokens, 64);
+            assert.deepEqual([].concat(up.json.stop), ['END']);
+            assert.equal(up.json.temperature, 0.4);
+
+            const j = r.json;
+            assert.equal(j.type, 'message', r.text);
+            assert.equal(j.role, 'assistant');
+            assert.deepEqual(j.content, [{ type: 'text', text: 'Hi!' }]);
+            assert.equal(j.stop_reason, 'end_turn');
+            assert.equal(j.usage.input_tokens, 13);
+            assert.equal(j.usage.output_tokens, 4);
+            assert.ok(typeof j.id === 'string' && j.id.length > 0);
+        });
+
+        test('messages -> OpenAI: tools and tool_use both ways; length -> max_tokens', async () => {
+            oa.handler = (req, res, rec) => sendJson(res, 200, {
+                id: 'chatcmpl-t', object: 'chat.completion', created: 1, model: rec.json.model,
+                choices: [{
+                    index: 0, finish_reason: 'tool_calls',
+                    message: {
+                        role: 'assistant', content: null,
+                        tool_calls: [{ id: 'call_9', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }],
+                    },
+                }],
+                usage: { prompt_tokens: 20, completion_tokens: 9, total_tokens: 29 },
+            });
+            const r = await gw.req('POST', '/v1/messages', { key, body: msgBody({ tools: ANTHROPIC_TOOLS }) });
+            assertOk(r);
+            const upTools = last(oa).json.tools;
+            assert.equal(upTools.length, 1, last(oa).body);
+            assert.equal(upTools[0].type, 'function');
+            assert.equal(upTools[0].function.name, 'get_weather');
+            assert.equal(upTools[0].function.description, 'Weather of a city');
+            assert.deepEqual(upTools[0].function.parameters, WEATHER_SCHEMA);
+            assert.equal(r.json.stop_reason, 'tool_use', r.text);
+            const use = r.json.content.find((b) => b.type === 'tool_use');
+            assert.ok(use, r.text);
+            assert.equal(use.name, 'get_weather');
+            assert.deepEqual(use.input, { city: 'Paris' });
+            assert.ok(use.id, r.text);
+
+            oa.handler = (req, res, rec) => sendJson(res, 200, {
+                ...openaiChat({ model: rec.json.model, content: 'Sunny and' }),
+                choices: [{ index: 0, message: { role: 'assistant', content: 'Sunny and' }, finish_reason: 'length' }],
+            });
+            const r2 = await gw.req('POST', '/v1/messages', {
+                key,
+                body: msgBody({
+                    tools: ANTHROPIC_TOOLS,
+                    messages: [
+                        { role: 'user', content: 'Weather in Paris?' },
+                        { role: 'assistant', content: [{ type: 'tool_use', id: use.id, name: 'get_weather', input: { city: 'Paris' } }] },
+                        { role: 'user', content: [{ type: 'tool_result', tool_use_id: use.id, content: 'sunny' }] },
+                    ],
+                }),
+            });
+            assertOk(r2);
+            const msgs = last(oa).json.messages.filter((m) => m.role !== 'system');
+            const asst = msgs.find((m) => m.role === 'assistant');
+            assert.ok(asst && asst.tool_calls && asst.tool_calls.length === 1, last(oa).body);
+            assert.equal(asst.tool_calls[0].id, use.id);
+            assert.equal(asst.tool_calls[0].function.name, 'get_weather');
+            assert.deepEqual(JSON.parse(asst.tool_calls[0].function.arguments), { city: 'Paris' });
+            const tool = msgs.find((m) => m.role === 'tool');
+            assert.ok(tool, last(oa).body);
+            assert.equal(tool.tool_call_id, use.id);
+            assert.equal(partsText(tool.content), 'sunny');
+            assert.equal(r2.json.stop_reason, 'max_tokens');
+        });
+
+        test('messages -> OpenAI: a base64 image block becomes an image_url data URL', async () => {
+            oa.handler = echo;
+            const r = await gw.req('POST', '/v1/messages', {
+                key,
+                body: msgBody({
+                    messages: [{
+                        role: 'user', content: [
+                            { type: 'image', source: { type: 'base64', media_type: 'image/png', data: PNG_B64 } },
+                            { type: 'text', text: 'What is this?' },
+                        ],
+                    }],
+                }),
+            });
+            assertOk(r);
+            const content = last(oa).json.messages.find((m) => m.role === 'user').content;
+            assert.ok(Array.isArray(content), last(oa).body);
+            const img = content.find((p) => p.type === 'image_url');
+            assert.ok(img, last(oa).body);
+            assert.equal(img.image_url.url, `data:image/png;base64,${PNG_B64}`);
+            assert.equal(partsText(content), 'What is this?');
+        });
+
+        test('messages -> OpenAI stream: Anthropic events in order, usage from the upstream', async () => {
+            oa.handler = (req, res, rec) => openaiStream(res, ['Hello', ' world'], {
+                model: rec.json.model, usage: { prompt_tokens: 8, completion_tokens: 2 },
+            });
+            const r = await gw.req('POST', '/v1/messages', { key, body: msgBody({ stream: true }) });
+            assertOk(r);
+            assert.match(r.headers['content-type'], /^text\/event-stream/);
+            const up = last(oa).json;
+            assert.equal(up.stream, true);
+            assert.equal(up.stream_options && up.stream_options.include_usage, true,
+                'usage asked from the upstream');
+            const ev = sseEvents(r.text);
+            const names = ev.map((e) => e.event);
+            assert.equal(names[0], 'message_start', r.text);
+            assert.equal(names[names.length - 1], 'message_stop', r.text);
+            for (const n of ['content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta']) {
+                assert.ok(names.includes(n), `${n}: ${names}`);
+            }
+            assert.ok(names.indexOf('content_block_start') < names.indexOf('content_block_delta'));
+            assert.ok(names.lastIndexOf('content_block_delta') < names.indexOf('content_block_stop'));
+            assert.ok(names.indexOf('content_block_stop') < names.indexOf('message_delta'));
+            const data = ev.map((e) => JSON.parse(e.data));
+            data.forEach((d, i) => assert.equal(d.type, names[i], 'event name = data.type'));
+            const text = data.filter((d) => d.type === 'content_block_delta')
+                .map((d) => d.delta.text || '').join('');
+            assert.equal(text, 'Hello world');
+            const md = data.find((d) => d.type === 'message_delta');
+            assert.equal(md.delta.stop_reason, 'end_turn');
+            assert.equal(md.usage.output_tokens, 2);
+            const row = (await waitLogs(gw, { token_id: token.id, model: M.viaOpenai },
+                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
+                .items.find((i) => i.request_id === r.headers['x-request-id']);
+            assert.equal(row.prompt_tokens, 8);
+            assert.equal(row.completion_tokens, 2);
+        });
+
+        test('messages -> OpenAI: an upstream error comes back in the Anthropic error format', async () => {
+            oa.handler = (req, res) => openaiError(res, 400, "Invalid value for 'temperature'");
+            const r = await gw.req('POST', '/v1/messages', { key, body: msgBody({ temperature: 9 }) });
+            assert.equal(r.status, 400, r.text);
+            assert.ok(r.json, r.text);
+            assert.equal(r.json.type, 'error', r.text);
+            assert.equal(typeof r.json.error.type, 'string', r.text);
+            assert.ok(r.json.error.message.includes("Invalid value for 'temperature'"), r.text);
+        });
+
+        test('500 convert_request_failed: a chat or messages call for a rerank-only model', async () => {
+            const n = rr.requests.length;
+            const r = await gw.chat(key, M.cohere);
+            assertError(r, 500, { code: 'convert_request_failed' });
+            const r2 = await gw.messages(key, M.cohere);
+            assert.equal(r2.status, 500, r2.text);
+            assert.ok(r2.json && r2.json.error && typeof r2.json.error.message === 'string', r2.text);
+            assert.equal(rr.requests.length, n, 'the upstream was not called');
+        });
+    });
+});
