@@ -22,6 +22,10 @@
 #
 # Env: DURATION (10s)  CONNECTIONS (32)  THREADS (2)  ROUNDS (3, at least 2)
 #      WARMUP (3s)  USERS (32)  MODEL (bench-model)  BENCH_KEEP=1
+#      FLUSH_INTERVAL (unset: the module's llmgw_flush_interval default)
+#      OTHER_MAX (10) RETRIES (2): a run during which more than OTHER_MAX %
+#        of the CPU went to processes that are not the benchmark's is run
+#        again, at most RETRIES times, keeping the quietest attempt
 # This is a benchmark, not a test: it prints figures and fails only when
 # something did not run (a target missed is reported, not an error).
 set -euo pipefail
@@ -35,6 +39,8 @@ CONNECTIONS=${CONNECTIONS:-32}
 THREADS=${THREADS:-2}
 ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-3s}
+OTHER_MAX=${OTHER_MAX:-10}
+RETRIES=${RETRIES:-2}
 USERS=${USERS:-32}
 MODEL=${MODEL:-bench-model}
 
@@ -47,7 +53,8 @@ secs() {  # 10s / 1m / 10 -> seconds
         *) echo "$1" ;;
     esac
 }
-case "$CONNECTIONS$ROUNDS$USERS$THREADS" in *[!0-9]*) die "CONNECTIONS, ROUNDS, USERS, THREADS must be numbers" ;; esac
+case "$CONNECTIONS$ROUNDS$USERS$THREADS$OTHER_MAX$RETRIES" in *[!0-9]*) die "CONNECTIONS, ROUNDS, USERS, THREADS, OTHER_MAX, RETRIES must be whole numbers" ;; esac
+[ "$RETRIES" -le 5 ] || die "RETRIES above 5"
 [ "$ROUNDS" -ge 2 ] || die "ROUNDS must be at least 2"
 [ "$(secs "$DURATION")" -le 300 ] || die "DURATION above 300 s"
 [ "$ROUNDS" -le 20 ] || die "ROUNDS above 20"
@@ -118,57 +125,87 @@ parse_wrk() {
     }' "$1"
 }
 
-gw_requests=0
+gw_requests=0   # every gateway request wrk completed (warm-up and retries too)
 gw_non2xx=0
 gw_errors=0
 bare_non2xx=0
 
-log "warm-up: ${WARMUP} each"
-run_wrk warmup-bare "$BARE_URL" "$WARMUP"
-run_wrk warmup-gateway "$GW_URL" "$WARMUP"
-read -r _ _ _ n e q < <(parse_wrk "$OUT/warmup-gateway.txt")
-gw_requests=$((gw_requests + q)); gw_non2xx=$((gw_non2xx + n)); gw_errors=$((gw_errors + e))
+# count_run <target> <file>: adds a run's answers to the totals.
+count_run() {
+    local n e q
+    read -r _ _ _ n e q < <(parse_wrk "$2") || die "cannot parse $2"
+    if [ "$1" = gateway ]; then
+        gw_requests=$((gw_requests + q)); gw_non2xx=$((gw_non2xx + n)); gw_errors=$((gw_errors + e))
+    else
+        bare_non2xx=$((bare_non2xx + n))
+    fi
+}
 
-LEDGER0=$(admin log-total --model "$MODEL")
-# the warm-up's rows may still be on their way: settle before counting
-for _ in $(seq 1 20); do
-    sleep 1
-    t=$(admin log-total --model "$MODEL")
+# Ledger baseline once the set-up probes' rows are in (they are few).
+ledger_total() { admin log-total --model "$MODEL"; }
+LEDGER0=$(ledger_total)
+for _ in $(seq 1 10); do
+    sleep 1.2
+    t=$(ledger_total)
     [ "$t" = "$LEDGER0" ] && break
     LEDGER0=$t
 done
-gw_requests=0
 
+log "warm-up: ${WARMUP} each"
+run_wrk warmup-bare "$BARE_URL" "$WARMUP"
+count_run bare "$OUT/warmup-bare.txt"
+run_wrk warmup-gateway "$GW_URL" "$WARMUP"
+count_run gateway "$OUT/warmup-gateway.txt"
+
+# A run during which more than OTHER_MAX % of the machine went to processes
+# that are not ours (a shared machine) is repeated, at most RETRIES times;
+# the quietest attempt is kept.
+other_of() { cut -f2 "$1"; }
 RESULTS=$BENCH_RUN/results
 : >"$RESULTS"
+retried=0
 for r in $(seq 1 "$ROUNDS"); do
     for target in bare gateway; do
         if [ "$target" = bare ]; then url=$BARE_URL; else url=$GW_URL; fi
-        log "round $r/$ROUNDS: $target (wrk -t$THREADS -c$CONNECTIONS -d$DURATION)"
-        run_wrk "r$r-$target" "$url" "$DURATION"
+        best=
+        for a in $(seq 0 "$RETRIES"); do
+            name=r$r-$target-a$a
+            if [ "$a" -eq 0 ]; then
+                log "round $r/$ROUNDS: $target (wrk -t$THREADS -c$CONNECTIONS -d$DURATION)"
+            else
+                log "round $r/$ROUNDS: $target, retry $a"
+            fi
+            run_wrk "$name" "$url" "$DURATION"
+            count_run "$target" "$OUT/$name.txt"
+            if [ -z "$best" ] || awk -v a="$(other_of "$OUT/$name.cpu")" -v b="$(other_of "$OUT/$best.cpu")" 'BEGIN { exit !(a < b) }'; then
+                best=$name
+            fi
+            awk -v o="$(other_of "$OUT/$name.cpu")" -v m="$OTHER_MAX" 'BEGIN { exit !(o > m) }' || break
+            [ "$a" -lt "$RETRIES" ] && { retried=$((retried + 1)); log "  $(other_of "$OUT/$name.cpu")% of the CPU went elsewhere: again"; }
+        done
+        cp "$OUT/$best.txt" "$OUT/r$r-$target.txt"
+        cp "$OUT/$best.cpu" "$OUT/r$r-$target.cpu"
         line=$(parse_wrk "$OUT/r$r-$target.txt") || die "cannot parse $OUT/r$r-$target.txt"
-        echo "$r $target $line $(cut -f3 "$OUT/r$r-$target.cpu") $(cut -f4 "$OUT/r$r-$target.cpu")" >>"$RESULTS"
-        read -r _ _ _ n e q <<<"$line"
-        if [ "$target" = gateway ]; then
-            gw_requests=$((gw_requests + q)); gw_non2xx=$((gw_non2xx + n)); gw_errors=$((gw_errors + e))
-        else
-            bare_non2xx=$((bare_non2xx + n))
-        fi
+        echo "$r $target $line $(other_of "$OUT/r$r-$target.cpu")" >>"$RESULTS"
     done
 done
 
-# Ledger: rows for every measured gateway request.  Rows are written in
-# batches (llmgw_flush_interval, 1 s): wait until the count stops moving.
-LEDGER1=$(admin log-total --model "$MODEL")
+# Ledger: a row for every gateway request.  Rows are written in batches
+# behind the answers: wait (bounded) until the count stops moving.
+LEDGER1=$(ledger_total)
+drained=
 for _ in $(seq 1 30); do
-    sleep 1
-    t=$(admin log-total --model "$MODEL")
-    if [ "$t" = "$LEDGER1" ] && [ "$t" -ge $((LEDGER0 + gw_requests)) ]; then
+    sleep 1.2
+    t=$(ledger_total)
+    if [ "$t" -ge $((LEDGER0 + gw_requests)) ] || [ "$t" = "$LEDGER1" ]; then
+        LEDGER1=$t
+        drained=1
         break
     fi
     LEDGER1=$t
 done
 ledger_rows=$((LEDGER1 - LEDGER0))
+lost_rows=$(grep -c 'could not be queued' "$BENCH_RUN/gw/logs/error.log" 2>/dev/null || true)
 
 BENCH_OK=1
 
@@ -178,10 +215,14 @@ echo "llmgw chat benchmark  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(machine_line)"
 echo "load: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency, POST /v1/chat/completions ($MODEL), $ROUNDS rounds alternating, warm-up $WARMUP"
 echo
-printf '%-6s %-8s %11s %9s %9s %8s %7s  %s\n' round target 'req/s' 'p50 ms' 'p99 ms' non-2xx errors 'cpu during the round'
+printf '%-6s %-8s %11s %9s %9s %8s %7s\n' round target 'req/s' 'p50 ms' 'p99 ms' non-2xx errors
 while read -r r target rps p50 p99 n e q _; do
-    printf '%-6s %-8s %11.0f %9.3f %9.3f %8d %7d  %s\n' "$r" "$target" "$rps" "$p50" "$p99" "$n" "$e" \
-        "$(cut -f1 "$OUT/r$r-$target.cpu")"
+    printf '%-6s %-8s %11.0f %9.3f %9.3f %8d %7d\n' "$r" "$target" "$rps" "$p50" "$p99" "$n" "$e"
+done <"$RESULTS"
+echo
+echo "CPU during each round, % of all $(nproc) cores (load = wrk; other = processes not ours):"
+while read -r r target _; do
+    printf '%-6s %-8s %s\n' "$r" "$target" "$(cut -f1 "$OUT/r$r-$target.cpu")"
 done <"$RESULTS"
 awk -v conns="$CONNECTIONS" '
     { rps[$2] += $3; p50[$2] += $4; p99[$2] += $5; c[$2]++ }
@@ -198,11 +239,16 @@ awk -v conns="$CONNECTIONS" '
         printf "added p99: %+.3f ms   (target < 1 ms at %d connections: %s)\n", added99, conns, (added99 < 1 ? "met" : "MISSED")
     }' "$RESULTS"
 echo
-echo "gateway: $gw_requests requests measured, $gw_non2xx non-2xx, $gw_errors socket errors; bare: $bare_non2xx non-2xx"
+echo "gateway: $gw_requests requests answered (warm-up and retries included), $gw_non2xx non-2xx, $gw_errors socket errors; bare: $bare_non2xx non-2xx"
+[ "$retried" -gt 0 ] && echo "runs repeated because more than $OTHER_MAX% of the CPU went to other processes: $retried"
+# wrk counts answers; a request still open when wrk stops is not counted,
+# but the gateway writes its row: up to CONNECTIONS more rows per run.
 if [ "$ledger_rows" -ge "$gw_requests" ]; then
-    echo "ledger: GET /api/log total +$ledger_rows (>= $gw_requests measured requests: ok)"
+    echo "ledger: GET /api/log total +$ledger_rows for $gw_requests requests: ok"
 else
-    echo "ledger: GET /api/log total +$ledger_rows, FEWER than the $gw_requests measured requests"
+    echo "ledger: GET /api/log total +$ledger_rows for $gw_requests requests: $((gw_requests - ledger_rows)) rows MISSING" \
+        "($lost_rows 'could not be queued' alerts$([ -z "$drained" ] && echo ", still being written after 36 s"))"
+    echo "        the writer sends at most 1000 rows per worker per llmgw_flush_interval (${FLUSH_INTERVAL:-1000ms}, the default unless FLUSH_INTERVAL is set)"
 fi
 echo "$(gw_log_summary)"
 if [ "$gw_non2xx" -ne 0 ] || [ "$gw_errors" -ne 0 ]; then

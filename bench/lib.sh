@@ -163,6 +163,7 @@ start_nginx() {
     local pid
     "$NGINX" -p "$1" -c "$1/nginx.conf" >"$1/logs/stderr.log" 2>&1 &
     pid=$!
+    NGINX_PID=$pid
     BENCH_PIDS+=("$pid:QUIT")
     if ! wait_port "$2" "$pid"; then
         cat "$1/logs/stderr.log" "$1/logs/error.log" >&2 2>/dev/null || true
@@ -206,10 +207,12 @@ pg_pid() {
     head -n 1 "$BENCH_PG_DIR/pg/postmaster.pid" 2>/dev/null || true
 }
 
-# cpu_snap / cpu_diff: CPU accounting around a measurement (lib/cpu.mjs);
-# ours = this script's process tree and our PostgreSQL.
+# cpu_snap / cpu_diff: CPU accounting around a measurement (lib/cpu.mjs).
+# CPU_ROOTS: label=pid words, specific roots first; "load" (this script's
+# own tree: wrk or the Node client) last.
+CPU_ROOTS=()
 cpu_snap() {
-    node "$BENCH_LIB_DIR/lib/cpu.mjs" snap "$$" "$(pg_pid)"
+    node "$BENCH_LIB_DIR/lib/cpu.mjs" snap "${CPU_ROOTS[@]}" "pg=$(pg_pid)" "load=$$"
 }
 cpu_diff() {
     node "$BENCH_LIB_DIR/lib/cpu.mjs" diff "$1" "$2"
@@ -238,6 +241,7 @@ EOF
 EOF
     } >"$p/nginx.conf"
     start_nginx "$p" "$1" "static upstream"
+    CPU_ROOTS+=("upstream=$NGINX_PID")
 }
 
 # start_bare <port> <upstream port> <extra location text>: stock nginx
@@ -268,6 +272,7 @@ start_bare() {
 EOF
     } >"$p/nginx.conf"
     start_nginx "$p" "$1" "bare nginx proxy_pass"
+    CPU_ROOTS+=("bare=$NGINX_PID")
 }
 
 # start_gateway <port>: nginx with the llmgw module on our database.
@@ -292,6 +297,7 @@ start_gateway() {
 EOF
     } >"$p/nginx.conf"
     start_nginx "$p" "$1" "gateway"
+    CPU_ROOTS+=("gateway=$NGINX_PID")
 }
 
 # Admin helper (bench/lib/admin.mjs) bound to the gateway.

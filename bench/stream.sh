@@ -60,6 +60,7 @@ while [ "$P_GW" = "$P_UP" ] || [ "$P_GW" = "$P_BARE" ]; do P_GW=$(free_port); do
 start_pg
 start_node "$BENCH_RUN/sse-upstream.log" "$SCRIPT_DIR/lib/sse-upstream.mjs" "$P_UP" "$CHUNKS" "$INTERVAL_MS"
 wait_port "$P_UP" "$NODE_PID" || { cat "$BENCH_RUN/sse-upstream.log" >&2; die "SSE upstream did not start"; }
+CPU_ROOTS+=("upstream=$NODE_PID")
 log "SSE upstream: node pid $NODE_PID on 127.0.0.1:$P_UP ($CHUNKS chunks, $INTERVAL_MS ms apart)"
 start_bare "$P_BARE" "$P_UP" "proxy_buffering off;"
 start_gateway "$P_GW"
@@ -92,7 +93,7 @@ timeout -k 5 $(( (1 + ROUNDS) * 3 * (TIMEOUT_MS / 1000 + 2) + 30 )) \
     --targets "direct=http://127.0.0.1:$P_UP,bare=http://127.0.0.1:$P_BARE,gateway=$GW_URL" \
     --keyed gateway --key "$KEY" --n "$STREAMS" --rounds "$ROUNDS" --warmup "$WARM" \
     --model "$MODEL" --chunks "$CHUNKS" --stagger-ms "$STAGGER_MS" --timeout-ms "$TIMEOUT_MS" \
-    --cpu-roots "$$,$(pg_pid)" --dir "$OUT" 2>&1 | tee "$BENCH_RUN/client.log" | sed 's/^/bench:   /' >&2 \
+    --cpu-roots "$(IFS=,; echo "${CPU_ROOTS[*]}"),pg=$(pg_pid),load=$$" --dir "$OUT" 2>&1 | tee "$BENCH_RUN/client.log" | sed 's/^/bench:   /' >&2 \
     || die "stream client failed (log: $BENCH_RUN/client.log)"
 
 gw_streams=$(( WARM + ROUNDS * STREAMS ))

@@ -449,6 +449,44 @@ int llmgw_sse_feed(llmgw_sse_t *p, const char *data, size_t len,
     llmgw_sse_cb cb, void *arg);
 
 
+/* ---- frames between nginx and v8_host (frame.cpp) ---- */
+
+/*
+ * Every message is a 12-byte header in network byte order followed by a
+ * JSON body: version (1), type, reserved (0), request id, body length.
+ * The length is capped on both sides; a reply carries the request id of
+ * its call and is matched against it.
+ */
+#define LLMGW_FRAME_VERSION     1
+#define LLMGW_FRAME_HEADER_LEN  12
+#define LLMGW_FRAME_MAX_BODY    (16 * 1024 * 1024)
+
+typedef enum {
+    LLMGW_FRAME_LOAD = 1,       /* {source} -> manifest or errors */
+    LLMGW_FRAME_CALL = 2,       /* {plugin, sha, hook, args} -> result */
+    LLMGW_FRAME_STATUS = 3,     /* {} -> workers, plugins, counters */
+    LLMGW_FRAME_REPLY = 0x80,   /* body {ok: true, ...} or {ok: false,
+                                   error: {kind, message}} */
+} llmgw_frame_type_e;
+
+typedef struct {
+    uint8_t   version;
+    uint8_t   type;
+    uint32_t  request_id;
+    uint32_t  length;
+} llmgw_frame_t;
+
+/* Writes the 12 header bytes. */
+void llmgw_frame_encode(const llmgw_frame_t *f, uint8_t out[12]);
+
+/*
+ * Reads a header: 0, or -1 with a reason in err for a wrong version, an
+ * unknown type or a length over max_body.
+ */
+int llmgw_frame_decode(const uint8_t in[12], size_t max_body,
+    llmgw_frame_t *f, char *err, size_t errlen);
+
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,21 +1,20 @@
-// CPU accounting for the benchmarks: how much of the machine the benchmark's
-// own processes used during a measurement, and how much went elsewhere
-// (other users of a shared machine, the hypervisor's steal time).  The
-// figures are noise indicators printed next to each round.
+// CPU accounting for the benchmarks: where the machine's CPU went during a
+// measurement, per part of the benchmark, and how much went elsewhere
+// (other users of a shared machine, interrupts, the hypervisor's steal).
+// Printed next to each round as a sign of noise and of who was busy.
 //
-//   node cpu.mjs snap <root pid>...      prints a snapshot (one JSON line)
+//   node cpu.mjs snap label=pid ...      prints a snapshot (one JSON line)
 //   node cpu.mjs diff '<snap a>' '<snap b>'
-//        prints "ours O% other F% irq I% steal S% idle D%" (percent of all
-//        cores), a tab, other, a tab, steal
+//        prints "<label> N% ... other O% irq I% steal S% idle D%" (percent
+//        of all cores), then a tab and the other% figure alone
 //
-// ours: user+system time of the benchmark's processes; other: user+system
-// time of every other process; irq: hard and soft interrupt time (on
-// loopback much of the network stack runs there, for everyone); steal:
-// time the hypervisor gave to other guests.
-//
-// "ours" is every live descendant of the root pids (utime+stime plus the
-// reaped children's cutime+cstime, so a finished wrk counts through its
-// parent), read from /proc.  Linux only; USER_HZ is taken as 100.
+// A label's share is its root process and every descendant not claimed by
+// an earlier label (list specific roots first and a catch-all such as the
+// benchmark shell last): utime+stime, plus cutime+cstime so that a child
+// that exited and was reaped (a finished wrk, a PostgreSQL backend) still
+// counts.  other: user+system time of all other processes; irq: hard and
+// soft interrupt time (on loopback much of the network stack runs there,
+// for everyone).  Linux /proc only.
 
 import fs from 'node:fs';
 
@@ -23,7 +22,7 @@ function readStat(pid) {
     try {
         const s = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
         const rest = s.slice(s.lastIndexOf(')') + 2).split(' ');
-        /* rest[0] is field 3 (state); fields 14..17 are utime stime cutime cstime */
+        /* rest[0] is field 3 (state); fields 14..17: utime stime cutime cstime */
         return {
             ppid: Number(rest[1]),
             ticks: Number(rest[11]) + Number(rest[12]) + Number(rest[13]) + Number(rest[14]),
@@ -33,6 +32,7 @@ function readStat(pid) {
     }
 }
 
+/* roots: ["label=pid", ...] or [[label, pid], ...] */
 export function snapshot(roots) {
     const procs = new Map();
     for (const ent of fs.readdirSync('/proc')) {
@@ -50,46 +50,67 @@ export function snapshot(roots) {
         }
         kids.get(st.ppid).push(pid);
     }
+    const pairs = roots.map((r) => (Array.isArray(r) ? r : String(r).split('=')))
+        .map(([label, pid]) => [label, Number(pid)]);
+    const claimed = new Set(pairs.map(([, pid]) => pid));
     const seen = new Set();
-    const todo = roots.map(Number).filter((p) => procs.has(p));
-    let ours = 0;
-    while (todo.length) {
-        const p = todo.pop();
-        if (seen.has(p)) {
-            continue;
+    const per = {};
+    for (const [label, root] of pairs) {
+        per[label] = per[label] || 0;
+        const todo = procs.has(root) ? [root] : [];
+        while (todo.length) {
+            const p = todo.pop();
+            if (seen.has(p)) {
+                continue;
+            }
+            seen.add(p);
+            per[label] += procs.get(p).ticks;
+            for (const k of kids.get(p) || []) {
+                if (!claimed.has(k)) {
+                    todo.push(k);
+                }
+            }
         }
-        seen.add(p);
-        ours += procs.get(p).ticks;
-        todo.push(...(kids.get(p) || []));
     }
     const line = fs.readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/);
     const [user, nice, system, idle, iowait, irq, softirq, steal] = line.slice(1, 9).map(Number);
     return {
-        ours,
+        per, labels: pairs.map(([l]) => l),
         busy: user + nice + system, irq: irq + softirq,
         idle: idle + iowait, steal,
     };
 }
 
-/* Ticks of our processes that exited between a and b are lost unless a
- * tracked parent reaped them; pass the same roots to both snapshots. */
+/*
+ * Shares of all cores between snapshots a and b.  A label's ticks can only
+ * grow while its processes live; a process of ours that exits unreaped by a
+ * tracked parent takes its ticks with it (clamped at 0).
+ */
 export function diff(a, b) {
     const busy = b.busy - a.busy;
     const irq = b.irq - a.irq;
     const idle = b.idle - a.idle;
     const steal = b.steal - a.steal;
     const all = busy + irq + idle + steal;
-    const ours = Math.min(busy, Math.max(0, b.ours - a.ours));
     const pct = (x) => (all > 0 ? (100 * x) / all : 0);
+    const per = {};
+    let ours = 0;
+    for (const l of b.labels) {
+        const t = Math.max(0, (b.per[l] || 0) - (a.per[l] || 0));
+        per[l] = pct(t);
+        ours += t;
+    }
+    ours = Math.min(ours, busy);
     return {
-        idle: pct(idle), ours: pct(ours), other: pct(busy - ours), irq: pct(irq),
-        steal: pct(steal),
+        labels: b.labels, per, ours: pct(ours), other: pct(busy - ours),
+        irq: pct(irq), steal: pct(steal), idle: pct(idle),
     };
 }
 
 export function fmt(d) {
-    return `ours ${d.ours.toFixed(0)}% other ${d.other.toFixed(0)}% ` +
-        `irq ${d.irq.toFixed(0)}% steal ${d.steal.toFixed(0)}% idle ${d.idle.toFixed(0)}%`;
+    const parts = d.labels.map((l) => `${l} ${d.per[l].toFixed(0)}%`);
+    return `${parts.join(' ')} | other ${d.other.toFixed(0)}% irq ${d.irq.toFixed(0)}% ` +
+        `steal ${d.steal.toFixed(0)}% idle ${d.idle.toFixed(0)}%`;
 }
 
 if (process.argv[1] && process.argv[1].endsWith('cpu.mjs')) {
@@ -98,9 +119,9 @@ if (process.argv[1] && process.argv[1].endsWith('cpu.mjs')) {
         console.log(JSON.stringify(snapshot(args)));
     } else if (cmd === 'diff') {
         const d = diff(JSON.parse(args[0]), JSON.parse(args[1]));
-        console.log(`${fmt(d)}\t${d.other.toFixed(1)}\t${d.steal.toFixed(1)}`);
+        console.log(`${fmt(d)}\t${d.other.toFixed(1)}`);
     } else {
-        console.error('usage: cpu.mjs snap <pid>... | diff <a> <b>');
+        console.error('usage: cpu.mjs snap label=pid ... | diff <a> <b>');
         process.exit(2);
     }
 }

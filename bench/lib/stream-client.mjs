@@ -20,8 +20,8 @@
 //     and whether the stream completed: status 200, every chunk in order,
 //     the usage chunk and `data: [DONE]`.  Everything is bounded by
 //     timeout-ms; streams still open then count as stalled.
-//     CPU use during each batch (lib/cpu.mjs: this process and the
-//     descendants of --cpu-roots are "ours") is recorded as a noise sign.
+//     CPU use during each batch (lib/cpu.mjs, per label=pid root of
+//     --cpu-roots) is recorded as a sign of noise and of who was busy.
 //     Writes each measured batch's samples as JSON to DIR/<name>-r<i>.json
 //     and a one-line summary per batch to stdout.
 //
@@ -230,7 +230,8 @@ async function run(o) {
         model: o.model || 'bench-stream',
     };
     const n = Number(o.n || 500);
-    const roots = [process.pid, ...(o['cpu-roots'] || '').split(',').filter(Boolean)];
+    /* label=pid roots; this process falls under the last one (the shell) */
+    const roots = (o['cpu-roots'] || `load=${process.pid}`).split(',').filter(Boolean);
     common.roots = roots;
     const rounds = Number(o.rounds || 3);
     const warm = Number(o.warmup || 50);
@@ -292,11 +293,18 @@ function report(o) {
     const f3 = (x) => (Number.isFinite(x) ? x.toFixed(3) : 'n/a').padStart(9);
     console.log('per round (ms):');
     console.log(`${'round'.padEnd(22)} ${'TTFT+ p50'.padStart(9)} ${'TTFT+ p99'.padStart(9)} ` +
-        `${'chunk+ p50'.padStart(10)} ${'chunk+ p99'.padStart(10)}   cpu during the round`);
+        `${'chunk+ p50'.padStart(10)} ${'chunk+ p99'.padStart(10)}`);
     for (const t of targets) {
         for (const r of rounds[t] || []) {
             console.log(`${r.file.replace(/\.json$/, '').padEnd(22)} ${f3(r.a.p50)} ${f3(r.a.p99)} ` +
-                ` ${f3(r.c.p50)}  ${f3(r.c.p99)}   ${r.cpu ? cpuFmt(r.cpu) : ''}`);
+                ` ${f3(r.c.p50)}  ${f3(r.c.p99)}`);
+        }
+    }
+    console.log('');
+    console.log('CPU during each round, % of all cores (load = the Node client; other = not ours):');
+    for (const t of targets) {
+        for (const r of rounds[t] || []) {
+            console.log(`${r.file.replace(/\.json$/, '').padEnd(22)} ${r.cpu ? cpuFmt(r.cpu) : ''}`);
         }
     }
     console.log('');

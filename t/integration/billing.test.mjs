@@ -4,8 +4,12 @@
 // charges nothing twice (failed flushes, kill -9, reload, graceful stop).
 //
 // Units: 500,000 quota = 1 USD.  A per-token price gives
-//   quota = round((prompt + completion x completion_ratio) x ratio x group)
-// and a per-call price round(price x 500,000 x group).
+//   quota = round((prompt + cache_read x cache_ratio + cache_write x
+//                  cache_creation_ratio + completion x completion_ratio)
+//                 x ratio x group)
+// (prompt without cached tokens; the cache multiples default to 1, which is
+// (prompt + completion x completion_ratio) x ratio x group), and a per-call
+// price round(price x 500,000 x group).
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
@@ -251,7 +255,8 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         oa: uniq('gpt-bill'), an: uniq('claude-bill'), gm: uniq('gemini-bill'),
         perCall: uniq('gpt-bill-call'), failing: uniq('gpt-bill-500'),
         down: uniq('gpt-bill-down'), cheap: uniq('gpt-bill-r1'),
-        noPrice: uniq('gpt-bill-noprice'),
+        noPrice: uniq('gpt-bill-noprice'), oaCache: uniq('gpt-bill-cache'),
+        round: uniq('gpt-bill-round'),
         cohere: uniq('rerank-cohere'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
     };
     /* what the OpenAI mock reports, settable per test */
@@ -286,9 +291,10 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
 
         let r = await gw.admin('PUT', '/api/pricing', {
             [M.oa]: { ratio: 2, completion_ratio: 3 },
-            /* cache tokens are recorded, not billed here (ratios 0 where the
-             * gateway knows cache ratios; ignored where it does not) */
-            [M.an]: { ratio: 1.5, completion_ratio: 4, cache_ratio: 0, cache_creation_ratio: 0 },
+            /* cache reads and writes at their own multiple of the prompt price */
+            [M.an]: { ratio: 1.5, completion_ratio: 4, cache_ratio: 0.1, cache_creation_ratio: 1.25 },
+            [M.oaCache]: { ratio: 1, completion_ratio: 2, cache_ratio: 0.5 },
+            [M.round]: { ratio: 0.25, completion_ratio: 1 },
             [M.gm]: { ratio: 0.5, completion_ratio: 2 },
             [M.perCall]: { price: 0.003 },
             [M.failing]: { ratio: 1, completion_ratio: 1 },
@@ -304,7 +310,7 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
 
         const groups = ['default', 'vip'];
         await makeChannel(gw, {
-            base_url: oa.url, models: [M.oa, M.perCall, M.cheap], groups,
+            base_url: oa.url, models: [M.oa, M.perCall, M.cheap, M.oaCache, M.round], groups,
         });
         await makeChannel(gw, { base_url: oa.url, models: [M.noPrice], free: false });
         await makeChannel(gw, { type: 14, base_url: an.url, models: [M.an], groups });
@@ -407,18 +413,47 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         }
     });
 
-    test('Anthropic JSON with cache tokens: cache reads recorded, quota rounded', async () => {
+    test('quotas are rounded to the nearest unit', async () => {
+        const a = await account(gw);
+        oaUsage = { prompt_tokens: 3, completion_tokens: 3 };
+        const r1 = assertOk(await gw.chat(a.key, M.round));
+        const row1 = await rowOf(gw, a.token, r1.headers['x-request-id']);
+        assert.equal(row1.quota, 2, '6 x 0.25 = 1.5 -> 2');
+        oaUsage = { prompt_tokens: 1, completion_tokens: 4 };
+        const r2 = assertOk(await gw.chat(a.key, M.round));
+        const row2 = await rowOf(gw, a.token, r2.headers['x-request-id']);
+        assert.equal(row2.quota, 1, '5 x 0.25 = 1.25 -> 1');
+        await expectCharged(gw, a, 3);
+        oaUsage = { prompt_tokens: 123, completion_tokens: 45 };
+    });
+
+    test('OpenAI JSON with cached prompt tokens: the cached part at cache_ratio', async () => {
+        oaUsage = {
+            prompt_tokens: 1000, completion_tokens: 10,
+            prompt_tokens_details: { cached_tokens: 800 },
+        };
+        try {
+            const a = await account(gw, { remain: 1000000 });
+            const r = await gw.chat(a.key, M.oaCache);
+            /* (200 uncached + 800 x 0.5 + 10 x 2) x 1 */
+            await charged(a, r, { completion: 10, cacheRead: 800, quota: 620 });
+        } finally {
+            oaUsage = { prompt_tokens: 123, completion_tokens: 45 };
+        }
+    });
+
+    test('Anthropic JSON with cache tokens: reads and writes at their own ratios', async () => {
         an.handler = (req, res, rec) => sendJson(res, 200, anthropicMessage({
             model: rec.json.model,
             usage: {
-                input_tokens: 101, output_tokens: 50,
+                input_tokens: 100, output_tokens: 50,
                 cache_read_input_tokens: 1000, cache_creation_input_tokens: 200,
             },
         }));
         const a = await account(gw, { remain: 1000000 });
         const r = await gw.messages(a.key, M.an);
-        /* (101 + 50 x 4) x 1.5 = 451.5 -> 452 */
-        await charged(a, r, { prompt: 101, completion: 50, cacheRead: 1000, quota: 452 });
+        /* (100 + 1000 x 0.1 + 200 x 1.25 + 50 x 4) x 1.5 */
+        await charged(a, r, { prompt: 100, completion: 50, cacheRead: 1000, quota: 975 });
     });
 
     test('Anthropic stream with cache tokens: message_start + message_delta usage', async () => {
@@ -427,8 +462,9 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         const a = await account(gw);
         const r = await gw.messages(a.key, M.an, { extra: { stream: true } });
         assert.ok(r.text.includes('message_stop'), r.text);
+        /* (60 + 500 x 0.1 + 40 x 4) x 1.5 */
         await charged(a, r, {
-            prompt: 60, completion: 40, cacheRead: 500, quota: (60 + 40 * 4) * 1.5, isStream: true,
+            prompt: 60, completion: 40, cacheRead: 500, quota: 405, isStream: true,
         });
     });
 
@@ -456,6 +492,31 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             });
         assert.equal(sseEvents(r.text).length, 3, r.text);
         await charged(a, r, { prompt: 12, completion: 100, quota: (12 + 100 * 2) * 0.5, isStream: true });
+    });
+
+    test('Gemini stream cut off without usage: billed for the delivered text (bytes / 4)', async () => {
+        gm.handler = async (req, res) => {
+            sseHead(res);
+            for (const t of ['x'.repeat(40), 'y'.repeat(40), 'z'.repeat(40)]) { /* 120 bytes */
+                res.write(`data: ${JSON.stringify({
+                    candidates: [{ content: { role: 'model', parts: [{ text: t }] }, index: 0 }],
+                })}\r\n\r\n`);
+            }
+            await sleep(100);
+            res.destroy();
+        };
+        const a = await account(gw);
+        const r = await gw.req('POST',
+            `/v1beta/models/${M.gm}:streamGenerateContent?alt=sse`, {
+                key: a.key, body: { contents: [{ role: 'user', parts: [{ text: 'hello' }] }] },
+            });
+        assert.equal(r.status, 200, r.text);
+        assert.ok(r.text.includes('z'.repeat(40)), 'what was sent was delivered');
+        const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+        assert.equal(row.completion_tokens, 30, JSON.stringify(row));
+        assert.equal(row.quota, Math.round((row.prompt_tokens + 30 * 2) * 0.5), JSON.stringify(row));
+        assert.ok(row.quota > 0);
+        await expectCharged(gw, a, row.quota);
     });
 
     for (const [kind, model, units] of [
