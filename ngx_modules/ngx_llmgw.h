@@ -30,6 +30,13 @@ typedef struct {
     ssize_t                    shm_size;
     ngx_uint_t                 keepalive;
     ngx_msec_t                 keepalive_timeout;
+
+    ngx_str_t                  v8host;
+    ngx_addr_t                 v8host_addr;
+    ngx_uint_t                 v8host_connections;
+    ngx_msec_t                 v8host_timeout;
+    ngx_uint_t                 v8host_max_inflight;
+    size_t                     v8host_max_frame;
 } ngx_llmgw_main_conf_t;
 
 
@@ -257,6 +264,23 @@ ngx_int_t ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle,
     ngx_llmgw_main_conf_t *mcf);
 void ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle);
 void ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+
+/* ngx_llmgw_v8host.c */
+/* rc: NGX_OK with the reply body, else NGX_ERROR/NGX_ETIMEDOUT + reason */
+typedef void (*ngx_llmgw_v8_handler_pt)(void *data, ngx_int_t rc,
+    u_char *body, size_t len);
+
+ngx_int_t ngx_llmgw_v8host_init_process(ngx_cycle_t *cycle,
+    ngx_llmgw_main_conf_t *mcf);
+void ngx_llmgw_v8host_exit_process(ngx_cycle_t *cycle);
+ngx_uint_t ngx_llmgw_v8host_enabled(void);
+/* NGX_OK (answered later), NGX_BUSY (too many calls), NGX_DECLINED (no
+ * helper configured), NGX_ERROR. */
+ngx_int_t ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
+    ngx_llmgw_v8_handler_pt handler, void *data);
+/* A CALL of a published source: loads it into the helper when needed. */
+ngx_int_t ngx_llmgw_hook(const char *sha, u_char *body, size_t len,
+    ngx_llmgw_v8_handler_pt handler, void *data);
 
 /* ngx_llmgw_errpage.c */
 ngx_int_t ngx_llmgw_errpage_init(ngx_conf_t *cf);

@@ -10,6 +10,8 @@
 
 
 static void ngx_llmgw_admin_body(ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_admin_plugin(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, ngx_str_t *path);
 static void ngx_llmgw_admin_done(void *data, PGresult *res, const char *err);
 static void ngx_llmgw_admin_refreshed(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_admin_refuse(ngx_http_request_t *r,
@@ -120,6 +122,13 @@ ngx_llmgw_admin_body(ngx_http_request_t *r)
     if (path.len >= 4 && ngx_strncmp(path.data, "/api", 4) == 0) {
         path.data += 4;
         path.len -= 4;
+    }
+
+    ctx->body = body;
+
+    /* what needs v8_host is answered here, the rest by llmgw_api() */
+    if (ngx_llmgw_admin_plugin(r, ctx, &path) == NGX_OK) {
+        return;
     }
 
     params[0] = (char *) r->method_name.data;
@@ -272,4 +281,298 @@ ngx_llmgw_admin_key_found(ngx_http_request_t *r, llmgw_token_t *t,
 
     llmgw_token_free(t);
     ngx_http_finalize_request(r, rc);
+}
+
+
+/* ---- plugins: upload, dry run and runtime status go through v8_host ---- */
+
+
+static void ngx_llmgw_admin_loaded(void *data, ngx_int_t rc, u_char *body,
+    size_t len);
+static void ngx_llmgw_admin_ran(void *data, ngx_int_t rc, u_char *body,
+    size_t len);
+static void ngx_llmgw_admin_status(void *data, ngx_int_t rc, u_char *body,
+    size_t len);
+
+
+static ngx_int_t
+ngx_llmgw_admin_v8_refused(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_int_t rc)
+{
+    if (rc == NGX_DECLINED) {
+        return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                      "plugin_runtime_unavailable",
+                                      "no plugin runtime is configured "
+                                      "(llmgw_v8host)");
+    }
+
+    return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                  "plugin_runtime_busy",
+                                  "the plugin runtime is busy; retry "
+                                  "shortly");
+}
+
+
+static ngx_int_t
+ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_str_t *path)
+{
+    char               key[64];
+    ngx_int_t          rc;
+    llmgw_buf_t        frame;
+    const char        *sha;
+    llmgw_verdict_t    v;
+    llmgw_snapshot_t  *s;
+
+#define ngx_llmgw_is(p, lit)                                                 \
+    ((p)->len == sizeof(lit) - 1 && ngx_strncmp((p)->data, lit,              \
+                                                  sizeof(lit) - 1) == 0)
+
+    frame.data = NULL;
+
+    if (r->method == NGX_HTTP_POST && ngx_llmgw_is(path, "/plugin/task")) {
+
+        if (llmgw_plugin_load_request((char *) ctx->body.data, ctx->body.len,
+                                      &frame, &v)
+            != 0)
+        {
+            rc = ngx_llmgw_send_error(r, ctx, &v);
+            goto done;
+        }
+
+        rc = ngx_llmgw_v8_call(LLMGW_FRAME_LOAD, (u_char *) frame.data,
+                               frame.len, ngx_llmgw_admin_loaded, r);
+
+    } else if (r->method == NGX_HTTP_POST
+               && ngx_llmgw_is(path, "/plugin/task/dryrun"))
+    {
+        if (llmgw_plugin_body_key((char *) ctx->body.data, ctx->body.len,
+                                  key, sizeof(key))
+            == 0)
+        {
+            s = ngx_llmgw_cache_snapshot();
+            sha = s ? llmgw_snapshot_plugin_sha(s,
+                          (llmgw_str_t) { key, ngx_strlen(key) })
+                    : NULL;
+
+            if (sha == NULL) {
+                if (s) {
+                    ngx_llmgw_cache_release(s);
+                }
+                rc = ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_NOT_FOUND,
+                                            "not_found", "no enabled plugin "
+                                            "has that key");
+                goto done;
+            }
+
+            if (llmgw_plugin_call_request((char *) ctx->body.data,
+                                          ctx->body.len, sha, &frame, &v)
+                != 0)
+            {
+                ngx_llmgw_cache_release(s);
+                rc = ngx_llmgw_send_error(r, ctx, &v);
+                goto done;
+            }
+
+            rc = ngx_llmgw_hook(sha, (u_char *) frame.data, frame.len,
+                                ngx_llmgw_admin_ran, r);
+            ngx_llmgw_cache_release(s);
+
+        } else {
+            /* a source: the helper loads it for this one call; hook,
+             * args and source are checked first */
+            rc = llmgw_plugin_call_request((char *) ctx->body.data,
+                                           ctx->body.len, "", &frame, &v);
+            llmgw_buf_free(&frame);
+
+            if (rc == 0) {
+                rc = llmgw_plugin_load_request((char *) ctx->body.data,
+                                               ctx->body.len, &frame, &v);
+                llmgw_buf_free(&frame);
+            }
+
+            if (rc != 0) {
+                rc = ngx_llmgw_send_error(r, ctx, &v);
+                goto done;
+            }
+
+            frame = llmgw_plugin_dryrun_body((char *) ctx->body.data,
+                                             ctx->body.len);
+            if (frame.data == NULL) {
+                rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+                goto done;
+            }
+
+            rc = ngx_llmgw_v8_call(LLMGW_FRAME_CALL, (u_char *) frame.data,
+                                   frame.len, ngx_llmgw_admin_ran, r);
+        }
+
+    } else if (r->method == NGX_HTTP_GET
+               && ngx_llmgw_is(path, "/plugin/task/runtime/status"))
+    {
+        rc = ngx_llmgw_v8_call(LLMGW_FRAME_STATUS, (u_char *) "{}", 2,
+                               ngx_llmgw_admin_status, r);
+
+    } else {
+        return NGX_DECLINED;
+    }
+
+#undef ngx_llmgw_is
+
+    if (rc != NGX_OK) {
+        rc = ngx_llmgw_admin_v8_refused(r, ctx, rc);
+        goto done;
+    }
+
+    llmgw_buf_free(&frame);
+    return NGX_OK;
+
+done:
+
+    llmgw_buf_free(&frame);
+    ngx_http_finalize_request(r, rc);
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_admin_v8_failed(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_int_t rc, u_char *body, size_t len)
+{
+    llmgw_verdict_t  v;
+
+    if (rc == NGX_ETIMEDOUT) {
+        llmgw_verdict_set(&v, NGX_HTTP_GATEWAY_TIME_OUT, "gateway_error",
+                          "plugin_runtime_timeout", "the plugin runtime did "
+                          "not answer in time");
+    } else {
+        llmgw_verdict_set(&v, NGX_HTTP_BAD_GATEWAY, "gateway_error",
+                          "plugin_runtime_error", "the plugin runtime "
+                          "failed: %.*s", (int) ngx_min(len, 300), body);
+    }
+
+    return ngx_llmgw_send_error(r, ctx, &v);
+}
+
+
+static void
+ngx_llmgw_admin_loaded(void *data, ngx_int_t rc, u_char *body, size_t len)
+{
+    ngx_http_request_t *r = data;
+
+    int                lengths[1];
+    char               sha[65];
+    const char        *params[1];
+    llmgw_buf_t        arg;
+    llmgw_verdict_t    v;
+    ngx_connection_t  *c;
+    ngx_llmgw_ctx_t   *ctx;
+
+    c = r->connection;
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r,
+            ngx_llmgw_admin_v8_failed(r, ctx, rc, body, len));
+        goto done;
+    }
+
+    if (llmgw_plugin_load_reply((char *) body, len, sha, &v) != 0) {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+        goto done;
+    }
+
+    arg = llmgw_plugin_upload_arg((char *) ctx->body.data, ctx->body.len,
+                                  (char *) body, len);
+    if (arg.data == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        goto done;
+    }
+
+    params[0] = arg.data;
+    lengths[0] = (int) arg.len;
+
+    rc = ngx_llmgw_pg_query("select llmgw_plugin_upload($1::jsonb)::text", 1,
+                            params, lengths, ngx_llmgw_admin_done, r);
+    llmgw_buf_free(&arg);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r, ngx_llmgw_admin_refuse(r, ctx,
+                                  NGX_HTTP_SERVICE_UNAVAILABLE,
+                                  "service_unavailable",
+                                  "the database queue is full"));
+    }
+
+done:
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+/* A dry run answers what the hook gave, result or error, as it came. */
+static void
+ngx_llmgw_admin_ran(void *data, ngx_int_t rc, u_char *body, size_t len)
+{
+    ngx_http_request_t *r = data;
+
+    ngx_connection_t  *c;
+    ngx_llmgw_ctx_t   *ctx;
+
+    c = r->connection;
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r,
+            ngx_llmgw_admin_v8_failed(r, ctx, rc, body, len));
+    } else {
+        ngx_http_finalize_request(r,
+            ngx_llmgw_send_json(r, NGX_HTTP_OK, body, len));
+    }
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+static void
+ngx_llmgw_admin_status(void *data, ngx_int_t rc, u_char *body, size_t len)
+{
+    ngx_http_request_t *r = data;
+
+    llmgw_buf_t        node, out;
+    ngx_connection_t  *c;
+    ngx_llmgw_ctx_t   *ctx;
+    llmgw_snapshot_t  *s;
+
+    c = r->connection;
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r,
+            ngx_llmgw_admin_v8_failed(r, ctx, rc, body, len));
+        goto done;
+    }
+
+    s = ngx_llmgw_cache_snapshot();
+    node = s ? llmgw_snapshot_plugins_json(s) : (llmgw_buf_t) { NULL, 0 };
+
+    if (s) {
+        ngx_llmgw_cache_release(s);
+    }
+
+    out = llmgw_plugin_status_json((char *) body, len,
+                                   node.data, node.len);
+    llmgw_buf_free(&node);
+
+    if (out.data == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        goto done;
+    }
+
+    ngx_http_finalize_request(r,
+        ngx_llmgw_send_json(r, NGX_HTTP_OK, (u_char *) out.data, out.len));
+    llmgw_buf_free(&out);
+
+done:
+
+    ngx_http_run_posted_requests(c);
 }

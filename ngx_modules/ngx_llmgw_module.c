@@ -20,6 +20,8 @@ static char *ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_llmgw_v8host(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static ngx_int_t ngx_llmgw_init_process(ngx_cycle_t *cycle);
 static void ngx_llmgw_exit_process(ngx_cycle_t *cycle);
 static ngx_int_t ngx_llmgw_log_handler(ngx_http_request_t *r);
@@ -107,6 +109,41 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, keepalive_timeout),
+      NULL },
+
+    { ngx_string("llmgw_v8host"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_llmgw_v8host,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("llmgw_v8host_connections"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, v8host_connections),
+      &ngx_llmgw_pool_bounds },
+
+    { ngx_string("llmgw_v8host_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, v8host_timeout),
+      NULL },
+
+    { ngx_string("llmgw_v8host_max_inflight"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, v8host_max_inflight),
+      NULL },
+
+    { ngx_string("llmgw_v8host_max_frame"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, v8host_max_frame),
       NULL },
 
     { ngx_string("llmgw_gateway"),
@@ -640,6 +677,10 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->shm_size = NGX_CONF_UNSET;
     mcf->keepalive = NGX_CONF_UNSET_UINT;
     mcf->keepalive_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->v8host_connections = NGX_CONF_UNSET_UINT;
+    mcf->v8host_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->v8host_max_inflight = NGX_CONF_UNSET_UINT;
+    mcf->v8host_max_frame = NGX_CONF_UNSET_SIZE;
 
     return mcf;
 }
@@ -663,6 +704,17 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     }
     ngx_conf_init_uint_value(mcf->keepalive, 64);
     ngx_conf_init_msec_value(mcf->keepalive_timeout, 60000);
+    ngx_conf_init_uint_value(mcf->v8host_connections, 8);
+    ngx_conf_init_msec_value(mcf->v8host_timeout, 10000);
+    ngx_conf_init_uint_value(mcf->v8host_max_inflight, 1024);
+    ngx_conf_init_size_value(mcf->v8host_max_frame, LLMGW_FRAME_MAX_BODY);
+
+    if (mcf->v8host_max_frame > LLMGW_FRAME_MAX_BODY) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_v8host_max_frame\" must be at most %uz",
+                           (size_t) LLMGW_FRAME_MAX_BODY);
+        return NGX_CONF_ERROR;
+    }
 
     if (mcf->shm_size < (ssize_t) (8 * ngx_pagesize)) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -824,6 +876,48 @@ ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
+static char *
+ngx_llmgw_v8host(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_llmgw_main_conf_t *mcf = conf;
+
+    ngx_str_t  *value;
+    ngx_url_t   u;
+
+    if (mcf->v8host.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len <= 5
+        || ngx_strncmp(value[1].data, "unix:", 5) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_v8host\" needs the helper's socket as "
+                           "\"unix:/path\", not \"%V\"", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_memzero(&u, sizeof(ngx_url_t));
+    u.url = value[1];
+    u.no_resolve = 1;
+
+    if (ngx_parse_url(cf->pool, &u) != NGX_OK || u.naddrs != 1) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid \"llmgw_v8host\" socket \"%V\"%s%s",
+                           &value[1], u.err ? ": " : "",
+                           u.err ? u.err : "");
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->v8host = value[1];
+    mcf->v8host_addr = u.addrs[0];
+
+    return NGX_CONF_OK;
+}
+
+
 static ngx_int_t
 ngx_llmgw_init_process(ngx_cycle_t *cycle)
 {
@@ -861,6 +955,10 @@ ngx_llmgw_init_process(ngx_cycle_t *cycle)
 
     ngx_llmgw_keepalive_init_process(cycle, mcf);
 
+    if (ngx_llmgw_v8host_init_process(cycle, mcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return NGX_OK;
 }
 
@@ -876,6 +974,7 @@ ngx_llmgw_exit_process(ngx_cycle_t *cycle)
         return;
     }
 
+    ngx_llmgw_v8host_exit_process(cycle);
     ngx_llmgw_ledger_exit_process(cycle);
     ngx_llmgw_billing_exit_process(cycle);
     ngx_llmgw_cache_exit_process(cycle);

@@ -449,6 +449,78 @@ int llmgw_sse_feed(llmgw_sse_t *p, const char *data, size_t len,
     llmgw_sse_cb cb, void *arg);
 
 
+/* ---- plugin management (plugin.cpp) ---- */
+
+/* The LOAD body {"source": ...} for a stored source text. */
+int llmgw_plugin_source_request(const char *source, size_t len,
+    llmgw_buf_t *frame, llmgw_verdict_t *v);
+
+/* The LOAD body {"source": ...} from an admin body; 400 without source. */
+int llmgw_plugin_load_request(const char *body, size_t len,
+    llmgw_buf_t *frame, llmgw_verdict_t *v);
+
+/*
+ * Reads a LOAD reply: 0 and the source's sha, or -1 and a verdict (400
+ * invalid_plugin listing every validation error, 502 for a helper fault).
+ */
+int llmgw_plugin_load_reply(const char *reply, size_t len, char sha[65],
+    llmgw_verdict_t *v);
+
+/* The llmgw_plugin_upload() argument: the admin body and the LOAD reply. */
+llmgw_buf_t llmgw_plugin_upload_arg(const char *body, size_t blen,
+    const char *reply, size_t rlen);
+
+/*
+ * The CALL body {sha, hook, args} of a dry run from the admin body {hook,
+ * args}; 400 when hook is not a string or args not an array.
+ */
+int llmgw_plugin_call_request(const char *body, size_t len, const char *sha,
+    llmgw_buf_t *frame, llmgw_verdict_t *v);
+
+/* A CALL body for a hook with its arguments (a JSON array text). */
+llmgw_buf_t llmgw_plugin_call_body(const char *sha, const char *hook,
+    const char *args, size_t args_len);
+
+/*
+ * The CALL body of a dry run on a source that is not stored:
+ * {source, hook, args}; the helper loads the source for that call.
+ */
+llmgw_buf_t llmgw_plugin_dryrun_body(const char *body, size_t len);
+
+/* GET /runtime/status: the helper's STATUS reply and this node's view. */
+llmgw_buf_t llmgw_plugin_status_json(const char *helper, size_t hlen,
+    const char *node, size_t nlen);
+
+/* "key" of an admin body that names no source, into key (NUL-ended). */
+int llmgw_plugin_body_key(const char *body, size_t len, char *key,
+    size_t keylen);
+
+/* 1 when a CALL reply says the helper has not loaded that source. */
+int llmgw_plugin_not_loaded(const char *reply, size_t len);
+
+/* The sha of the published version of a plugin, or NULL. */
+const char *llmgw_snapshot_plugin_sha(const llmgw_snapshot_t *s,
+    llmgw_str_t key);
+
+/* The published plugins as {generation, plugins: [{key, version, sha}]}. */
+llmgw_buf_t llmgw_snapshot_plugins_json(const llmgw_snapshot_t *s);
+
+
+/* ---- plugin manifests (manifest.cpp) ---- */
+
+/*
+ * Validates a plugin's meta export against the contract, given the plugin's
+ * exported function paths (a JSON array like ["buildSubmitRequest",
+ * "parseSubmitResponse", "native.decodeX", "protocols.host_video.render"]).
+ * 0 and the normalised manifest JSON in *normalized, or -1 and a JSON array
+ * of messages in *errors ("meta.key: at most 30 characters",
+ * "meta.protocols[0]: \"stream\" needs export protocols.host_responses.renderEvents").
+ */
+int llmgw_manifest_validate(const char *meta_json, size_t meta_len,
+    const char *exports_json, size_t exports_len, llmgw_buf_t *normalized,
+    llmgw_buf_t *errors);
+
+
 /* ---- frames between nginx and v8_host (frame.cpp) ---- */
 
 /*

@@ -32,6 +32,11 @@ struct Group {
     bool    deprecated = false;
 };
 
+/* A published plugin version of this generation. */
+struct Plugin {
+    std::string  key, version, sha, manifest;
+};
+
 } /* namespace */
 
 struct llmgw_snapshot_s {
@@ -44,6 +49,7 @@ struct llmgw_snapshot_s {
     llmgw_rate_limit_t                                     rl_default {};
     std::unordered_map<std::string, llmgw_rate_limit_t>    rl_groups;
     std::vector<std::string>                               admin_hashes;
+    std::vector<Plugin>                                    plugins;
 };
 
 namespace {
@@ -334,6 +340,15 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
             s->rl_groups[k] = parse_rate_limit(v);
         }
 
+        json_array_foreach(json_object_get(root.get(), "plugins"), i, v) {
+            Plugin p;
+            p.key = json_str(v, "key");
+            p.version = json_str(v, "version");
+            p.sha = json_str(v, "sha");
+            p.manifest = json_dump(json_object_get(v, "manifest"));
+            s->plugins.push_back(std::move(p));
+        }
+
         json_array_foreach(json_object_get(root.get(), "admin_hashes"), i, v) {
             if (json_is_string(v) && json_string_length(v) == 64) {
                 s->admin_hashes.emplace_back(json_string_value(v));
@@ -572,4 +587,44 @@ llmgw_channel_map_model(const llmgw_snapshot_t *s, const llmgw_channel_t *c,
     }
 
     return str(it->second);
+}
+
+
+extern "C" const char *
+llmgw_snapshot_plugin_sha(const llmgw_snapshot_t *s, llmgw_str_t key)
+{
+    for (const auto &p : s->plugins) {
+        if (p.key == sv(key)) {
+            return p.sha.c_str();
+        }
+    }
+
+    return nullptr;
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_snapshot_plugins_json(const llmgw_snapshot_t *s)
+{
+    try {
+        Json list(json_array());
+
+        for (const auto &p : s->plugins) {
+            json_t *o = json_object();
+            json_object_set_new(o, "key", json_string(p.key.c_str()));
+            json_object_set_new(o, "version", json_string(p.version.c_str()));
+            json_object_set_new(o, "sha", json_string(p.sha.c_str()));
+            json_array_append_new(list.get(), o);
+        }
+
+        Json out(json_object());
+        json_object_set_new(out.get(), "generation",
+                            json_integer(s->revision));
+        json_object_set(out.get(), "plugins", list.get());
+
+        return make_buf(json_dump(out.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
 }

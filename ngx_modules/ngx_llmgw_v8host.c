@@ -1,0 +1,631 @@
+/*
+ * The client of the v8_host helper: framed JSON calls over a small pool of
+ * kept-alive Unix socket connections per worker, on nginx's event loop.
+ *
+ * A connection carries one call at a time (the helper runs one hook at a
+ * time per process anyway); calls wait in a bounded queue, each with its own
+ * deadline.  A connection that fails (the helper restarted, a bad frame, a
+ * reply with the wrong request id) fails its call and is opened again for
+ * the next one.  Callers are never called back before ngx_llmgw_v8_call()
+ * returns.
+ */
+
+#include "ngx_llmgw.h"
+
+
+typedef struct {
+    ngx_queue_t                queue;
+    uint32_t                   id;
+    ngx_buf_t                 *out;        /* header + body */
+    ngx_llmgw_v8_handler_pt    handler;
+    void                      *data;
+    ngx_event_t                timer;
+    unsigned                   queued:1;
+} ngx_llmgw_v8_call_t;
+
+
+typedef struct {
+    ngx_connection_t          *c;
+    ngx_llmgw_v8_call_t       *call;
+    u_char                     head[LLMGW_FRAME_HEADER_LEN];
+    size_t                     head_got;
+    u_char                    *body;
+    size_t                     body_len;
+    size_t                     body_got;
+} ngx_llmgw_v8_conn_t;
+
+
+static ngx_int_t ngx_llmgw_v8_connect(ngx_llmgw_v8_conn_t *vc);
+static void ngx_llmgw_v8_dispatch(void);
+static void ngx_llmgw_v8_write(ngx_event_t *wev);
+static void ngx_llmgw_v8_read(ngx_event_t *rev);
+static void ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why);
+static void ngx_llmgw_v8_close(ngx_llmgw_v8_conn_t *vc);
+static void ngx_llmgw_v8_finish(ngx_llmgw_v8_call_t *call, ngx_int_t rc,
+    u_char *body, size_t len);
+static void ngx_llmgw_v8_timeout(ngx_event_t *ev);
+static void ngx_llmgw_v8_posted(ngx_event_t *ev);
+
+
+static ngx_llmgw_v8_conn_t    *ngx_llmgw_v8_conns;
+static ngx_uint_t              ngx_llmgw_v8_nconns;
+static ngx_queue_t             ngx_llmgw_v8_pending;
+static ngx_uint_t              ngx_llmgw_v8_inflight;
+static uint32_t                ngx_llmgw_v8_next_id;
+static ngx_llmgw_main_conf_t  *ngx_llmgw_v8_mcf;
+static ngx_log_t              *ngx_llmgw_v8_log;
+static ngx_event_t             ngx_llmgw_v8_kick;
+
+
+ngx_int_t
+ngx_llmgw_v8host_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
+{
+    ngx_llmgw_v8_mcf = mcf;
+    ngx_llmgw_v8_log = cycle->log;
+
+    ngx_queue_init(&ngx_llmgw_v8_pending);
+
+    if (mcf->v8host.len == 0) {
+        return NGX_OK;
+    }
+
+    ngx_llmgw_v8_nconns = mcf->v8host_connections;
+    ngx_llmgw_v8_conns = ngx_calloc(ngx_llmgw_v8_nconns
+                                    * sizeof(ngx_llmgw_v8_conn_t),
+                                    cycle->log);
+    if (ngx_llmgw_v8_conns == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_llmgw_v8_kick.handler = ngx_llmgw_v8_posted;
+    ngx_llmgw_v8_kick.log = cycle->log;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_llmgw_v8host_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t  i;
+
+    for (i = 0; i < ngx_llmgw_v8_nconns; i++) {
+        ngx_llmgw_v8_close(&ngx_llmgw_v8_conns[i]);
+    }
+
+    ngx_llmgw_v8_nconns = 0;
+}
+
+
+ngx_uint_t
+ngx_llmgw_v8host_enabled(void)
+{
+    return ngx_llmgw_v8_nconns > 0;
+}
+
+
+ngx_int_t
+ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
+    ngx_llmgw_v8_handler_pt handler, void *data)
+{
+    ngx_buf_t            *b;
+    llmgw_frame_t         f;
+    ngx_llmgw_v8_call_t  *call;
+
+    if (ngx_llmgw_v8_nconns == 0) {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_llmgw_v8_inflight >= ngx_llmgw_v8_mcf->v8host_max_inflight) {
+        return NGX_BUSY;
+    }
+
+    if (len > ngx_llmgw_v8_mcf->v8host_max_frame) {
+        return NGX_ERROR;
+    }
+
+    call = ngx_calloc(sizeof(ngx_llmgw_v8_call_t) + sizeof(ngx_buf_t)
+                      + LLMGW_FRAME_HEADER_LEN + len, ngx_llmgw_v8_log);
+    if (call == NULL) {
+        return NGX_ERROR;
+    }
+
+    b = (ngx_buf_t *) (call + 1);
+    b->start = (u_char *) (b + 1);
+    b->pos = b->start;
+    b->end = b->start + LLMGW_FRAME_HEADER_LEN + len;
+
+    /* ids start anywhere and never repeat in a worker's lifetime, mostly */
+    if (ngx_llmgw_v8_next_id == 0) {
+        ngx_llmgw_v8_next_id = (uint32_t) ngx_random() | 1;
+    }
+
+    call->id = ngx_llmgw_v8_next_id++;
+
+    f.version = LLMGW_FRAME_VERSION;
+    f.type = (uint8_t) type;
+    f.request_id = call->id;
+    f.length = (uint32_t) len;
+
+    llmgw_frame_encode(&f, b->start);
+    b->last = ngx_cpymem(b->start + LLMGW_FRAME_HEADER_LEN, body, len);
+
+    call->out = b;
+    call->handler = handler;
+    call->data = data;
+    call->timer.handler = ngx_llmgw_v8_timeout;
+    call->timer.data = call;
+    call->timer.log = ngx_llmgw_v8_log;
+
+    ngx_add_timer(&call->timer, ngx_llmgw_v8_mcf->v8host_timeout);
+
+    ngx_queue_insert_tail(&ngx_llmgw_v8_pending, &call->queue);
+    call->queued = 1;
+    ngx_llmgw_v8_inflight++;
+
+    /* sending starts from a posted event, never inside the caller */
+    if (!ngx_llmgw_v8_kick.posted) {
+        ngx_post_event(&ngx_llmgw_v8_kick, &ngx_posted_events);
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_v8_posted(ngx_event_t *ev)
+{
+    ngx_llmgw_v8_dispatch();
+}
+
+
+static void
+ngx_llmgw_v8_dispatch(void)
+{
+    ngx_uint_t            i;
+    ngx_queue_t          *q;
+    ngx_llmgw_v8_conn_t  *vc;
+    ngx_llmgw_v8_call_t  *call;
+
+    for (i = 0; i < ngx_llmgw_v8_nconns; i++) {
+
+        if (ngx_queue_empty(&ngx_llmgw_v8_pending)) {
+            return;
+        }
+
+        vc = &ngx_llmgw_v8_conns[i];
+
+        if (vc->call != NULL) {
+            continue;
+        }
+
+        if (vc->c == NULL && ngx_llmgw_v8_connect(vc) != NGX_OK) {
+            /* the helper is down: the calls wait for their deadline */
+            return;
+        }
+
+        q = ngx_queue_head(&ngx_llmgw_v8_pending);
+        ngx_queue_remove(q);
+
+        call = ngx_queue_data(q, ngx_llmgw_v8_call_t, queue);
+        call->queued = 0;
+        call->out->pos = call->out->start;
+
+        vc->call = call;
+        vc->head_got = 0;
+        vc->body = NULL;
+        vc->body_len = 0;
+        vc->body_got = 0;
+
+        ngx_llmgw_v8_write(vc->c->write);
+    }
+}
+
+
+static ngx_int_t
+ngx_llmgw_v8_connect(ngx_llmgw_v8_conn_t *vc)
+{
+    ngx_int_t              rc;
+    ngx_peer_connection_t  pc;
+
+    ngx_memzero(&pc, sizeof(ngx_peer_connection_t));
+
+    pc.sockaddr = ngx_llmgw_v8_mcf->v8host_addr.sockaddr;
+    pc.socklen = ngx_llmgw_v8_mcf->v8host_addr.socklen;
+    pc.name = &ngx_llmgw_v8_mcf->v8host_addr.name;
+    pc.get = ngx_event_get_peer;
+    pc.log = ngx_llmgw_v8_log;
+    pc.log_error = NGX_ERROR_ERR;
+
+    rc = ngx_event_connect_peer(&pc);
+
+    if (rc == NGX_ERROR || rc == NGX_DECLINED || rc == NGX_BUSY) {
+        if (pc.connection) {
+            ngx_close_connection(pc.connection);
+        }
+        return NGX_ERROR;
+    }
+
+    vc->c = pc.connection;
+    vc->c->data = vc;
+    vc->c->read->handler = ngx_llmgw_v8_read;
+    vc->c->write->handler = ngx_llmgw_v8_write;
+    vc->c->pool = NULL;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_v8_write(ngx_event_t *wev)
+{
+    ssize_t               n;
+    ngx_buf_t            *b;
+    ngx_connection_t     *c;
+    ngx_llmgw_v8_conn_t  *vc;
+
+    c = wev->data;
+    vc = c->data;
+
+    if (vc->call == NULL) {
+        return;
+    }
+
+    b = vc->call->out;
+
+    while (b->pos < b->last) {
+        n = c->send(c, b->pos, b->last - b->pos);
+
+        if (n == NGX_AGAIN) {
+            if (ngx_handle_write_event(wev, 0) != NGX_OK) {
+                ngx_llmgw_v8_fail(vc, "cannot watch the helper socket");
+            }
+            return;
+        }
+
+        if (n == NGX_ERROR) {
+            ngx_llmgw_v8_fail(vc, "sending to the helper failed");
+            return;
+        }
+
+        b->pos += n;
+    }
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        ngx_llmgw_v8_fail(vc, "cannot watch the helper socket");
+    }
+}
+
+
+static void
+ngx_llmgw_v8_read(ngx_event_t *rev)
+{
+    char                  err[128];
+    ssize_t               n;
+    u_char               *body;
+    llmgw_frame_t         f;
+    ngx_connection_t     *c;
+    ngx_llmgw_v8_conn_t  *vc;
+    ngx_llmgw_v8_call_t  *call;
+
+    c = rev->data;
+    vc = c->data;
+
+    if (vc->call == NULL) {
+        /* an idle connection only ever reads its own closing */
+        n = c->recv(c, vc->head, 1);
+        if (n == NGX_AGAIN) {
+            (void) ngx_handle_read_event(rev, 0);
+            return;
+        }
+        ngx_llmgw_v8_close(vc);
+        return;
+    }
+
+    while (vc->head_got < LLMGW_FRAME_HEADER_LEN) {
+        n = c->recv(c, vc->head + vc->head_got,
+                    LLMGW_FRAME_HEADER_LEN - vc->head_got);
+
+        if (n == NGX_AGAIN) {
+            (void) ngx_handle_read_event(rev, 0);
+            return;
+        }
+
+        if (n == NGX_ERROR || n == 0) {
+            ngx_llmgw_v8_fail(vc, "the helper closed the connection "
+                                  "(it may have restarted)");
+            return;
+        }
+
+        vc->head_got += n;
+
+        if (vc->head_got == LLMGW_FRAME_HEADER_LEN) {
+            if (llmgw_frame_decode(vc->head,
+                                   ngx_llmgw_v8_mcf->v8host_max_frame, &f,
+                                   err, sizeof(err))
+                != 0)
+            {
+                ngx_llmgw_v8_fail(vc, err);
+                return;
+            }
+
+            if (f.request_id != vc->call->id
+                || !(f.type & LLMGW_FRAME_REPLY))
+            {
+                ngx_llmgw_v8_fail(vc, "the helper answered another call");
+                return;
+            }
+
+            vc->body_len = f.length;
+            vc->body = ngx_alloc(f.length + 1, ngx_llmgw_v8_log);
+            if (vc->body == NULL) {
+                ngx_llmgw_v8_fail(vc, "out of memory");
+                return;
+            }
+        }
+    }
+
+    while (vc->body_got < vc->body_len) {
+        n = c->recv(c, vc->body + vc->body_got, vc->body_len - vc->body_got);
+
+        if (n == NGX_AGAIN) {
+            (void) ngx_handle_read_event(rev, 0);
+            return;
+        }
+
+        if (n == NGX_ERROR || n == 0) {
+            ngx_llmgw_v8_fail(vc, "the helper closed the connection "
+                                  "(it may have restarted)");
+            return;
+        }
+
+        vc->body_got += n;
+    }
+
+    body = vc->body;
+    body[vc->body_len] = '\0';
+    call = vc->call;
+
+    vc->call = NULL;
+    vc->body = NULL;
+
+    ngx_llmgw_v8_finish(call, NGX_OK, body, vc->body_len);
+    ngx_free(body);
+
+    ngx_llmgw_v8_dispatch();
+}
+
+
+static void
+ngx_llmgw_v8_finish(ngx_llmgw_v8_call_t *call, ngx_int_t rc, u_char *body,
+    size_t len)
+{
+    if (call->timer.timer_set) {
+        ngx_del_timer(&call->timer);
+    }
+
+    ngx_llmgw_v8_inflight--;
+
+    if (call->handler) {
+        call->handler(call->data, rc, body, len);
+    }
+
+    ngx_free(call);
+}
+
+
+static void
+ngx_llmgw_v8_timeout(ngx_event_t *ev)
+{
+    ngx_uint_t            i;
+    ngx_llmgw_v8_call_t  *call = ev->data;
+
+    if (call->queued) {
+        ngx_queue_remove(&call->queue);
+        ngx_llmgw_v8_finish(call, NGX_ETIMEDOUT, NULL, 0);
+        return;
+    }
+
+    /* on a connection: that connection is given up, its call answered */
+    for (i = 0; i < ngx_llmgw_v8_nconns; i++) {
+        if (ngx_llmgw_v8_conns[i].call == call) {
+            ngx_llmgw_v8_fail(&ngx_llmgw_v8_conns[i],
+                              "the helper did not answer in time");
+            return;
+        }
+    }
+}
+
+
+static void
+ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why)
+{
+    ngx_llmgw_v8_call_t  *call;
+
+    ngx_log_error(NGX_LOG_ERR, ngx_llmgw_v8_log, 0,
+                  "llmgw: v8_host call failed: %s", why);
+
+    call = vc->call;
+    vc->call = NULL;
+
+    ngx_llmgw_v8_close(vc);
+
+    if (call) {
+        ngx_llmgw_v8_finish(call, NGX_ERROR, (u_char *) why,
+                            ngx_strlen(why));
+    }
+
+    ngx_llmgw_v8_dispatch();
+}
+
+
+static void
+ngx_llmgw_v8_close(ngx_llmgw_v8_conn_t *vc)
+{
+    if (vc->body) {
+        ngx_free(vc->body);
+        vc->body = NULL;
+    }
+
+    if (vc->c) {
+        ngx_close_connection(vc->c);
+        vc->c = NULL;
+    }
+}
+
+
+/*
+ * A hook of a published source.  The helper keeps compiled sources by sha
+ * and may have lost them (a restart, another helper worker): then the
+ * source is read from PostgreSQL, loaded, and the call made once more.
+ */
+
+typedef struct {
+    char                       sha[65];
+    u_char                    *body;
+    size_t                     len;
+    ngx_llmgw_v8_handler_pt    handler;
+    void                      *data;
+    ngx_uint_t                 reloaded;
+} ngx_llmgw_hook_t;
+
+
+static void ngx_llmgw_hook_replied(void *data, ngx_int_t rc, u_char *body,
+    size_t len);
+static void ngx_llmgw_hook_source(void *data, PGresult *res,
+    const char *err);
+static void ngx_llmgw_hook_loaded(void *data, ngx_int_t rc, u_char *body,
+    size_t len);
+
+
+static void
+ngx_llmgw_hook_done(ngx_llmgw_hook_t *h, ngx_int_t rc, u_char *body,
+    size_t len)
+{
+    h->handler(h->data, rc, body, len);
+    ngx_free(h);
+}
+
+
+ngx_int_t
+ngx_llmgw_hook(const char *sha, u_char *body, size_t len,
+    ngx_llmgw_v8_handler_pt handler, void *data)
+{
+    ngx_int_t          rc;
+    ngx_llmgw_hook_t  *h;
+
+    h = ngx_alloc(sizeof(ngx_llmgw_hook_t) + len, ngx_llmgw_v8_log);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_cpystrn((u_char *) h->sha, (u_char *) sha, sizeof(h->sha));
+    h->body = (u_char *) (h + 1);
+    h->len = len;
+    ngx_memcpy(h->body, body, len);
+    h->handler = handler;
+    h->data = data;
+    h->reloaded = 0;
+
+    rc = ngx_llmgw_v8_call(LLMGW_FRAME_CALL, h->body, h->len,
+                           ngx_llmgw_hook_replied, h);
+    if (rc != NGX_OK) {
+        ngx_free(h);
+    }
+
+    return rc;
+}
+
+
+static void
+ngx_llmgw_hook_replied(void *data, ngx_int_t rc, u_char *body, size_t len)
+{
+    ngx_llmgw_hook_t  *h = data;
+    const char        *params[1];
+
+    if (rc != NGX_OK || h->reloaded
+        || !llmgw_plugin_not_loaded((char *) body, len))
+    {
+        ngx_llmgw_hook_done(h, rc, body, len);
+        return;
+    }
+
+    params[0] = h->sha;
+
+    if (ngx_llmgw_pg_query("select llmgw_plugin_source($1)", 1, params, NULL,
+                           ngx_llmgw_hook_source, h)
+        != NGX_OK)
+    {
+        ngx_llmgw_hook_done(h, NGX_ERROR,
+                            (u_char *) "the database queue is full", 26);
+    }
+}
+
+
+static void
+ngx_llmgw_hook_source(void *data, PGresult *res, const char *err)
+{
+    ngx_llmgw_hook_t *h = data;
+
+    static const char  unknown[] = "the plugin source is not stored";
+
+    llmgw_buf_t  load;
+    llmgw_verdict_t  v;
+
+    if (err != NULL) {
+        ngx_llmgw_hook_done(h, NGX_ERROR, (u_char *) err, ngx_strlen(err));
+        return;
+    }
+
+    if (PQntuples(res) != 1 || PQgetisnull(res, 0, 0)) {
+        ngx_llmgw_hook_done(h, NGX_ERROR, (u_char *) unknown,
+                            sizeof(unknown) - 1);
+        return;
+    }
+
+    load.data = NULL;
+
+    if (llmgw_plugin_source_request(PQgetvalue(res, 0, 0),
+                                    PQgetlength(res, 0, 0), &load, &v)
+        != 0
+        || ngx_llmgw_v8_call(LLMGW_FRAME_LOAD, (u_char *) load.data,
+                             load.len, ngx_llmgw_hook_loaded, h)
+           != NGX_OK)
+    {
+        llmgw_buf_free(&load);
+        ngx_llmgw_hook_done(h, NGX_ERROR,
+                            (u_char *) "the plugin could not be loaded", 30);
+        return;
+    }
+
+    llmgw_buf_free(&load);
+}
+
+
+static void
+ngx_llmgw_hook_loaded(void *data, ngx_int_t rc, u_char *body, size_t len)
+{
+    ngx_llmgw_hook_t  *h = data;
+
+    char             sha[65];
+    llmgw_verdict_t  v;
+
+    if (rc != NGX_OK
+        || llmgw_plugin_load_reply((char *) body, len, sha, &v) != 0)
+    {
+        ngx_llmgw_hook_done(h, rc == NGX_OK ? NGX_ERROR : rc,
+                            rc == NGX_OK ? (u_char *) v.message : body,
+                            rc == NGX_OK ? ngx_strlen(v.message) : len);
+        return;
+    }
+
+    h->reloaded = 1;
+
+    if (ngx_llmgw_v8_call(LLMGW_FRAME_CALL, h->body, h->len,
+                          ngx_llmgw_hook_replied, h)
+        != NGX_OK)
+    {
+        ngx_llmgw_hook_done(h, NGX_ERROR,
+                            (u_char *) "the plugin runtime is busy", 26);
+    }
+}

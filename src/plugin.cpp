@@ -1,0 +1,316 @@
+/*
+ * The admin side of plugins: what the gateway sends v8_host to validate or
+ * dry-run a source, and what it stores from the answer.
+ */
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "internal.h"
+
+using namespace llmgw;
+
+namespace {
+
+/* Validation errors reach the caller whole, but within a readable size. */
+constexpr size_t kMaxMessage = 480;
+
+std::string
+joined_errors(const json_t *errors)
+{
+    std::string out;
+    size_t      i;
+    json_t     *e;
+
+    json_array_foreach(errors, i, e) {
+        if (!json_is_string(e)) {
+            continue;
+        }
+        if (!out.empty()) {
+            out += "; ";
+        }
+        out.append(json_string_value(e), json_string_length(e));
+    }
+
+    return out;
+}
+
+} /* namespace */
+
+
+extern "C" int
+llmgw_plugin_load_request(const char *body, size_t len, llmgw_buf_t *frame,
+    llmgw_verdict_t *v)
+{
+    try {
+        Json root = json_parse(body, len);
+
+        if (!json_is_object(root.get())) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
+                              "invalid JSON request body");
+            return -1;
+        }
+
+        json_t *src = json_object_get(root.get(), "source");
+
+        if (!json_is_string(src) || json_string_length(src) == 0) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "field source is required (the plugin's ES "
+                              "module text)");
+            return -1;
+        }
+
+        Json out(json_object());
+        json_object_set(out.get(), "source", src);
+        *frame = make_buf(json_dump(out.get()));
+
+        return frame->data ? 0 : -1;
+
+    } catch (...) {
+        llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
+                          "the request could not be read");
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_plugin_source_request(const char *source, size_t len,
+    llmgw_buf_t *frame, llmgw_verdict_t *v)
+{
+    try {
+        Json out(json_object());
+
+        json_object_set_new(out.get(), "source", json_stringn(source, len));
+        *frame = make_buf(json_dump(out.get()));
+
+        return frame->data ? 0 : -1;
+
+    } catch (...) {
+        llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
+                          "the source could not be sent");
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_plugin_load_reply(const char *reply, size_t len, char sha[65],
+    llmgw_verdict_t *v)
+{
+    try {
+        Json root = json_parse(reply, len);
+
+        if (json_is_true(json_object_get(root.get(), "ok"))) {
+            std::string_view s = json_str(root.get(), "sha");
+
+            if (s.size() == 64) {
+                std::memcpy(sha, s.data(), 64);
+                sha[64] = '\0';
+                return 0;
+            }
+        }
+
+        const json_t *err = json_object_get(root.get(), "error");
+        std::string_view kind = json_str(err, "kind");
+        std::string msg = joined_errors(json_object_get(err, "errors"));
+
+        if (msg.empty()) {
+            msg = json_str(err, "message");
+        }
+
+        if (kind == "plugin") {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_plugin",
+                              "the plugin was refused: %.*s",
+                              (int) std::min(msg.size(), kMaxMessage),
+                              msg.data());
+        } else {
+            llmgw_verdict_set(v, 502, "gateway_error", "plugin_runtime_error",
+                              "the plugin runtime failed: %.*s",
+                              (int) std::min(msg.size(), kMaxMessage),
+                              msg.data());
+        }
+
+        return -1;
+
+    } catch (...) {
+        llmgw_verdict_set(v, 502, "gateway_error", "plugin_runtime_error",
+                          "the plugin runtime answered something unreadable");
+        return -1;
+    }
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_plugin_upload_arg(const char *body, size_t blen, const char *reply,
+    size_t rlen)
+{
+    try {
+        Json b = json_parse(body, blen);
+        Json r = json_parse(reply, rlen);
+        Json out(json_object());
+
+        json_object_set(out.get(), "manifest",
+                        json_object_get(r.get(), "manifest"));
+        json_object_set(out.get(), "sha", json_object_get(r.get(), "sha"));
+        json_object_set(out.get(), "source",
+                        json_object_get(b.get(), "source"));
+
+        for (const char *k : { "remark", "enabled", "force" }) {
+            json_t *x = json_object_get(b.get(), k);
+            if (x != nullptr) {
+                json_object_set(out.get(), k, x);
+            }
+        }
+
+        return make_buf(json_dump(out.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_plugin_call_body(const char *sha, const char *hook, const char *args,
+    size_t args_len)
+{
+    try {
+        Json a = json_parse(args, args_len);
+        Json out(json_object());
+
+        json_object_set_new(out.get(), "sha", json_string(sha));
+        json_object_set_new(out.get(), "hook", json_string(hook));
+        json_object_set(out.get(), "args",
+                        json_is_array(a.get()) ? a.get() : json_array());
+
+        return make_buf(json_dump(out.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}
+
+
+extern "C" int
+llmgw_plugin_call_request(const char *body, size_t len, const char *sha,
+    llmgw_buf_t *frame, llmgw_verdict_t *v)
+{
+    try {
+        Json root = json_parse(body, len);
+        json_t *hook = json_object_get(root.get(), "hook");
+        json_t *args = json_object_get(root.get(), "args");
+
+        if (!json_is_string(hook) || json_string_length(hook) == 0) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "field hook is required (for example "
+                              "\"buildSubmitRequest\" or \"native.decode\")");
+            return -1;
+        }
+
+        if (args != nullptr && !json_is_array(args)) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "args: must be an array of the hook's "
+                              "arguments");
+            return -1;
+        }
+
+        Json out(json_object());
+        json_object_set_new(out.get(), "sha", json_string(sha));
+        json_object_set(out.get(), "hook", hook);
+        json_object_set(out.get(), "args", args ? args : json_array());
+
+        *frame = make_buf(json_dump(out.get()));
+        return frame->data ? 0 : -1;
+
+    } catch (...) {
+        llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
+                          "the request could not be read");
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_plugin_body_key(const char *body, size_t len, char *key, size_t keylen)
+{
+    try {
+        Json root = json_parse(body, len);
+        std::string_view k = json_str(root.get(), "key");
+
+        if (k.empty() || k.size() >= keylen
+            || json_object_get(root.get(), "source") != nullptr)
+        {
+            return -1;
+        }
+
+        std::memcpy(key, k.data(), k.size());
+        key[k.size()] = '\0';
+        return 0;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_plugin_not_loaded(const char *reply, size_t len)
+{
+    try {
+        Json root = json_parse(reply, len);
+
+        return json_str(json_object_get(root.get(), "error"), "kind")
+               == "not_loaded";
+
+    } catch (...) {
+        return 0;
+    }
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_plugin_dryrun_body(const char *body, size_t len)
+{
+    try {
+        Json root = json_parse(body, len);
+        Json out(json_object());
+
+        for (const char *k : { "source", "hook", "args" }) {
+            json_t *x = json_object_get(root.get(), k);
+            if (x != nullptr) {
+                json_object_set(out.get(), k, x);
+            }
+        }
+
+        if (json_object_get(out.get(), "args") == nullptr) {
+            json_object_set_new(out.get(), "args", json_array());
+        }
+
+        return make_buf(json_dump(out.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_plugin_status_json(const char *helper, size_t hlen, const char *node,
+    size_t nlen)
+{
+    try {
+        Json h = json_parse(helper, hlen);
+        Json n = node ? json_parse(node, nlen) : Json();
+        Json out(json_object());
+
+        json_object_set(out.get(), "helper", h ? h.get() : json_null());
+        json_object_set(out.get(), "node", n ? n.get() : json_null());
+
+        return make_buf(json_dump(out.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}

@@ -1,0 +1,28 @@
+/*
+ * Building reply bodies as text.  Results and manifests arrive already
+ * serialized (JSON.stringify in the isolate, the manifest validator), so
+ * replies are assembled around them instead of being parsed again.
+ */
+
+#ifndef V8HOST_JSON_TEXT_H
+#define V8HOST_JSON_TEXT_H
+
+#include <string>
+#include <string_view>
+
+namespace v8host {
+
+/* Appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD. */
+void append_json_string(std::string &out, std::string_view s);
+
+std::string json_string(std::string_view s);
+
+/* The longest prefix of s of at most max bytes that ends on a character. */
+std::string_view utf8_prefix(std::string_view s, size_t max);
+
+/* {"ok":false,"error":{"kind":..,"message":..}} */
+std::string error_reply(std::string_view kind, std::string_view message);
+
+}  // namespace v8host
+
+#endif

@@ -1,0 +1,29 @@
+/*
+ * Command line of llmgw-v8host.
+ */
+
+#ifndef V8HOST_OPTIONS_H
+#define V8HOST_OPTIONS_H
+
+#include <cstddef>
+#include <string>
+
+namespace v8host {
+
+struct Options {
+    std::string  socket_path;
+    std::string  pidfile;
+    int          workers = 2;
+    int          deadline_ms = 5000;     /* per call; CALL may only lower it */
+    int          heap_mb = 64;           /* V8 heap cap per isolate */
+    size_t       max_frame = 16777216;   /* largest frame body, both ways */
+};
+
+/* 0, or -1 with a message in err (the caller prints usage). */
+int parse_options(int argc, char **argv, Options *o, std::string *err);
+
+extern const char *const usage_text;
+
+}  // namespace v8host
+
+#endif

@@ -1,0 +1,69 @@
+/*
+ * Watchdog thread.  TerminateExecution is called under the mutex, so once
+ * disarm() returns no termination can arrive late and hit the next call.
+ */
+
+#include <v8.h>
+
+#include "watchdog.h"
+
+namespace v8host {
+
+Watchdog::Watchdog()
+    : thread_([this] { run(); })
+{
+}
+
+Watchdog::~Watchdog()
+{
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        quit_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+}
+
+void
+Watchdog::arm(v8::Isolate *isolate, std::chrono::milliseconds budget)
+{
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        isolate_ = isolate;
+        deadline_ = std::chrono::steady_clock::now() + budget;
+        armed_ = true;
+        fired_ = false;
+    }
+    cv_.notify_one();
+}
+
+bool
+Watchdog::disarm()
+{
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_ = false;
+    return fired_;
+}
+
+void
+Watchdog::run()
+{
+    std::unique_lock<std::mutex> lock(mu_);
+
+    while (!quit_) {
+        if (!armed_ || fired_) {
+            cv_.wait(lock);
+            continue;
+        }
+
+        if (cv_.wait_until(lock, deadline_) == std::cv_status::timeout
+            && armed_ && !fired_
+            && std::chrono::steady_clock::now() >= deadline_)
+        {
+            fired_ = true;
+            isolate_->TerminateExecution();
+        }
+    }
+}
+
+}  // namespace v8host
