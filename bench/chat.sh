@@ -41,6 +41,7 @@ ROUNDS=${ROUNDS:-3}
 WARMUP=${WARMUP:-3s}
 OTHER_MAX=${OTHER_MAX:-10}
 RETRIES=${RETRIES:-2}
+SETTLE=${SETTLE:-10}
 USERS=${USERS:-32}
 MODEL=${MODEL:-bench-model}
 
@@ -53,7 +54,7 @@ secs() {  # 10s / 1m / 10 -> seconds
         *) echo "$1" ;;
     esac
 }
-case "$CONNECTIONS$ROUNDS$USERS$THREADS$OTHER_MAX$RETRIES" in *[!0-9]*) die "CONNECTIONS, ROUNDS, USERS, THREADS, OTHER_MAX, RETRIES must be whole numbers" ;; esac
+case "$CONNECTIONS$ROUNDS$USERS$THREADS$OTHER_MAX$RETRIES$SETTLE" in *[!0-9]*) die "CONNECTIONS, ROUNDS, USERS, THREADS, OTHER_MAX, RETRIES must be whole numbers" ;; esac
 [ "$RETRIES" -le 5 ] || die "RETRIES above 5"
 [ "$ROUNDS" -ge 2 ] || die "ROUNDS must be at least 2"
 [ "$(secs "$DURATION")" -le 300 ] || die "DURATION above 300 s"
@@ -157,6 +158,21 @@ count_run bare "$OUT/warmup-bare.txt"
 run_wrk warmup-gateway "$GW_URL" "$WARMUP"
 count_run gateway "$OUT/warmup-gateway.txt"
 
+# Before each run, let the gateway finish writing the previous run's ledger
+# rows (bounded by SETTLE seconds), so that a bare nginx round does not
+# share the CPU with PostgreSQL inserting the gateway's rows.
+settle_ledger() {
+    local a b i
+    a=$(ledger_total)
+    for i in $(seq 1 "$SETTLE"); do
+        sleep 1
+        b=$(ledger_total)
+        [ "$a" = "$b" ] && return 0
+        a=$b
+    done
+    log "  the ledger was still being written after ${SETTLE}s"
+}
+
 # A run during which more than OTHER_MAX % of the machine went to processes
 # that are not ours or to steal time (a shared machine) is repeated, at most RETRIES times;
 # the quietest attempt is kept.
@@ -170,6 +186,7 @@ for r in $(seq 1 "$ROUNDS"); do
         best=
         for a in $(seq 0 "$RETRIES"); do
             name=r$r-$target-a$a
+            settle_ledger
             if [ "$a" -eq 0 ]; then
                 log "round $r/$ROUNDS: $target (wrk -t$THREADS -c$CONNECTIONS -d$DURATION)"
             else
@@ -220,9 +237,14 @@ while read -r r target rps p50 p99 n e q _; do
     printf '%-6s %-8s %11.0f %9.3f %9.3f %8d %7d\n' "$r" "$target" "$rps" "$p50" "$p99" "$n" "$e"
 done <"$RESULTS"
 echo
-echo "CPU during each round, % of all $(nproc) cores (load = wrk; other = processes not ours):"
-while read -r r target _; do
+echo "CPU during each round, % of all $(nproc) cores (load = wrk; other = processes not ours),"
+echo "and CPU time per request of the proxy (bare or gateway workers) and of PostgreSQL:"
+while read -r r target rps _; do
     printf '%-6s %-8s %s\n' "$r" "$target" "$(cut -f1 "$OUT/r$r-$target.cpu")"
+    cut -f3 "$OUT/r$r-$target.cpu" | tr ' ' '\n' | awk -F= -v t="$target" -v rps="$rps" -v n="$(nproc)" '
+        { v[$1] = $2 }
+        END { printf "%-15s proxy %.1f us/request, PostgreSQL %.1f us/request\n", "", v[t] / 100 * n * 1e6 / rps, v["pg"] / 100 * n * 1e6 / rps }' >>"$OUT/us-per-request"
+    tail -n 1 "$OUT/us-per-request"
 done <"$RESULTS"
 awk -v conns="$CONNECTIONS" '
     { rps[$2] += $3; p50[$2] += $4; p99[$2] += $5; c[$2]++ }

@@ -146,7 +146,8 @@ elif [ -z "$npm_ok" ]; then
     echo "test: npm install failed; integration tests not run" >&2
 else
     echo "test: ${#int_files[@]} file(s), timeout ${INT_TIMEOUT}s"
-    if run_limited "$INT_TIMEOUT" node --test --test-concurrency=2 --test-reporter=spec t/integration/; then
+    sdk=(); [ -f t/sdk/package.json ] && sdk=(t/sdk/)
+    if run_limited "$INT_TIMEOUT" node --test --test-concurrency=2 --test-reporter=spec t/integration/ "${sdk[@]}"; then
         integration=ok
     fi
 fi

@@ -24,7 +24,9 @@ struct Match {
 constexpr size_t kPathShown = 128;
 constexpr size_t kMethodShown = 16;
 
-constexpr std::string_view kGeminiPrefix = "/v1beta/models/";
+/* the official @google/genai client speaks v1 by default, v1beta too */
+constexpr std::string_view kGeminiPrefixes[] = { "/v1beta/models/",
+                                                 "/v1/models/" };
 constexpr std::string_view kGenerate = ":generateContent";
 constexpr std::string_view kStreamGenerate = ":streamGenerateContent";
 
@@ -48,11 +50,20 @@ starts_with(std::string_view s, std::string_view prefix)
 bool
 match_gemini(std::string_view path, Match *m)
 {
-    if (!starts_with(path, kGeminiPrefix)) {
+    std::string_view rest;
+    bool found = false;
+
+    for (std::string_view prefix : kGeminiPrefixes) {
+        if (starts_with(path, prefix)) {
+            rest = path.substr(prefix.size());
+            found = true;
+        }
+    }
+
+    if (!found) {
         return false;
     }
 
-    std::string_view rest = path.substr(kGeminiPrefix.size());
     std::string_view model;
     int stream;
 

@@ -6,8 +6,8 @@
 //   node cpu.mjs snap label=pid ...      prints a snapshot (one JSON line)
 //   node cpu.mjs diff '<snap a>' '<snap b>'
 //        prints "<label> N% ... other O% irq I% steal S% idle D%" (percent
-//        of all cores), then a tab and other% + steal% (the share of the
-//        machine the benchmark did not get) alone
+//        of all cores), a tab, other% + steal% (the share of the machine
+//        the benchmark did not get), a tab, "label=percent ..." 
 //
 // A label's share is its root process and every descendant not claimed by
 // an earlier label (list specific roots first and a catch-all such as the
@@ -121,7 +121,8 @@ if (process.argv[1] && process.argv[1].endsWith('cpu.mjs')) {
         console.log(JSON.stringify(snapshot(args)));
     } else if (cmd === 'diff') {
         const d = diff(JSON.parse(args[0]), JSON.parse(args[1]));
-        console.log(`${fmt(d)}\t${(d.other + d.steal).toFixed(1)}`);
+        const words = d.labels.map((l) => `${l}=${d.per[l].toFixed(2)}`).join(' ');
+        console.log(`${fmt(d)}\t${d.elsewhere.toFixed(1)}\t${words}`);
     } else {
         console.error('usage: cpu.mjs snap label=pid ... | diff <a> <b>');
         process.exit(2);

@@ -234,14 +234,13 @@ describe('official SDKs against the gateway', { timeout: 180000 }, () => {
     /* ---------------- Google GenAI ---------------- */
 
     /*
-     * The gateway serves the spec's /v1beta/models/... paths.  @google/genai
-     * 3.x defaults to the v1 API version (1.x used v1beta), so the version
-     * is named here; without it the SDK calls /v1/models/... (404).
+     * @google/genai 3.x calls /v1/models/... by default (1.x used v1beta);
+     * the gateway serves both and always calls the channel's /v1beta.
      */
     const genai = (apiKey = key) => new GoogleGenAI({
         apiKey,
         httpOptions: {
-            baseUrl: gw.url, apiVersion: 'v1beta', timeout: 20000, retryOptions: { attempts: 1 },
+            baseUrl: gw.url, timeout: 20000, retryOptions: { attempts: 1 },
         },
     });
 
