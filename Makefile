@@ -7,6 +7,9 @@
 #   make stop    stop nginx and PostgreSQL started by `make run`
 #   make test    deps + build + unit + SQL tests + integration tests
 #   make clean   remove build/
+#   make v8host  build build/v8host/llmgw-v8host (V8 from .deps/libnode,
+#                fetched first when missing: v8_host/fetch-libnode.sh)
+#   make v8host-test  build the helper and run t/v8host/ against it
 #
 # Variables: PORT (8080), PGPORT_LLMGW (5433), PGPORT_LLMGW_TEST (5434),
 #   UNIT="test_a test_b" (run only these unit tests), UNIT_VERBOSE=1,
@@ -26,10 +29,10 @@ endif
 
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: help deps build unit unit-build run stop test clean
+.PHONY: help deps build unit unit-build run stop test clean v8host v8host-test
 
 help:
-	@sed -n '3,10s/^# \{0,1\}//p' Makefile
+	@sed -n '3,13s/^# \{0,1\}//p' Makefile
 
 deps:
 	@scripts/deps.sh
@@ -134,3 +137,57 @@ unit:
 	if [ -z "$$build_ok" ] && [ $$fail -eq 0 ]; then echo "unit: build of src/ or a helper failed"; fail=$$((fail+1)); fi; \
 	echo "unit: $$pass passed, $$fail failed"; \
 	[ $$fail -eq 0 ]
+
+# ---------------------------------------------------------------------------
+# v8_host: the plugin runtime helper, build/v8host/llmgw-v8host.
+# V8 10.2 comes from Debian's libnode108 unpacked into .deps/libnode
+# (v8_host/fetch-libnode.sh; `make deps` runs it too).  Compiled with
+# -isystem against those headers only, never /usr/include/node (Node 20's
+# V8 11.3), and without V8_COMPRESS_POINTERS (the library is built without).
+# The core's objects are linked as objects, not as an archive, so the
+# strong llmgw_manifest_validate of src/manifest.cpp replaces the weak
+# stand-in in v8_host/manifest_stub.cpp as soon as it exists.
+
+LIBNODE          := .deps/libnode
+LIBNODE_STAMP    := $(LIBNODE)/.complete
+LIBNODE_ARCH      = $(shell dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || gcc -print-multiarch)
+LIBNODE_LIB       = $(LIBNODE)/usr/lib/$(LIBNODE_ARCH)
+V8HOST_DIR       := build/v8host
+V8HOST_BIN       := $(V8HOST_DIR)/llmgw-v8host
+V8HOST_CXX       ?= g++
+V8HOST_CXXFLAGS  ?= -std=c++17 -O2 -g -Wall -Wextra -pthread
+V8HOST_CPPFLAGS  := -Isrc -Iv8_host -isystem $(LIBNODE)/usr/include/node
+V8HOST_LIBS       = -L$(LIBNODE_LIB) -lnode \
+                    -Wl,-rpath,'$$ORIGIN/../../$(LIBNODE_LIB)' \
+                    -Wl,-rpath,$(REPO)/$(LIBNODE_LIB) \
+                    -ljansson -lcrypto -pthread
+V8HOST_SRCS      := $(sort $(wildcard v8_host/*.cpp))
+V8HOST_OBJS      := $(patsubst v8_host/%.cpp,$(V8HOST_DIR)/obj/%.o,$(V8HOST_SRCS))
+V8HOST_CORE_OBJS := $(patsubst src/%.cpp,$(V8HOST_DIR)/obj/core_%.o,$(CORE_SRCS))
+V8HOST_TEST_TIMEOUT ?= 120
+
+v8host: $(V8HOST_BIN)
+
+$(LIBNODE_STAMP):
+	@v8_host/fetch-libnode.sh
+
+$(V8HOST_BIN): $(V8HOST_OBJS) $(V8HOST_CORE_OBJS)
+	$(V8HOST_CXX) $(V8HOST_CXXFLAGS) -o $@ $(V8HOST_OBJS) $(V8HOST_CORE_OBJS) $(V8HOST_LIBS)
+
+# -fno-rtti: libnode is built without RTTI, so a subclass of a V8 class
+# (the ArrayBuffer allocator) cannot reference V8's typeinfo.
+$(V8HOST_DIR)/obj/%.o: v8_host/%.cpp | $(LIBNODE_STAMP) $(V8HOST_DIR)/obj
+	$(V8HOST_CXX) $(V8HOST_CXXFLAGS) -fno-rtti $(V8HOST_CPPFLAGS) -MMD -MP -c -o $@ $<
+
+$(V8HOST_DIR)/obj/core_%.o: src/%.cpp | $(V8HOST_DIR)/obj
+	$(V8HOST_CXX) $(V8HOST_CXXFLAGS) -Isrc -MMD -MP -c -o $@ $<
+
+$(V8HOST_DIR)/obj:
+	mkdir -p $@
+
+-include $(wildcard $(V8HOST_DIR)/obj/*.d)
+
+# t/v8host/*.test.mjs (node --test) against the built helper.
+v8host-test: $(V8HOST_BIN)
+	@LLMGW_REPO=$(REPO) LLMGW_V8HOST=$(REPO)/$(V8HOST_BIN) \
+	    timeout -k 5 $(V8HOST_TEST_TIMEOUT) node --test --test-reporter=spec t/v8host/

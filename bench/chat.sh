@@ -243,9 +243,13 @@ while read -r r target rps _; do
     printf '%-6s %-8s %s\n' "$r" "$target" "$(cut -f1 "$OUT/r$r-$target.cpu")"
     cut -f3 "$OUT/r$r-$target.cpu" | tr ' ' '\n' | awk -F= -v t="$target" -v rps="$rps" -v n="$(nproc)" '
         { v[$1] = $2 }
-        END { printf "%-15s proxy %.1f us/request, PostgreSQL %.1f us/request\n", "", v[t] / 100 * n * 1e6 / rps, v["pg"] / 100 * n * 1e6 / rps }' >>"$OUT/us-per-request"
-    tail -n 1 "$OUT/us-per-request"
+        END { printf "%s %.2f %.2f\n", t, v[t] / 100 * n * 1e6 / rps, v["pg"] / 100 * n * 1e6 / rps }' >>"$OUT/us-per-request"
+    tail -n 1 "$OUT/us-per-request" | awk '{ printf "%-15s proxy %.1f us/request, PostgreSQL %.1f us/request\n", "", $2, $3 }'
 done <"$RESULTS"
+awk '{ p[$1] += $2; g[$1] += $3; c[$1]++ }
+    END { printf "mean CPU per request: bare nginx %.1f us; gateway %.1f us + PostgreSQL %.1f us (%.1fx bare)\n",
+          p["bare"] / c["bare"], p["gateway"] / c["gateway"], g["gateway"] / c["gateway"],
+          (p["gateway"] / c["gateway"] + g["gateway"] / c["gateway"]) / (p["bare"] / c["bare"]) }' "$OUT/us-per-request"
 awk -v conns="$CONNECTIONS" '
     { rps[$2] += $3; p50[$2] += $4; p99[$2] += $5; c[$2]++ }
     END {

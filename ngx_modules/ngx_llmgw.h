@@ -127,6 +127,7 @@ struct ngx_llmgw_ctx_s {
     ngx_uint_t                 nchannels;
     ngx_int_t                  current;      /* index into channels, -1 */
     ngx_uint_t                 tried;
+    ngx_uint_t                 tries_left;
     int64_t                    tried_ids[NGX_LLMGW_MAX_TRIES];
     int                        usage_injected;
 
@@ -157,6 +158,7 @@ struct ngx_llmgw_ctx_s {
     unsigned                   waiting:1;
     unsigned                   logged:1;
     unsigned                   stream_started:1;
+    unsigned                   retry_same:1;
 };
 
 

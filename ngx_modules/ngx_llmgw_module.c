@@ -30,12 +30,15 @@ static ngx_int_t ngx_llmgw_variable(ngx_http_request_t *r,
 static void ngx_llmgw_ctx_cleanup(void *data);
 
 
+static char *ngx_llmgw_check_bounds(ngx_conf_t *cf, void *post, void *data);
+
+
 static ngx_conf_num_bounds_t  ngx_llmgw_tries_bounds = {
-    ngx_conf_check_num_bounds, 1, NGX_LLMGW_MAX_TRIES
+    ngx_llmgw_check_bounds, 1, NGX_LLMGW_MAX_TRIES
 };
 
 static ngx_conf_num_bounds_t  ngx_llmgw_pool_bounds = {
-    ngx_conf_check_num_bounds, 1, 64
+    ngx_llmgw_check_bounds, 1, 64
 };
 
 
@@ -873,6 +876,32 @@ ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* As ngx_conf_check_num_bounds, but nginx's message names the directive. */
+static char *
+ngx_llmgw_check_bounds(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t *bounds = post;
+    ngx_int_t             *np = data;
+
+    u_char  *p, *last;
+
+    if (*np >= bounds->low && *np <= bounds->high) {
+        return NGX_CONF_OK;
+    }
+
+    p = ngx_pnalloc(cf->pool, 64);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    last = ngx_snprintf(p, 63, "must be between %i and %i", bounds->low,
+                        bounds->high);
+    *last = '\0';
+
+    return (char *) p;
 }
 
 

@@ -432,6 +432,7 @@ ngx_llmgw_peer_init(ngx_http_request_t *r, ngx_http_upstream_srv_conf_t *us)
     r->upstream->peer.free = ngx_llmgw_peer_free;
     r->upstream->peer.data = ctx;
     r->upstream->peer.tries = ctx->nchannels;
+    ctx->tries_left = ctx->nchannels;
 
     return NGX_OK;
 }
@@ -493,13 +494,35 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
     ngx_connection_t       *c;
     ngx_http_request_t     *r;
     ngx_http_upstream_t    *u;
+    ngx_uint_t              fresh;
     ngx_llmgw_ka_item_t    *item;
     const llmgw_channel_t  *ch;
 
     r = ctx->request;
     u = r->upstream;
+    fresh = 0;
+
+    /*
+     * nginx adds a try when a kept-alive connection failed (the channel may
+     * simply have closed it): that try goes to the same channel, afresh.
+     */
+    if (pc->tries > ctx->tries_left && ctx->current >= 0) {
+        ctx->retry_same = 1;
+        ctx->tries_left = pc->tries;
+    }
 
     for ( ;; ) {
+        /*
+         * A kept-alive connection the channel had closed is not the
+         * channel's failure: the same channel is tried on a new one.
+         */
+        if (ctx->retry_same && ctx->current >= 0) {
+            ctx->retry_same = 0;
+            ch = ctx->channels[ctx->current];
+            fresh = 1;
+            break;
+        }
+
         /* ctx->current always names a channel once one was tried */
         if ((ngx_uint_t) (ctx->current + 1) >= ctx->nchannels) {
             return NGX_BUSY;
@@ -518,6 +541,8 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
             break;
         }
 
+        ch = NULL;
+
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "llmgw: channel %L host \"%s\" has no address",
                       ch->id, ch->host);
@@ -527,6 +552,10 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
             continue;
         }
 
+        return NGX_BUSY;
+    }
+
+    if (fresh && ngx_llmgw_channel_addr(r, ch, &addr) != NGX_OK) {
         return NGX_BUSY;
     }
 
@@ -564,7 +593,8 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
 
     /* a kept-alive connection to the same address and TLS name */
 
-    for (q = ngx_queue_head(&ngx_llmgw_ka_cache);
+    for (q = fresh ? ngx_queue_sentinel(&ngx_llmgw_ka_cache)
+                   : ngx_queue_head(&ngx_llmgw_ka_cache);
          q != ngx_queue_sentinel(&ngx_llmgw_ka_cache);
          q = ngx_queue_next(q))
     {
@@ -616,12 +646,14 @@ ngx_llmgw_peer_free(ngx_peer_connection_t *pc, void *data, ngx_uint_t state)
     ngx_http_upstream_t   *u;
     ngx_llmgw_ka_item_t   *item;
 
+    u = ctx->request->upstream;
+    c = pc->connection;
+
     if (pc->tries) {
         pc->tries--;
     }
 
-    u = ctx->request->upstream;
-    c = pc->connection;
+    ctx->tries_left = pc->tries;
 
     if (state & NGX_PEER_FAILED
         || c == NULL
@@ -906,6 +938,9 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     llmgw_buf_free(&body);
 
     b->last = p;
+
+    /* TLS buffers writes until told to flush */
+    b->flush = 1;
 
     cl = ngx_alloc_chain_link(r->pool);
     if (cl == NULL) {

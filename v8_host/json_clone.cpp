@@ -230,8 +230,7 @@ Cloner::copy(Local<Value> v, int depth)
                   || o->IsBooleanObject() || o->IsBigIntObject()
                   || o->IsSymbolObject() || o->IsNativeError()
                   || o->IsModuleNamespaceObject() || o->IsGeneratorObject()
-                  || o->IsMapIterator() || o->IsSetIterator()
-                  || o->IsWeakRef();
+                  || o->IsMapIterator() || o->IsSetIterator();
 
     if (exotic || !(proto->StrictEquals(obj_proto_) || proto->IsNull())) {
         fail_type(describe_object(o));

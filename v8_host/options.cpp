@@ -15,7 +15,8 @@ const char *const usage_text =
     "usage: llmgw-v8host --socket <path> [--workers N (2)] "
     "[--deadline-ms MS (5000)]\n"
     "                    [--heap-mb MB (64)] [--max-frame BYTES (16777216)] "
-    "[--pidfile path]\n";
+    "[--pidfile path]\n"
+    "                    [--source-cache-mb MB (64; 0: off)]\n";
 
 static bool
 parse_long(const char *s, long lo, long hi, long *out)
@@ -44,6 +45,7 @@ static const IntOption int_options[] = {
     { "--deadline-ms", 1, 600000 },
     { "--heap-mb", 16, 4096 },
     { "--max-frame", 4096, 1L << 30 },
+    { "--source-cache-mb", 0, 4096 },
 };
 
 int
@@ -100,8 +102,10 @@ parse_options(int argc, char **argv, Options *o, std::string *err)
             o->deadline_ms = static_cast<int>(v);
         } else if (io == &int_options[2]) {
             o->heap_mb = static_cast<int>(v);
-        } else {
+        } else if (io == &int_options[3]) {
             o->max_frame = static_cast<size_t>(v);
+        } else {
+            o->source_cache_mb = static_cast<int>(v);
         }
     }
 

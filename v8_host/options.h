@@ -17,6 +17,7 @@ struct Options {
     int          deadline_ms = 5000;     /* per call; CALL may only lower it */
     int          heap_mb = 64;           /* V8 heap cap per isolate */
     size_t       max_frame = 16777216;   /* largest frame body, both ways */
+    int          source_cache_mb = 64;   /* sources shared by the workers */
 };
 
 /* 0, or -1 with a message in err (the caller prints usage). */

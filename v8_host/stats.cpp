@@ -46,7 +46,7 @@ stats_reset_slot(WorkerStats *w, int64_t pid)
 }
 
 std::string
-stats_reply(const SharedStats *s)
+stats_reply(const SharedStats *s, size_t sources)
 {
     std::string out = "{\"ok\":true,\"workers\":[";
 
@@ -69,7 +69,8 @@ stats_reply(const SharedStats *s)
                + ",\"plugins\":" + get(w.plugins) + "}";
     }
 
-    out += "],\"uptime_s\":" + std::to_string(time(nullptr) - s->started_at)
+    out += "],\"sources\":" + std::to_string(sources)
+           + ",\"uptime_s\":" + std::to_string(time(nullptr) - s->started_at)
            + "}";
     return out;
 }

@@ -39,7 +39,7 @@ SharedStats *stats_create(int nworkers);
 void stats_reset_slot(WorkerStats *w, int64_t pid);
 
 /* The STATUS reply body. */
-std::string stats_reply(const SharedStats *s);
+std::string stats_reply(const SharedStats *s, size_t sources);
 
 }  // namespace v8host
 

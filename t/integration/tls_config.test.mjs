@@ -1,0 +1,150 @@
+// TLS to channels (SNI, certificate verification, kept-alive TLS
+// connections) and nginx -t refusing bad directive values by name.
+
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import https from 'node:https';
+import os from 'node:os';
+import path from 'node:path';
+import { execFileSync, spawnSync } from 'node:child_process';
+
+import {
+    MODULE, NGINX, assertCleanLog, assertError, createDb, makeChannel,
+    makeUserKey, startGateway, stopAll, uniq,
+} from '../lib/harness.mjs';
+
+/* A throwaway CA-less self-signed certificate for "localhost". */
+function makeCert(dir) {
+    const key = path.join(dir, 'tls.key');
+    const crt = path.join(dir, 'tls.crt');
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes',
+        '-keyout', key, '-out', crt, '-days', '2', '-subj', '/CN=localhost',
+        '-addext', 'subjectAltName=DNS:localhost'], { stdio: 'ignore' });
+    return { key, crt };
+}
+
+function startTlsMock(cert) {
+    const seen = { requests: [], connections: 0, servernames: [] };
+    const server = https.createServer({
+        key: fs.readFileSync(cert.key), cert: fs.readFileSync(cert.crt),
+    }, (req, res) => {
+        let body = '';
+        req.on('data', (d) => { body += d; });
+        req.on('end', () => {
+            seen.requests.push({ path: req.url, headers: req.headers, body });
+            seen.servernames.push(req.socket.servername);
+            const out = JSON.stringify({
+                id: 'chatcmpl-tls', object: 'chat.completion', model: 'x',
+                choices: [{ index: 0, message: { role: 'assistant', content: 'over tls' },
+                            finish_reason: 'stop' }],
+                usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 },
+            });
+            res.writeHead(200, { 'content-type': 'application/json',
+                                 'content-length': Buffer.byteLength(out) });
+            res.end(out);
+        });
+    });
+    server.on('secureConnection', () => { seen.connections++; });
+    return new Promise((resolve) => {
+        server.listen(0, '127.0.0.1', () => {
+            seen.port = server.address().port;
+            seen.close = () => new Promise((r) => server.close(r));
+            resolve(seen);
+        });
+    });
+}
+
+describe('TLS channels', () => {
+    let dir, cert, tls, db, trusted, untrusted, key;
+    const M = uniq('tls-model');
+
+    before(async () => {
+        dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-tls-'));
+        cert = makeCert(dir);
+        fs.chmodSync(dir, 0o755);
+        fs.chmodSync(cert.crt, 0o644);
+        tls = await startTlsMock(cert);
+        db = await createDb();
+        trusted = await startGateway({
+            db, http: `llmgw_ssl_trusted_certificate ${cert.crt};` });
+        untrusted = await startGateway({ db });
+        await makeChannel(trusted, {
+            base_url: `https://localhost:${tls.port}`, models: [M],
+            key: 'sk-upstream-tls',
+        });
+        ({ key } = await makeUserKey(trusted));
+    });
+
+    after(async () => {
+        await stopAll(trusted, untrusted);
+        await tls.close();
+        fs.rmSync(dir, { recursive: true, force: true });
+        assertCleanLog(trusted);
+        assertCleanLog(untrusted);
+    });
+
+    test('a trusted certificate: the call goes over TLS with SNI', async () => {
+        const r = await trusted.chat(key, M);
+        assert.equal(r.status, 200, r.text);
+        assert.equal(r.json.choices[0].message.content, 'over tls');
+        const seen = tls.requests.at(-1);
+        assert.equal(seen.path, '/v1/chat/completions');
+        assert.equal(seen.headers.authorization, 'Bearer sk-upstream-tls');
+        assert.equal(tls.servernames.at(-1), 'localhost', 'SNI names the host');
+    });
+
+    test('TLS connections are kept alive between calls', async () => {
+        const before = tls.connections;
+        for (let i = 0; i < 6; i++) {
+            const r = await trusted.chat(key, M);
+            assert.equal(r.status, 200, r.text);
+        }
+        /* two workers may each open one; never one per call */
+        assert.ok(tls.connections - before <= 2,
+                  `${tls.connections - before} TLS handshakes for 6 calls`);
+    });
+
+    test('an unverifiable certificate is refused: 502 do_request_failed', async () => {
+        const n = tls.requests.length;
+        const r = await untrusted.chat(key, M);
+        assertError(r, 502, { code: 'do_request_failed' });
+        assert.equal(tls.requests.length, n, 'nothing was sent to the host');
+        assert.match(untrusted.errorLog(), /certificate verify error/);
+    });
+});
+
+describe('nginx -t names the directive of a bad value', () => {
+    const cases = [
+        ['llmgw_max_tries 0;', /llmgw_max_tries/],
+        ['llmgw_max_tries 11;', /llmgw_max_tries/],
+        ['llmgw_read_timeout soon;', /llmgw_read_timeout/],
+        ['llmgw_zone_size 1k;', /llmgw_zone_size/],
+        ['llmgw_pg_pool_size 0;', /llmgw_pg_pool_size/],
+        ['llmgw_v8host 127.0.0.1:9;', /llmgw_v8host/],
+        ['llmgw_database "";', /llmgw_database/],
+        ['llmgw_ssl_verify maybe;', /llmgw_ssl_verify/],
+    ];
+
+    for (const [line, re] of cases) {
+        test(line, () => {
+            const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-t-'));
+            const conf = path.join(dir, 'nginx.conf');
+            fs.writeFileSync(conf, `load_module ${MODULE};
+error_log ${dir}/error.log;
+pid ${dir}/nginx.pid;
+events {}
+http {
+  ${line}
+  server { listen 127.0.0.1:1; location / { llmgw_gateway; } }
+}
+`);
+            const r = spawnSync(NGINX, ['-t', '-p', dir, '-c', conf],
+                                { encoding: 'utf8', timeout: 10000 });
+            fs.rmSync(dir, { recursive: true, force: true });
+            assert.notEqual(r.status, 0, `nginx -t accepted ${line}`);
+            assert.match(r.stderr, re);
+            assert.match(r.stderr, /\[emerg\]/);
+        });
+    }
+});

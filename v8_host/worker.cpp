@@ -1,0 +1,487 @@
+/*
+ * Worker event loop.
+ *
+ * poll() over the listening socket and every accepted connection; bytes are
+ * read without blocking, so a slow client only delays others between
+ * calls (JS runs one call at a time per worker).  A frame header is checked
+ * as soon as its 12 bytes are in (version, type, length against
+ * --max-frame); a bad header closes that connection.  A connection with a
+ * complete frame, or with a reply still being written, is not read
+ * further: at most one request per connection is in flight.
+ */
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "engine.h"
+#include "json_text.h"
+#include "llmgw.h"
+#include "log.h"
+#include "runtime.h"
+#include "worker.h"
+
+namespace v8host {
+
+namespace {
+
+volatile sig_atomic_t stop_requested = 0;
+
+void
+on_term(int)
+{
+    stop_requested = 1;
+}
+
+constexpr size_t kMaxConnections = 1024;
+constexpr size_t kReadChunk = 65536;
+
+struct Conn {
+    int            fd;
+    unsigned       id;
+    std::string    in;
+    bool           have_header = false;
+    llmgw_frame_t  hdr {};
+    std::string    out;
+    size_t         out_off = 0;
+    bool           closed = false;
+
+    bool frame_ready() const {
+        return have_header && in.size() >= LLMGW_FRAME_HEADER_LEN + hdr.length;
+    }
+    bool writing() const { return out_off < out.size(); }
+};
+
+class Worker {
+public:
+    Worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
+           SourceStore *store)
+        : slot_(slot), listen_fd_(listen_fd), opts_(o),
+          stats_(&stats->slot[slot]), shared_(stats), store_(store),
+          runtime_(Limits { o.deadline_ms, o.heap_mb, o.max_frame }, store)
+    {}
+
+    int run();
+
+private:
+    void accept_all();
+    void read_from(Conn &c);
+    bool check_header(Conn &c);
+    void serve(Conn &c);
+    void flush(Conn &c);
+    void close_conn(Conn &c, const char *why);
+
+    std::string handle(uint8_t type, std::string_view body, Outcome *o);
+    std::string handle_load(json_t *body, Outcome *o);
+    std::string handle_call(json_t *body, Outcome *o);
+    void count(uint8_t type, Outcome o);
+
+    int                                  slot_;
+    int                                  listen_fd_;
+    const Options                       &opts_;
+    WorkerStats                         *stats_;
+    SharedStats                         *shared_;
+    SourceStore                         *store_;
+    Runtime                              runtime_;
+    std::vector<std::unique_ptr<Conn>>   conns_;
+    unsigned                             next_id_ = 1;
+};
+
+void
+Worker::close_conn(Conn &c, const char *why)
+{
+    if (why != nullptr) {
+        log(Level::warn, "connection %u closed: %s", c.id, why);
+    }
+    close(c.fd);
+    c.closed = true;
+}
+
+void
+Worker::accept_all()
+{
+    for (;;) {
+        int fd = accept4(listen_fd_, nullptr, nullptr,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR
+                && errno != ECONNABORTED)
+            {
+                log(Level::error, "accept(): %s", std::strerror(errno));
+            }
+            return;
+        }
+
+        if (conns_.size() >= kMaxConnections) {
+            log(Level::warn, "%zu connections open; refusing another",
+                conns_.size());
+            close(fd);
+            continue;
+        }
+
+        auto c = std::make_unique<Conn>();
+        c->fd = fd;
+        c->id = next_id_++;
+        conns_.push_back(std::move(c));
+    }
+}
+
+bool
+Worker::check_header(Conn &c)
+{
+    if (c.have_header || c.in.size() < LLMGW_FRAME_HEADER_LEN) {
+        return true;
+    }
+
+    char err[160];
+    const auto *p = reinterpret_cast<const uint8_t *>(c.in.data());
+
+    if (llmgw_frame_decode(p, opts_.max_frame, &c.hdr, err, sizeof(err)) != 0) {
+        close_conn(c, err);
+        return false;
+    }
+
+    if (c.hdr.type & LLMGW_FRAME_REPLY) {
+        close_conn(c, "a reply frame sent to the helper");
+        return false;
+    }
+
+    c.have_header = true;
+    return true;
+}
+
+void
+Worker::read_from(Conn &c)
+{
+    while (!c.frame_ready()) {
+        size_t want = kReadChunk;
+        if (c.have_header) {
+            want = LLMGW_FRAME_HEADER_LEN + c.hdr.length - c.in.size();
+            want = want < kReadChunk ? want : kReadChunk;
+        }
+
+        size_t old = c.in.size();
+        c.in.resize(old + want);
+        ssize_t n = read(c.fd, &c.in[old], want);
+
+        if (n <= 0) {
+            c.in.resize(old);
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK
+                          || errno == EINTR))
+            {
+                return;
+            }
+            /* EOF or reset: the client went away; nothing to answer. */
+            close_conn(c, nullptr);
+            return;
+        }
+
+        c.in.resize(old + static_cast<size_t>(n));
+
+        if (!check_header(c)) {
+            return;
+        }
+    }
+}
+
+void
+Worker::flush(Conn &c)
+{
+    while (c.writing()) {
+        ssize_t n = send(c.fd, c.out.data() + c.out_off,
+                         c.out.size() - c.out_off, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+                return;
+            }
+            close_conn(c, nullptr);
+            return;
+        }
+        c.out_off += static_cast<size_t>(n);
+    }
+
+    c.out.clear();
+    c.out_off = 0;
+}
+
+void
+Worker::count(uint8_t type, Outcome o)
+{
+    if (type == LLMGW_FRAME_STATUS) {
+        return;
+    }
+
+    stats_->calls.fetch_add(1, std::memory_order_relaxed);
+
+    switch (o) {
+    case Outcome::timeout:
+        stats_->timeouts.fetch_add(1, std::memory_order_relaxed);
+        break;
+    case Outcome::memory:
+        stats_->memory.fetch_add(1, std::memory_order_relaxed);
+        break;
+    case Outcome::plugin:
+    case Outcome::internal:
+    case Outcome::bad_request:
+        stats_->errors.fetch_add(1, std::memory_order_relaxed);
+        break;
+    default:
+        break;
+    }
+
+    stats_->plugins.store(runtime_.plugins(), std::memory_order_relaxed);
+}
+
+std::string
+Worker::handle_load(json_t *body, Outcome *o)
+{
+    json_t *source = json_object_get(body, "source");
+
+    if (!json_is_string(source)) {
+        *o = Outcome::bad_request;
+        return error_reply("bad_request", "LOAD needs {\"source\": string}");
+    }
+
+    return runtime_.load(std::string_view(json_string_value(source),
+                                          json_string_length(source)), o);
+}
+
+std::string
+Worker::handle_call(json_t *body, Outcome *o)
+{
+    CallRequest req;
+    json_t *sha = json_object_get(body, "sha");
+    json_t *source = json_object_get(body, "source");
+    json_t *hook = json_object_get(body, "hook");
+    json_t *args = json_object_get(body, "args");
+    json_t *deadline = json_object_get(body, "deadline_ms");
+    json_t *caps = json_object_get(body, "capabilities");
+    const char *bad = nullptr;
+
+    if (!json_is_string(sha) && !json_is_string(source)) {
+        bad = "CALL needs \"sha\" (or \"source\") as a string";
+    } else if (!json_is_string(hook) || json_string_length(hook) == 0) {
+        bad = "CALL needs \"hook\" (string)";
+    } else if (args != nullptr && !json_is_array(args)) {
+        bad = "CALL \"args\" must be an array";
+    } else if (deadline != nullptr && !json_is_number(deadline)) {
+        bad = "CALL \"deadline_ms\" must be a number";
+    } else if (caps != nullptr && !json_is_array(caps)) {
+        bad = "CALL \"capabilities\" must be an array of strings";
+    }
+
+    if (bad == nullptr && caps != nullptr) {
+        size_t i;
+        json_t *c;
+        json_array_foreach(caps, i, c) {
+            if (!json_is_string(c)) {
+                bad = "CALL \"capabilities\" must be an array of strings";
+                break;
+            }
+            req.capabilities.emplace_back(json_string_value(c),
+                                          json_string_length(c));
+        }
+    }
+
+    if (bad != nullptr) {
+        *o = Outcome::bad_request;
+        return error_reply("bad_request", bad);
+    }
+
+    if (json_is_string(source)) {
+        req.source.assign(json_string_value(source), json_string_length(source));
+        req.has_source = true;
+    } else {
+        req.sha.assign(json_string_value(sha), json_string_length(sha));
+    }
+    req.hook.assign(json_string_value(hook), json_string_length(hook));
+
+    if (deadline != nullptr) {
+        double d = json_number_value(deadline);
+        req.deadline_ms = d >= 1 && d < 1e9 ? static_cast<int>(d) : 0;
+    }
+
+    if (args == nullptr) {
+        req.args_json = "[]";
+    } else {
+        char *s = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY
+                                   | JSON_REAL_PRECISION(17));
+        if (s == nullptr) {
+            *o = Outcome::internal;
+            log(Level::error, "CALL: could not re-encode args");
+            return error_reply("internal", "internal error in the plugin "
+                               "runtime");
+        }
+        req.args_json = s;
+        free(s);
+    }
+
+    return runtime_.call(req, o);
+}
+
+std::string
+Worker::handle(uint8_t type, std::string_view body, Outcome *o)
+{
+    *o = Outcome::ok;
+
+    if (type == LLMGW_FRAME_STATUS) {
+        return stats_reply(shared_, store_ != nullptr ? store_->count() : 0);
+    }
+
+    /* Integers as doubles: a number JSON allows but int64 does not hold
+       must not fail the frame; JS sees doubles anyway. */
+    json_error_t jerr;
+    json_t *j = json_loadb(body.data(), body.size(),
+                           JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &jerr);
+
+    if (!json_is_object(j)) {
+        json_decref(j);
+        *o = Outcome::bad_request;
+        return error_reply("bad_request", std::string("the body is not a JSON "
+                           "object: ") + (j == nullptr ? jerr.text : "")) ;
+    }
+
+    std::string reply = (type == LLMGW_FRAME_LOAD) ? handle_load(j, o)
+                                                   : handle_call(j, o);
+    json_decref(j);
+    return reply;
+}
+
+void
+Worker::serve(Conn &c)
+{
+    llmgw_frame_t req = c.hdr;
+    std::string_view body(c.in.data() + LLMGW_FRAME_HEADER_LEN, req.length);
+    Outcome outcome;
+    std::string reply = handle(req.type, body, &outcome);
+
+    count(req.type, outcome);
+
+    if (reply.size() > opts_.max_frame) {
+        log(Level::error, "reply of %zu bytes over the frame limit",
+            reply.size());
+        reply = error_reply("internal", "the reply is over the frame limit");
+    }
+
+    llmgw_frame_t rf { LLMGW_FRAME_VERSION,
+                       static_cast<uint8_t>(LLMGW_FRAME_REPLY | req.type),
+                       req.request_id, static_cast<uint32_t>(reply.size()) };
+    uint8_t hdr[LLMGW_FRAME_HEADER_LEN];
+    llmgw_frame_encode(&rf, hdr);
+
+    c.out.assign(reinterpret_cast<char *>(hdr), sizeof(hdr));
+    c.out += reply;
+    c.out_off = 0;
+
+    c.in.erase(0, LLMGW_FRAME_HEADER_LEN + req.length);
+    c.have_header = false;
+    check_header(c);        /* a pipelined next frame may be buffered */
+}
+
+int
+Worker::run()
+{
+    std::vector<pollfd> pfds;
+
+    while (!stop_requested) {
+        pfds.clear();
+        pfds.push_back({ listen_fd_, POLLIN, 0 });
+
+        for (const auto &c : conns_) {
+            short ev = c->writing() ? POLLOUT
+                       : c->frame_ready() ? 0 : POLLIN;
+            pfds.push_back({ c->fd, ev, 0 });
+        }
+
+        /* A frame already complete in a buffer needs no waiting. */
+        bool ready = false;
+        for (const auto &c : conns_) {
+            ready = ready || (c->frame_ready() && !c->writing());
+        }
+
+        int n = poll(pfds.data(), pfds.size(), ready ? 0 : 1000);
+        if (n < 0 && errno != EINTR) {
+            log(Level::error, "poll(): %s", std::strerror(errno));
+            return 1;
+        }
+
+        size_t count = conns_.size();   /* accepted below are polled later */
+
+        for (size_t i = 0; i < count && n > 0; i++) {
+            Conn &c = *conns_[i];
+            short re = pfds[i + 1].revents;
+
+            if (re & POLLOUT) {
+                flush(c);
+            } else if (re & (POLLIN | POLLHUP | POLLERR)) {
+                read_from(c);
+            }
+        }
+
+        if (n > 0 && (pfds[0].revents & POLLIN)) {
+            accept_all();
+        }
+
+        /* One request per connection per round: fair between clients. */
+        for (size_t i = 0; i < count && !stop_requested; i++) {
+            Conn &c = *conns_[i];
+            if (!c.closed && c.frame_ready() && !c.writing()) {
+                serve(c);
+                flush(c);
+            }
+        }
+
+        conns_.erase(std::remove_if(conns_.begin(), conns_.end(),
+                                    [](const std::unique_ptr<Conn> &c) {
+                                        return c->closed;
+                                    }),
+                     conns_.end());
+    }
+
+    for (auto &c : conns_) {
+        close(c->fd);
+    }
+
+    return 0;
+}
+
+}  // namespace
+
+int
+run_worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
+    SourceStore *store)
+{
+    char role[32];
+    std::snprintf(role, sizeof(role), "worker %d", slot);
+    log_set_role(role);
+
+    struct sigaction sa {};
+    sa.sa_handler = on_term;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);       /* no SA_RESTART: poll wakes */
+    signal(SIGINT, SIG_IGN);                /* the supervisor forwards it */
+    signal(SIGPIPE, SIG_IGN);
+
+    v8_process_init();
+
+    Worker w(slot, listen_fd, o, stats, store);
+    log(Level::info, "ready (heap %d MiB, deadline %d ms)", o.heap_mb,
+        o.deadline_ms);
+
+    int rc = w.run();
+    log(Level::info, "stopping");
+    return rc;
+}
+
+}  // namespace v8host
