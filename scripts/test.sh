@@ -46,6 +46,7 @@ if "$SCRIPT_DIR/build.sh"; then build=ok; fi
 
 section unit
 if make --no-print-directory unit; then unit=ok; fi
+node --test t/plugin-api/ || unit=FAILED   # validator vs manifest.schema.json
 
 section "test PostgreSQL ($TDIR, port $TPORT)"
 cleanup() {

@@ -5,6 +5,7 @@
 #include <ctime>
 #include <new>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "stats.h"
 
@@ -69,7 +70,8 @@ stats_reply(const SharedStats *s, size_t sources)
                + ",\"plugins\":" + get(w.plugins) + "}";
     }
 
-    out += "],\"sources\":" + std::to_string(sources)
+    out += "],\"pid\":" + std::to_string(getpid())
+           + ",\"sources\":" + std::to_string(sources)
            + ",\"uptime_s\":" + std::to_string(time(nullptr) - s->started_at)
            + "}";
     return out;

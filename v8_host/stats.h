@@ -38,7 +38,7 @@ SharedStats *stats_create(int nworkers);
    restarts carry on. */
 void stats_reset_slot(WorkerStats *w, int64_t pid);
 
-/* The STATUS reply body. */
+/* The STATUS reply body; "pid" is the answering worker. */
 std::string stats_reply(const SharedStats *s, size_t sources);
 
 }  // namespace v8host

@@ -1,0 +1,512 @@
+// v8_host: frames, plugin loading, hook calls, limits, utilities and the
+// supervisor, against the real helper binary (make v8host).
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import crypto from 'node:crypto';
+
+import { startHelper, Client, frame, header, waitFor,
+         LOAD, CALL, STATUS, REPLY } from './lib.mjs';
+import { TEST_PLUGIN, pluginWith } from './plugin.mjs';
+
+const DEADLINE_MS = 1000;
+const MAX_FRAME = 4 * 1024 * 1024;
+
+let helper;
+let client;
+let sha;
+
+before(async () => {
+    helper = await startHelper({ workers: 2, deadlineMs: DEADLINE_MS, heapMb: 32,
+                                 maxFrame: MAX_FRAME });
+    client = await helper.connect();
+    const r = await client.load(TEST_PLUGIN);
+    assert.equal(r.ok, true, JSON.stringify(r));
+    sha = r.sha;
+});
+
+after(async () => {
+    await client?.close();
+    const r = await helper?.stop();
+    // A clean SIGTERM shutdown: exit 0, and nothing logged at error level.
+    assert.deepEqual(r, { code: 0, sig: null });
+    assert.doesNotMatch(helper.log(), / error: /);
+});
+
+const op = (o, extra = {}) => client.call(sha, 'buildSubmitRequest', [{ op: o, ...extra }]);
+const util = async (fn, ...args) => {
+    const r = await client.call(sha, 'buildSubmitRequest', [{ op: 'util', fn, args }]);
+    assert.equal(r.ok, true, JSON.stringify(r));
+    return r.result;
+};
+
+// ---- frames ----
+
+test('a reply echoes the request id and type', async () => {
+    const c = await helper.connect();
+    const reply = await c.sendRaw(frame(STATUS, 0xdeadbeef, {}));
+    assert.equal(reply.version, 1);
+    assert.equal(reply.id, 0xdeadbeef);
+    assert.equal(reply.type, REPLY | STATUS);
+    assert.equal(reply.body.ok, true);
+    await c.close();
+});
+
+async function expectClosed(bytes) {
+    const c = await helper.connect();
+    const outcome = await Promise.race([
+        c.sendRaw(bytes).then(() => 'replied', () => 'closed'),
+        new Promise((r) => setTimeout(() => r('hung'), 3000)),
+    ]);
+    assert.equal(outcome, 'closed');
+    c.close();
+}
+
+test('a frame with a wrong version closes the connection', async () => {
+    const body = Buffer.from('{}');
+    await expectClosed(Buffer.concat([header({ version: 2, type: STATUS, id: 1,
+                                                length: body.length }), body]));
+});
+
+test('a length over --max-frame closes the connection before the body', async () => {
+    await expectClosed(header({ type: LOAD, id: 2, length: MAX_FRAME + 1 }));
+});
+
+test('an unknown type or a reply frame closes the connection', async () => {
+    await expectClosed(frame(9, 3, {}));
+    await expectClosed(frame(REPLY | CALL, 4, {}));
+});
+
+test('the connection keeps working after an error reply', async () => {
+    const c = await helper.connect();
+    const bad = await c.request(CALL, { hook: 'x' });
+    assert.equal(bad.error.kind, 'bad_request');
+    const notJson = await c.sendRaw(frame(LOAD, 7, 'not json'));
+    assert.equal(notJson.body.error.kind, 'bad_request');
+    assert.equal((await c.status()).ok, true);
+    await c.close();
+});
+
+// ---- LOAD ----
+
+test('LOAD returns the sha of the source, the manifest and the exports', async () => {
+    const r = await client.load(TEST_PLUGIN);
+    assert.equal(r.ok, true);
+    assert.equal(r.sha, crypto.createHash('sha256').update(TEST_PLUGIN).digest('hex'));
+    assert.equal(r.manifest.key, 'v8host-test');
+    assert.deepEqual([...r.exports].sort(), [
+        'buildQueryRequest', 'buildSubmitRequest', 'native.create', 'native.created',
+        'parseSubmitResponse', 'parseTaskResult',
+    ]);
+});
+
+test('words in strings, comments, templates, regexes, keys and members are not refused', async () => {
+    const source = pluginWith([
+        '// await import async in a comment, /* import x from "y" */',
+        "const words = ['await', \"async function\", `import ${'await'}`, /import|await/g];",
+        'const flags = { async: true, await: false, import: 1 };',
+        'const member = flags.async && flags.import && flags.await;',
+        'const async = 1, fn = (async) => async + 1;',
+    ].join('\n'));
+    const r = await client.load(source);
+    assert.equal(r.ok, true, JSON.stringify(r));
+});
+
+for (const [name, extra, message] of [
+    ['async function', '\n\nexport async function later() {}',
+     'plugins are synchronous: `async` functions are not allowed (line 3)'],
+    ['async arrow', 'const f = async () => 1;',
+     'plugins are synchronous: `async` functions are not allowed (line 1)'],
+    ['await', 'const x = 1;\nconst y = await x;',
+     'plugins are synchronous: `await` is not allowed (line 2)'],
+    ['static import', "import fs from 'fs';",
+     'plugins cannot import modules: `import` is not allowed (line 1)'],
+    ['dynamic import', "\nconst m = () => import('fs');",
+     'plugins cannot import modules: dynamic `import()` is not allowed (line 2)'],
+]) {
+    test(`LOAD refuses ${name}`, async () => {
+        const r = await client.load(pluginWith(extra));
+        assert.equal(r.ok, false);
+        assert.equal(r.error.kind, 'plugin');
+        assert.equal(r.error.message, message);
+        assert.deepEqual(r.error.errors, [message]);
+    });
+}
+
+test('LOAD refuses a re-export from another module', async () => {
+    const r = await client.load(pluginWith("export { x } from './other.js';"));
+    assert.equal(r.error.kind, 'plugin');
+    assert.match(r.error.message, /plugins cannot import modules: ".\/other.js"/);
+});
+
+test('LOAD reports a syntax error with its line', async () => {
+    const r = await client.load(pluginWith('\nconst = 1;'));
+    assert.equal(r.error.kind, 'plugin');
+    assert.match(r.error.message, /^SyntaxError: .* \(line 2\)$/);
+});
+
+test('LOAD reports an invalid manifest with every validation error', async () => {
+    const r = await client.load(pluginWith('').replace("apiVersion: 1", "apiVersion: 2")
+                                              .replace("key: 'v8host-small'", "key: 'x'.repeat(31)"));
+    assert.equal(r.error.kind, 'plugin');
+    assert.match(r.error.message, /^invalid manifest: /);
+    assert.ok(r.error.errors.length >= 2, JSON.stringify(r.error.errors));
+    assert.ok(r.error.errors.some((e) => e.includes('apiVersion')));
+    assert.ok(r.error.errors.some((e) => e.includes('meta.key')));
+});
+
+test('LOAD needs meta to be an exported JSON object', async () => {
+    const noMeta = pluginWith('').replace('export const meta', 'const meta');
+    assert.equal((await client.load(noMeta)).error.message, 'the plugin does not export `meta`');
+    const fnMeta = pluginWith('').replace("fetchMode: 'per_task'", "fetchMode: 'per_task', f() {}");
+    assert.equal((await client.load(fnMeta)).error.message, 'meta contains a function at .f');
+});
+
+test('LOAD stops a module whose top level never ends', async () => {
+    const t0 = Date.now();
+    const r = await client.load(pluginWith('for (;;) {}'));
+    assert.equal(r.error.kind, 'timeout');
+    assert.ok(Date.now() - t0 < DEADLINE_MS + 1000);
+});
+
+// ---- CALL ----
+
+test('CALL runs a hook with JSON arguments and returns its JSON result', async () => {
+    const r = await op('echo', { body: { list: [1, 2, 3], s: 'é😀' } });
+    assert.deepEqual(r, { ok: true, result: { url: 'https://example.com/submit',
+                                              body: { list: [1, 2, 3], s: 'é😀' } } });
+});
+
+test('native functions are called with their object as this', async () => {
+    const r = await client.call(sha, 'native.created', [{}, { task_id: 'tk' }]);
+    assert.deepEqual(r, { ok: true, result: { id: 'tk', self: true } });
+});
+
+test('CALL of an unknown sha answers not_loaded', async () => {
+    const r = await client.call('0'.repeat(64), 'buildSubmitRequest', [{}]);
+    assert.equal(r.error.kind, 'not_loaded');
+});
+
+test('CALL of a hook the plugin does not export is the plugin\'s error', async () => {
+    const r = await client.call(sha, 'buildBatchQueryRequest', [{}]);
+    assert.equal(r.error.kind, 'plugin');
+    assert.match(r.error.message, /does not export buildBatchQueryRequest/);
+});
+
+test('CALL with the source instead of the sha (dry run)', async () => {
+    const r = await client.request(CALL, { source: TEST_PLUGIN, hook: 'buildQueryRequest',
+                                           args: [{ taskId: 'abc' }] });
+    assert.deepEqual(r, { ok: true, result: { url: 'https://example.com/q/abc' } });
+    const bad = await client.request(CALL, { source: pluginWith('await 1'), hook: 'x', args: [] });
+    assert.equal(bad.error.kind, 'plugin');
+    assert.match(bad.error.message, /`await` is not allowed/);
+});
+
+test('a source loaded by one worker is callable on another (shared store)', async () => {
+    // A worker busy in a call cannot accept: the second connection lands on
+    // the other worker, which loads a source the first has never seen.
+    const busy = await helper.connect();
+    const busyPid = (await busy.status()).pid;
+    const looping = busy.call(sha, 'buildSubmitRequest', [{ op: 'loop' }], { deadline_ms: 500 });
+    await new Promise((r) => setTimeout(r, 50));
+
+    const other = await helper.connect();
+    assert.notEqual((await other.status()).pid, busyPid);
+    const fresh = pluginWith('// only loaded by the other worker');
+    const loaded = await other.load(fresh);
+    assert.equal(loaded.ok, true);
+
+    assert.equal((await looping).error.kind, 'timeout');
+    assert.deepEqual(await busy.call(loaded.sha, 'buildQueryRequest', []),
+                     { ok: true, result: { url: 'https://example.com/q' } });
+    await Promise.all([busy.close(), other.close()]);
+});
+
+test('arguments are frozen snapshots: writing to them is a TypeError for the caller', async () => {
+    const top = await op('mutate', { model: 'm' });
+    assert.equal(top.error.kind, 'plugin');
+    assert.match(top.error.message, /^TypeError: Cannot assign to read only property 'model'/);
+    const deep = await op('mutateDeep', { body: { list: [1, 2, 3] } });
+    assert.equal(deep.error.kind, 'plugin');
+    assert.match(deep.error.message, /^TypeError: .*not extensible/);
+});
+
+test('results that are not JSON are refused, naming the hook and the place', async () => {
+    assert.deepEqual((await op('returnFunction')).error,
+                     { kind: 'plugin', message: 'buildSubmitRequest returned a function at .foo' });
+    assert.deepEqual((await op('returnCycle')).error,
+                     { kind: 'plugin', message: 'buildSubmitRequest returned a cycle at .b.c' });
+    assert.deepEqual((await op('returnBigInt')).error,
+                     { kind: 'plugin', message: 'buildSubmitRequest returned a BigInt at .n[0]' });
+    assert.deepEqual((await op('returnUndefined')).error,
+                     { kind: 'plugin', message: 'buildSubmitRequest returned undefined' });
+    assert.deepEqual(await op('returnNull'), { ok: true, result: null });
+});
+
+test('no fetch, require, process, timers, WebAssembly, SharedArrayBuffer or Atomics', async () => {
+    const r = await op('globals');
+    assert.deepEqual(r.result, {
+        fetch: 'undefined', require: 'undefined', process: 'undefined',
+        setTimeout: 'undefined', setInterval: 'undefined', queueMicrotask: 'undefined',
+        WebAssembly: 'undefined', SharedArrayBuffer: 'undefined', Atomics: 'undefined',
+        utils: 'object',
+    });
+});
+
+test('eval and the Function constructor refuse strings', async () => {
+    for (const o of ['eval', 'newFunction', 'functionCtor']) {
+        const r = await op(o);
+        assert.equal(r.error.kind, 'plugin', o);
+        assert.match(r.error.message, /^EvalError: Code generation from strings disallowed/, o);
+    }
+});
+
+test('utils is read-only', async () => {
+    const r = await op('writeUtils');
+    assert.equal(r.error.kind, 'plugin');
+    assert.match(r.error.message, /^TypeError: Cannot assign to read only property 'hmacSHA256'/);
+});
+
+test('a thrown message is cleaned of credentials and cut to 2 KiB', async () => {
+    const secrets = {
+        token: 'eyJhbGciOiJIUzI1NiJ9.abc.def',
+        key: 'sk-proj-Ab3dEf6hIj9kLmN0pQrStUvWx',
+        apiKey: 'short-but-named',
+        aws: 'AKIAIOSFODNN7EXAMPLE',
+    };
+    const r = await op('throwSecret', secrets);
+    assert.equal(r.error.kind, 'plugin');
+    for (const s of Object.values(secrets)) {
+        assert.ok(!r.error.message.includes(s), `${s} leaked: ${r.error.message}`);
+    }
+    assert.match(r.error.message, /^Error: upstream refused Bearer \[redacted\] with key \[redacted\]/);
+    assert.match(r.error.message, /"api_key": "\[redacted\]"/);
+
+    const long = await op('throwLong');
+    assert.ok(Buffer.byteLength(long.error.message) <= 2048, String(long.error.message.length));
+    assert.match(long.error.message, /^Error: x+\.\.\.$/);
+
+    assert.match((await op('throwString')).error.message, /^plain string thrown/);
+});
+
+test('an endless loop is stopped at its deadline and the worker serves the next call', async () => {
+    const t0 = Date.now();
+    const r = await client.call(sha, 'buildSubmitRequest', [{ op: 'loop' }], { deadline_ms: 300 });
+    const took = Date.now() - t0;
+    assert.deepEqual(r.error, { kind: 'timeout',
+                                message: 'buildSubmitRequest did not finish within 300 ms' });
+    assert.ok(took >= 290 && took < 300 + 700, `took ${took} ms`);
+
+    // deadline_ms is capped by --deadline-ms
+    const t1 = Date.now();
+    const capped = await client.call(sha, 'buildSubmitRequest', [{ op: 'loop' }],
+                                     { deadline_ms: 60000 });
+    assert.equal(capped.error.kind, 'timeout');
+    assert.ok(Date.now() - t1 < DEADLINE_MS + 700);
+
+    assert.equal((await op('echo', { body: 1 })).ok, true);
+});
+
+test('an allocation bomb is stopped at the heap cap and the next call succeeds', async () => {
+    const r = await op('bomb');
+    assert.deepEqual(r.error, { kind: 'memory',
+                                message: 'buildSubmitRequest exceeded the heap limit of 32 MiB' });
+    // The isolate was replaced; the plugin comes back from the shared store.
+    assert.deepEqual(await op('echo', { body: 'after' }),
+                     { ok: true, result: { url: 'https://example.com/submit', body: 'after' } });
+});
+
+// ---- utilities ----
+
+test('hmacSHA256: RFC 4231 test case 2', async () => {
+    assert.deepEqual(await util('hmacSHA256', 'Jefe', 'what do ya want for nothing?'),
+                     { value: '5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843' });
+});
+
+test('base64, base64URL and base64URLDecode', async () => {
+    assert.deepEqual(await util('base64', 'hello world'), { value: 'aGVsbG8gd29ybGQ=' });
+    assert.deepEqual(await util('base64', 'ÿþ'), { value: 'w7/Dvg==' });
+    assert.deepEqual(await util('base64URL', 'ÿþ'), { value: 'w7_Dvg' });
+    assert.deepEqual(await util('base64URL', 'a'), { value: 'YQ' });
+    assert.deepEqual(await util('base64URLDecode', 'w7_Dvg'), { value: 'ÿþ' });
+    assert.deepEqual(await util('base64URLDecode', 'YQ=='), { value: 'a' });
+    for (const bad of ['w7/Dvg', 'abc!', 'a', '_w']) {
+        const r = await util('base64URLDecode', bad);
+        assert.match(r.error ?? '', /^TypeError: utils\.base64URLDecode: /, bad);
+    }
+    assert.match((await util('base64', {})).error, /^TypeError: utils\.base64: /);
+});
+
+test('jwtSignHS256 matches the well-known HS256 example', async () => {
+    const claims = { sub: '1234567890', name: 'John Doe', iat: 1516239022 };
+    assert.deepEqual(await util('jwtSignHS256', claims, 'your-256-bit-secret'), {
+        value: 'eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.'
+             + 'eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ.'
+             + 'SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c',
+    });
+});
+
+test('unixNow, uuid and hasCapability', async () => {
+    const now = (await util('unixNow')).value;
+    assert.ok(Number.isInteger(now) && Math.abs(now - Date.now() / 1000) < 3);
+    const a = (await util('uuid')).value, b = (await util('uuid')).value;
+    assert.match(a, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+    assert.notEqual(a, b);
+    assert.deepEqual(await util('hasCapability', 'json-clone@1'), { value: true });
+    assert.deepEqual(await util('hasCapability', 'submit-sse-delta@1'), { value: true });
+    assert.deepEqual(await util('hasCapability', 'json-clone@2'), { value: false });
+    assert.deepEqual(await util('hasCapability', 'json-clone'), { value: false });
+});
+
+// Volcengine V4, written again from the documented steps with Node's crypto.
+function volcReference({ method, path, query, headers, body, accessKeyId,
+                         secretAccessKey, region, service, date }) {
+    const hmac = (k, d) => crypto.createHmac('sha256', k).update(d).digest();
+    const hash = (d) => crypto.createHash('sha256').update(d).digest('hex');
+    const enc = (s) => encodeURIComponent(s).replace(/[!'()*]/g,
+        (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase());
+    const bodyHash = hash(body);
+    const pairs = [];
+    for (const [k, v] of Object.entries(query)) {
+        for (const one of [].concat(v)) pairs.push([enc(k), enc(String(one))]);
+    }
+    pairs.sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0));
+    const lower = Object.fromEntries(Object.entries(headers).map(([k, v]) => [k.toLowerCase(), v]));
+    const signed = [];
+    if (lower['content-type'] !== undefined) signed.push(['content-type', lower['content-type']]);
+    signed.push(['host', lower.host], ['x-content-sha256', bodyHash], ['x-date', date]);
+    const canonical = [
+        method, path.split('/').map(enc).join('/'),
+        pairs.map(([k, v]) => `${k}=${v}`).join('&'),
+        signed.map(([k, v]) => `${k}:${v.trim()}\n`).join(''),
+        signed.map(([k]) => k).join(';'),
+        bodyHash,
+    ].join('\n');
+    const short = date.slice(0, 8);
+    const scope = `${short}/${region}/${service}/request`;
+    const toSign = ['HMAC-SHA256', date, scope, hash(canonical)].join('\n');
+    let key = hmac(secretAccessKey, short);
+    key = hmac(key, region);
+    key = hmac(key, service);
+    key = hmac(key, 'request');
+    return {
+        Authorization: `HMAC-SHA256 Credential=${accessKeyId}/${scope}, `
+                     + `SignedHeaders=${signed.map(([k]) => k).join(';')}, `
+                     + `Signature=${hmac(key, toSign).toString('hex')}`,
+        'X-Date': date,
+        'X-Content-Sha256': bodyHash,
+    };
+}
+
+test('volcSignV4 matches an independent implementation of the V4 steps', async () => {
+    const req = {
+        method: 'POST', path: '/api/v3/tasks',
+        query: { Version: '2022-08-31', Action: 'CVSubmitTask', 'a b': ['z', 'x*'] },
+        headers: { Host: 'visual.volcengineapi.com', 'Content-Type': 'application/json',
+                   'X-Other': 'not signed' },
+        body: '{"req_key":"jimeng","prompt":"a cat ☕"}',
+        accessKeyId: 'AKLTexample', secretAccessKey: 'WkdJeE9HRXdaVGN6',
+        region: 'cn-north-1', service: 'cv', date: '20250102T030405Z',
+    };
+    const expected = volcReference(req);
+    assert.deepEqual(await util('volcSignV4', req), { value: expected });
+    assert.match(expected.Authorization,
+                 /^HMAC-SHA256 Credential=AKLTexample\/20250102\/cn-north-1\/cv\/request, SignedHeaders=content-type;host;x-content-sha256;x-date, Signature=[0-9a-f]{64}$/);
+
+    // Without Content-Type it is not signed; the date defaults to now.
+    const get = { ...req, method: 'GET', body: '', headers: { host: 'open.volcengineapi.com' } };
+    delete get.date;
+    const r = (await util('volcSignV4', get)).value;
+    assert.match(r['X-Date'], /^\d{8}T\d{6}Z$/);
+    assert.deepEqual(r, volcReference({ ...get, date: r['X-Date'] }));
+    assert.match(r.Authorization, /SignedHeaders=host;x-content-sha256;x-date,/);
+
+    assert.match((await util('volcSignV4', { ...req, headers: {} })).error,
+                 /^TypeError: utils\.volcSignV4: headers\.Host is required/);
+});
+
+test('json.clone: limits of 32 levels, 32,768 nodes and 1 MiB', async () => {
+    const clone = async (c) => (await op('clone', { case: c })).result;
+    assert.equal((await clone('depth32')).ok, true);
+    assert.match((await clone('depth33')).error, /^RangeError: utils\.json\.clone: .*32 levels/);
+    assert.equal((await clone('nodes32768')).ok, true);
+    assert.match((await clone('nodes32769')).error, /^RangeError: utils\.json\.clone: .*32768 nodes/);
+    assert.deepEqual(await clone('bytesMax'), { ok: true, size: 1048576 });
+    assert.match((await clone('bytesOver')).error, /^RangeError: utils\.json\.clone: .*1048576 bytes/);
+});
+
+test('json.clone: only JSON values, errors name the path', async () => {
+    const clone = async (c) => (await op('clone', { case: c })).result.error;
+    assert.equal(await clone('undefinedMember'), 'TypeError: utils.json.clone: undefined at .a.b is not JSON');
+    assert.equal(await clone('fn'), 'TypeError: utils.json.clone: a function at .a[1] is not JSON');
+    assert.equal(await clone('symbol'), 'TypeError: utils.json.clone: a symbol at .s is not JSON');
+    assert.equal(await clone('bigint'), 'TypeError: utils.json.clone: a BigInt at .n is not JSON');
+    assert.equal(await clone('date'), 'TypeError: utils.json.clone: a Date at .when is not JSON');
+    assert.equal(await clone('map'), 'TypeError: utils.json.clone: a Map at .m is not JSON');
+    assert.equal(await clone('sparse'), 'TypeError: utils.json.clone: a hole in a sparse array at .list[1] is not JSON');
+    assert.equal(await clone('cycle'), 'TypeError: utils.json.clone: a cycle at .b.c.back is not JSON');
+    assert.equal(await clone('nan'), 'TypeError: utils.json.clone: NaN at .x is not JSON');
+    assert.equal(await clone('infinity'), 'TypeError: utils.json.clone: an infinite number at .x is not JSON');
+    assert.equal(await clone('instance'), 'TypeError: utils.json.clone: a Point at .p is not JSON');
+});
+
+test('json.clone keeps __proto__ as an own key and copies frozen args into mutable values', async () => {
+    assert.deepEqual((await op('cloneProto')).result, {
+        keys: ['__proto__', 'a'], ownProto: true, plainPrototype: true, polluted: false,
+        inner: { polluted: true },
+    });
+    assert.deepEqual((await op('cloneFrozenArgs', { body: { list: [1, 2, 3] } })).result, {
+        copy: { list: [1, 2, 3, 4], extra: true },
+        original: { list: [1, 2, 3] },
+        sameObject: false,
+    });
+});
+
+// ---- STATUS and the supervisor ----
+
+test('STATUS lists every worker with its counters', async () => {
+    const s = await client.status();
+    assert.equal(s.ok, true);
+    assert.equal(s.workers.length, 2);
+    for (const w of s.workers) {
+        for (const k of ['pid', 'calls', 'errors', 'timeouts', 'memory', 'restarts', 'plugins']) {
+            assert.equal(typeof w[k], 'number', k);
+        }
+    }
+    const mine = s.workers.find((w) => w.pid === s.pid);
+    assert.ok(mine.calls > 0 && mine.timeouts >= 1 && mine.memory >= 1 && mine.plugins >= 1,
+              JSON.stringify(mine));
+    assert.ok(s.sources >= 1);
+    assert.equal(typeof s.uptime_s, 'number');
+});
+
+test('kill -9 of a worker during a call: that call fails, the worker is restarted, new calls succeed', async () => {
+    const victim = await helper.connect();
+    const { pid, workers } = await victim.status();
+    const slot = workers.findIndex((w) => w.pid === pid);
+    const restartsBefore = workers[slot].restarts;
+    const readyBefore = helper.readyCount();
+
+    const pending = victim.call(sha, 'buildSubmitRequest', [{ op: 'loop' }]);
+    await new Promise((r) => setTimeout(r, 150));
+    process.kill(pid, 'SIGKILL');
+    await assert.rejects(pending, /connection closed/);
+
+    await waitFor('the restarted worker', () => helper.readyCount() > readyBefore);
+    const s = await waitFor('a new pid in the slot', async () => {
+        const c = await helper.connect();
+        const st = await c.status();
+        await c.close();
+        return st.workers[slot].pid !== pid && st.workers[slot].pid > 0 ? st : null;
+    });
+    assert.equal(s.workers[slot].restarts, restartsBefore + 1);
+    assert.match(helper.log(), new RegExp(`worker ${slot} \\(pid ${pid}\\) killed by signal 9; restarting`));
+
+    // Every worker, the new one included, answers (the sha comes from the store).
+    for (let i = 0; i < 6; i++) {
+        const c = await helper.connect();
+        const r = await c.call(sha, 'buildQueryRequest', [{ taskId: String(i) }]);
+        assert.deepEqual(r, { ok: true, result: { url: `https://example.com/q/${i}` } });
+        await c.close();
+    }
+});
