@@ -2,6 +2,7 @@
 # Build the llmgw nginx dynamic module against Debian's nginx-dev tree.
 #
 #   scripts/build.sh            -> <repo>/build/nginx/ngx_http_llmgw_module.so
+#                                  and <repo>/build/v8host/llmgw-v8host
 #
 # configure runs from /usr/share/nginx/src with Debian's own flags
 # (conf_flags) plus --add-dynamic-module=<repo> --builddir=<repo>/build/nginx.
@@ -22,6 +23,7 @@
 #   LLMGW_LD_OPT     extra linker flags
 #   JOBS             parallel jobs for make; default nproc
 #   LLMGW_RECONFIGURE=1  force configure
+#   LLMGW_SKIP_V8HOST=1  do not build the plugin runtime helper
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -91,3 +93,11 @@ fi
 for so in "${sos[@]}"; do
     echo "build: module: $so"
 done
+
+# The plugin runtime helper (`make v8host`: V8 from .deps/libnode, unpacked
+# there first when missing).
+if [ -z "${LLMGW_SKIP_V8HOST:-}" ]; then
+    echo "build: v8host"
+    make --no-print-directory -C "$REPO" -j"$JOBS" v8host
+    echo "build: helper: $REPO/build/v8host/llmgw-v8host"
+fi

@@ -26,6 +26,9 @@ PKGS=(
     wrk
     # convenience: the curl lines that `make run` prints
     curl ca-certificates
+    # run-time libraries of libnode108, whose V8 v8_host links; the package
+    # itself is only unpacked into .deps/libnode (v8_host/fetch-libnode.sh)
+    libicu72 libbrotli1 libc-ares2 libnghttp2-14 libuv1 zlib1g libssl3
 )
 # shellcheck disable=SC2206
 [ -n "${LLMGW_EXTRA_PKGS:-}" ] && PKGS+=(${LLMGW_EXTRA_PKGS})
@@ -74,6 +77,12 @@ else
         exit 1
     fi
     echo "deps: installed ${#missing[@]} package(s)"
+fi
+
+# V8 10.2 for v8_host: Debian's libnode108 + libnode-dev downloaded and
+# unpacked into <repo>/.deps/libnode (not installed; see the script).
+if [ -z "${LLMGW_DEPS_DRYRUN:-}" ]; then
+    "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/v8_host/fetch-libnode.sh"
 fi
 
 if ! command -v node >/dev/null 2>&1; then

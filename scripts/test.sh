@@ -3,6 +3,7 @@
 #
 #   1. build      scripts/build.sh (the module the integration tests load)
 #   2. unit       make unit (CMocka over src/)
+#   2b. v8host    make v8host-test (t/v8host/ against the built helper)
 #   3. test PostgreSQL at var/test (fresh every run), Unix socket only
 #   4. sql        bash t/sql/test_sql.sh "<conninfo>" against a database
 #                 created for it (if the script exists)
@@ -10,7 +11,8 @@
 #                 (the harness creates its own databases on that server)
 #
 # One failing part does not stop the others.  Last line:
-#   make test: unit ok|FAILED, sql ok|FAILED|skipped, integration ok|FAILED|skipped
+#   make test: unit ok|FAILED, sql ok|FAILED|skipped, integration ok|FAILED|skipped,
+#              v8host ok|FAILED
 # Exit status non-zero if anything FAILED.  The test server is stopped on
 # exit; var/test stays for inspection until the next run.
 #
@@ -39,7 +41,7 @@ cd "$REPO"
 t0=$(date +%s)
 section() { printf '\n== %s  (+%ds)\n' "$*" "$(( $(date +%s) - t0 ))"; }
 
-build=FAILED unit=FAILED sql=FAILED integration=FAILED pg_ok=
+build=FAILED unit=FAILED sql=FAILED integration=FAILED v8host=FAILED pg_ok=
 
 section build
 if "$SCRIPT_DIR/build.sh"; then build=ok; fi
@@ -47,6 +49,9 @@ if "$SCRIPT_DIR/build.sh"; then build=ok; fi
 section unit
 if make --no-print-directory unit; then unit=ok; fi
 node --test t/plugin-api/ || unit=FAILED   # validator vs manifest.schema.json
+
+section v8host
+if make --no-print-directory v8host-test; then v8host=ok; fi
 
 section "test PostgreSQL ($TDIR, port $TPORT)"
 cleanup() {
@@ -155,5 +160,6 @@ fi
 
 [ "$build" = ok ] || echo "test: build FAILED (see above)"
 printf '\n(%ds)\n' "$(( $(date +%s) - t0 ))"
-echo "make test: unit $unit, sql $sql, integration $integration"
-[ "$build" = ok ] && [ "$unit" = ok ] && [ "$sql" != FAILED ] && [ "$integration" != FAILED ]
+echo "make test: unit $unit, sql $sql, integration $integration, v8host $v8host"
+[ "$build" = ok ] && [ "$unit" = ok ] && [ "$sql" != FAILED ] && [ "$integration" != FAILED ] &&
+    [ "$v8host" = ok ]

@@ -61,6 +61,11 @@ if [ ! -f "$tmp/tree/usr/include/node/v8.h" ]; then
 fi
 major=$(sed -n 's/^#define V8_MAJOR_VERSION \([0-9]*\)/\1/p' "$tmp/tree/usr/include/node/v8-version.h")
 minor=$(sed -n 's/^#define V8_MINOR_VERSION \([0-9]*\)/\1/p' "$tmp/tree/usr/include/node/v8-version.h")
+if [ "$major.$minor" != "10.2" ]; then
+    # v8_host is written against V8 10.2's API (Debian 12's libnode108).
+    echo "v8: the downloaded libnode carries V8 $major.$minor, not 10.2" >&2
+    exit 1
+fi
 echo "V8 $major.$minor; ${versions[*]}" >"$tmp/tree/.complete"
 
 rm -rf "$DEST"

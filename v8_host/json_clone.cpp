@@ -360,17 +360,4 @@ json_clone_callback(const v8::FunctionCallbackInfo<Value> &info)
     }
 }
 
-std::string
-path_key(std::string_view key)
-{
-    bool ident = !key.empty() && !(key[0] >= '0' && key[0] <= '9');
-
-    for (char c : key) {
-        ident = ident && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
-                          || (c >= '0' && c <= '9') || c == '_' || c == '$');
-    }
-
-    return ident ? "." + std::string(key) : "[" + json_string(key) + "]";
-}
-
 }  // namespace v8host

@@ -20,6 +20,10 @@ std::string json_string(std::string_view s);
 /* The longest prefix of s of at most max bytes that ends on a character. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 
+/* A path segment: ".name" for identifier-like keys, "[\"odd key\"]"
+   otherwise. */
+std::string path_key(std::string_view key);
+
 /* {"ok":false,"error":{"kind":..,"message":..}} */
 std::string error_reply(std::string_view kind, std::string_view message);
 

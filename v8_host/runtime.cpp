@@ -5,8 +5,8 @@
  * private serializer live there and nowhere else.  Every entry into JS
  * runs under a TryCatch and the watchdog; afterwards settle() decides what
  * happened and clears a pending termination, so the isolate serves the
- * next call.  An isolate that hit the heap cap is replaced after the call
- * (its plugins must then be loaded again: CALL answers not_loaded).
+ * next call.  An isolate that hit the heap cap is replaced after the call;
+ * its plugins come back from the shared source store on their next call.
  */
 
 #include <map>
@@ -28,12 +28,12 @@ namespace v8host {
 using v8::Local;
 using v8::Value;
 
-struct Runtime::Hook {
+struct Hook {
     v8::Global<v8::Function>  fn;
     v8::Global<v8::Value>     receiver;     /* `this`: native/protocol obj */
 };
 
-struct Runtime::Plugin {
+struct Plugin {
     std::string                  sha;
     std::string                  manifest;      /* normalized JSON */
     std::string                  exports;       /* JSON array */
@@ -267,6 +267,244 @@ plain_object(Local<Value> v)
     return v->IsObject() && !v->IsFunction() && !v->IsArray();
 }
 
+
+std::string
+json_array_text(const std::vector<std::string> &items)
+{
+    std::string out = "[";
+
+    for (size_t i = 0; i < items.size(); i++) {
+        if (i > 0) {
+            out += ',';
+        }
+        append_json_string(out, items[i]);
+    }
+
+    return out + "]";
+}
+
+/* Compiles, links (refusing every import) and evaluates the module.  false
+   when it failed: an exception in the caller's TryCatch, a rejected
+   evaluation in *rejection, or a message in *fail. */
+bool
+evaluate_module(v8::Isolate *iso, Local<v8::Context> ctx,
+    std::string_view source, Local<v8::Module> *module,
+    Local<Value> *rejection, std::string *fail)
+{
+    v8::ScriptOrigin origin(iso, v8str(iso, "plugin.mjs"), 0, 0, false, -1,
+                            Local<Value>(), false, false, true);
+    v8::ScriptCompiler::Source src(v8str(iso, source), origin);
+    Local<Value> result;
+
+    if (!v8::ScriptCompiler::CompileModule(iso, &src).ToLocal(module)
+        || !(*module)->InstantiateModule(ctx, refuse_import).FromMaybe(false)
+        || !(*module)->Evaluate(ctx).ToLocal(&result))
+    {
+        return false;
+    }
+
+    /* Without top-level await (the scan refused it) the evaluation
+       promise is already settled. */
+    if (result->IsPromise()) {
+        Local<v8::Promise> promise = result.As<v8::Promise>();
+
+        if (promise->State() == v8::Promise::kRejected) {
+            *rejection = promise->Result();
+            return false;
+        }
+        if (promise->State() == v8::Promise::kPending) {
+            *fail = "the module did not finish evaluating synchronously";
+            return false;
+        }
+    }
+
+    iso->PerformMicrotaskCheckpoint();
+    return !iso->IsExecutionTerminating();
+}
+
+/* Every function-valued own property of holder, as hook prefix + name. */
+bool
+add_functions(Local<v8::Context> ctx, Local<v8::Object> holder,
+    const std::string &prefix, Local<Value> receiver, Plugin *p,
+    std::vector<std::string> *paths)
+{
+    v8::Isolate *iso = ctx->GetIsolate();
+    Local<v8::Array> keys;
+
+    if (!holder->GetOwnPropertyNames(ctx).ToLocal(&keys)) {
+        return false;
+    }
+
+    for (uint32_t i = 0; i < keys->Length(); i++) {
+        Local<Value> k, v;
+
+        if (!keys->Get(ctx, i).ToLocal(&k) || !holder->Get(ctx, k).ToLocal(&v)) {
+            return false;
+        }
+        if (!v->IsFunction()) {
+            continue;
+        }
+
+        std::string path = prefix + stdstr(iso, k);
+        Hook &h = p->hooks[path];
+        h.fn.Reset(iso, v.As<v8::Function>());
+        h.receiver.Reset(iso, receiver);
+        paths->push_back(path);
+    }
+
+    return true;
+}
+
+/* The exported functions: top-level ones by name, those of `native` as
+   native.<fn> and of `protocols.<p>` as protocols.<p>.<fn>. */
+bool
+collect_exports(Local<v8::Context> ctx, Local<v8::Object> ns, Plugin *p,
+    std::vector<std::string> *paths)
+{
+    v8::Isolate *iso = ctx->GetIsolate();
+    Local<v8::Array> names;
+
+    if (!ns->GetOwnPropertyNames(ctx).ToLocal(&names)) {
+        return false;
+    }
+
+    for (uint32_t i = 0; i < names->Length(); i++) {
+        Local<Value> k, v;
+
+        if (!names->Get(ctx, i).ToLocal(&k) || !ns->Get(ctx, k).ToLocal(&v)) {
+            return false;
+        }
+
+        std::string name = stdstr(iso, k);
+
+        if (v->IsFunction()) {
+            Hook &h = p->hooks[name];
+            h.fn.Reset(iso, v.As<v8::Function>());
+            h.receiver.Reset(iso, v8::Undefined(iso));
+            paths->push_back(name);
+
+        } else if (name == "native" && plain_object(v)) {
+            if (!add_functions(ctx, v.As<v8::Object>(), "native.", v, p, paths)) {
+                return false;
+            }
+
+        } else if (name == "protocols" && plain_object(v)) {
+            Local<v8::Object> protocols = v.As<v8::Object>();
+            Local<v8::Array> pnames;
+
+            if (!protocols->GetOwnPropertyNames(ctx).ToLocal(&pnames)) {
+                return false;
+            }
+            for (uint32_t j = 0; j < pnames->Length(); j++) {
+                Local<Value> pk, pv;
+                if (!pnames->Get(ctx, j).ToLocal(&pk)
+                    || !protocols->Get(ctx, pk).ToLocal(&pv))
+                {
+                    return false;
+                }
+                if (plain_object(pv)
+                    && !add_functions(ctx, pv.As<v8::Object>(),
+                                      "protocols." + stdstr(iso, pk) + ".",
+                                      pv, p, paths))
+                {
+                    return false;
+                }
+            }
+        }
+    }
+
+    return true;
+}
+
+/* serialize(value, label) in the plugin's context: true with the JSON in
+   *json, or with the refusal in *fail; false with an exception pending. */
+bool
+serialize_value(Local<v8::Context> ctx, Local<v8::Function> serialize,
+    Local<Value> value, const std::string &label, std::string *json,
+    std::string *fail)
+{
+    v8::Isolate *iso = ctx->GetIsolate();
+    Local<Value> argv[] = { value, v8str(iso, label) };
+    Local<Value> text, refusal;
+
+    if (!serialize->Call(ctx, v8::Undefined(iso), 2, argv).ToLocal(&text)) {
+        return false;
+    }
+
+    if (text->IsString()) {
+        *json = stdstr(iso, text);
+    } else if (text->IsArray()
+               && text.As<v8::Array>()->Get(ctx, 0).ToLocal(&refusal))
+    {
+        *fail = stdstr(iso, refusal);
+    } else {
+        *fail = label + " a value that is not JSON";
+    }
+
+    return true;
+}
+
+/* `meta`: an exported plain object, serialized as JSON. */
+bool
+read_meta(Local<v8::Context> ctx, Local<v8::Object> ns,
+    Local<v8::Function> serialize, std::string *json, std::string *fail)
+{
+    Local<Value> meta;
+
+    if (!ns->Get(ctx, v8str(ctx->GetIsolate(), "meta")).ToLocal(&meta)) {
+        return false;
+    }
+    if (meta->IsUndefined()) {
+        *fail = "the plugin does not export `meta`";
+        return true;
+    }
+    if (!plain_object(meta)) {
+        *fail = "`meta` must be an object";
+        return true;
+    }
+
+    return serialize_value(ctx, serialize, meta, "meta contains", json, fail);
+}
+
+/*
+ * llmgw_manifest_validate (src/manifest.cpp): 0 with the normalized
+ * manifest, 1 with the validation errors, -1 when it could not answer.
+ */
+int
+validate_manifest(const std::string &meta, const std::string &exports,
+    std::string *normalized, std::vector<std::string> *errors)
+{
+    llmgw_buf_t norm { nullptr, 0 }, errs { nullptr, 0 };
+    int rc = llmgw_manifest_validate(meta.data(), meta.size(), exports.data(),
+                                     exports.size(), &norm, &errs);
+
+    if (rc == 0 && norm.data != nullptr) {
+        normalized->assign(norm.data, norm.len);
+    } else if (rc != 0 && errs.data != nullptr) {
+        json_t *arr = json_loadb(errs.data, errs.len, 0, nullptr);
+        size_t i;
+        json_t *e;
+
+        json_array_foreach(arr, i, e) {
+            if (json_is_string(e)) {
+                errors->emplace_back(json_string_value(e), json_string_length(e));
+            }
+        }
+        json_decref(arr);
+    }
+
+    llmgw_buf_free(&norm);
+    llmgw_buf_free(&errs);
+
+    if (rc == 0) {
+        return normalized->empty() ? -1 : 0;
+    }
+    if (errors->empty()) {
+        errors->push_back("the manifest is not valid");
+    }
+    return 1;
+}
+
 }  // namespace
 
 Runtime::Runtime(const Limits &limits, SourceStore *store)
@@ -286,7 +524,7 @@ Runtime::~Runtime()
 /* How an entry into JS ended; clears a pending termination so the isolate
    can run the next call. */
 Outcome
-Runtime::settle(bool fired, bool caught, bool terminated)
+Runtime::settle(bool fired, bool failed, bool terminated)
 {
     v8::Isolate *iso = engine_->isolate();
 
@@ -305,7 +543,30 @@ Runtime::settle(bool fired, bool caught, bool terminated)
     if (terminated) {
         return Outcome::internal;
     }
-    return caught ? Outcome::plugin : Outcome::ok;
+    return failed ? Outcome::plugin : Outcome::ok;
+}
+
+/* The reply for a failed entry into JS.  what: "loading the plugin" or the
+   hook; message: the plugin's own error (kind plugin). */
+std::string
+Runtime::failure_reply(Outcome o, const std::string &what, int budget_ms,
+    const std::string &message, bool list_errors)
+{
+    switch (o) {
+    case Outcome::memory:
+        return error_reply("memory", what + " exceeded the heap limit of "
+                           + std::to_string(limits_.heap_mb) + " MiB");
+    case Outcome::timeout:
+        return error_reply("timeout", what + " did not finish within "
+                           + std::to_string(budget_ms) + " ms");
+    case Outcome::plugin:
+        return list_errors ? plugin_error(message, { message })
+                           : error_reply("plugin", message);
+    default:
+        log(Level::error, "%s: failed in the runtime without an exception",
+            what.c_str());
+        return error_reply("internal", kInternalMessage);
+    }
 }
 
 void
@@ -323,7 +584,7 @@ Runtime::replace_engine_if_needed()
         static_cast<size_t>(limits_.heap_mb) << 20);
 
     log(Level::warn, "isolate replaced after a call hit the heap limit of "
-        "%d MiB (%zu plugin(s) dropped, loaded again on demand)",
+        "%d MiB (%zu plugin(s) dropped, compiled again on demand)",
         limits_.heap_mb, n);
 }
 
@@ -342,11 +603,10 @@ Runtime::remember(Plugin &&p)
 }
 
 static std::string
-load_ok_reply(const std::string &sha, const std::string &manifest,
-    const std::string &exports)
+load_ok_reply(const Plugin &p)
 {
-    return "{\"ok\":true,\"sha\":\"" + sha + "\",\"manifest\":" + manifest
-           + ",\"exports\":" + exports + "}";
+    return "{\"ok\":true,\"sha\":\"" + p.sha + "\",\"manifest\":" + p.manifest
+           + ",\"exports\":" + p.exports + "}";
 }
 
 std::string
@@ -361,7 +621,7 @@ Runtime::load(std::string_view source, Outcome *outcome)
         if (store_ != nullptr) {
             store_->put(sha, source);       /* it may have been evicted */
         }
-        return load_ok_reply(sha, it->second->manifest, it->second->exports);
+        return load_ok_reply(*it->second);
     }
 
     std::vector<std::string> issues = scan_forbidden(source);
@@ -389,9 +649,8 @@ Runtime::load_in_isolate(std::string_view source, const std::string &sha,
     Local<v8::Context> ctx;
     Local<v8::Function> serialize;
 
-    *outcome = Outcome::internal;
-
     if (!new_plugin_context(iso, &ctx, &serialize)) {
+        *outcome = Outcome::internal;
         log(Level::error, "LOAD: could not set up a plugin context");
         return error_reply("internal", kInternalMessage);
     }
@@ -399,243 +658,67 @@ Runtime::load_in_isolate(std::string_view source, const std::string &sha,
     v8::Context::Scope cs(ctx);
     v8::TryCatch tc(iso);
     Plugin p;
-    p.sha = sha;
     std::vector<std::string> paths;
-    std::string meta_json, fail;        /* fail: the plugin's own error */
+    std::string meta, fail;             /* fail: the plugin's own error */
     Local<v8::Module> module;
-    Local<Value> exception;
-    bool fired = false;
+    Local<Value> rejection;
+    bool fired;
 
     {
         DeadlineScope deadline(watchdog_, iso,
                                std::chrono::milliseconds(limits_.deadline_ms));
 
-        auto evaluate = [&]() {
-            v8::ScriptOrigin origin(iso, v8str(iso, "plugin.mjs"), 0, 0, false,
-                                    -1, Local<Value>(), false, false, true);
-            v8::ScriptCompiler::Source src(v8str(iso, source), origin);
-            Local<Value> result, ns_value, meta;
-
-            if (!v8::ScriptCompiler::CompileModule(iso, &src).ToLocal(&module)
-                || !module->InstantiateModule(ctx, refuse_import).FromMaybe(false)
-                || !module->Evaluate(ctx).ToLocal(&result))
-            {
-                return;
-            }
-
-            /* No top-level await (the scan refused it): the evaluation promise
-               is already settled. */
-            if (result->IsPromise()) {
-                Local<v8::Promise> promise = result.As<v8::Promise>();
-                if (promise->State() == v8::Promise::kRejected) {
-                    exception = promise->Result();
-                    return;
-                }
-                if (promise->State() == v8::Promise::kPending) {
-                    fail = "the module did not finish evaluating synchronously";
-                    return;
-                }
-            }
-            iso->PerformMicrotaskCheckpoint();
-            if (tc.HasCaught() || tc.HasTerminated()) {
-                return;
-            }
-
+        if (evaluate_module(iso, ctx, source, &module, &rejection, &fail)) {
             Local<v8::Object> ns = module->GetModuleNamespace().As<v8::Object>();
-            Local<v8::Array> names;
-            if (!ns->GetOwnPropertyNames(ctx).ToLocal(&names)) {
-                return;
-            }
 
-            auto add = [&](Local<v8::Object> holder, const std::string &prefix,
-                           Local<Value> recv) -> bool {
-                Local<v8::Array> keys;
-                if (!holder->GetOwnPropertyNames(ctx).ToLocal(&keys)) {
-                    return false;
-                }
-                for (uint32_t i = 0; i < keys->Length(); i++) {
-                    Local<Value> k, v;
-                    if (!keys->Get(ctx, i).ToLocal(&k)
-                        || !holder->Get(ctx, k).ToLocal(&v))
-                    {
-                        return false;
-                    }
-                    if (!v->IsFunction()) {
-                        continue;
-                    }
-                    std::string path = prefix + stdstr(iso, k);
-                    Hook &h = p.hooks[path];
-                    h.fn.Reset(iso, v.As<v8::Function>());
-                    h.receiver.Reset(iso, recv);
-                    paths.push_back(path);
-                }
-                return true;
-            };
-
-            for (uint32_t i = 0; i < names->Length(); i++) {
-                Local<Value> k, v;
-                if (!names->Get(ctx, i).ToLocal(&k) || !ns->Get(ctx, k).ToLocal(&v)) {
-                    return;
-                }
-                std::string name = stdstr(iso, k);
-
-                if (v->IsFunction()) {
-                    Hook &h = p.hooks[name];
-                    h.fn.Reset(iso, v.As<v8::Function>());
-                    h.receiver.Reset(iso, v8::Undefined(iso));
-                    paths.push_back(name);
-
-                } else if (name == "native" && plain_object(v)) {
-                    if (!add(v.As<v8::Object>(), "native.", v)) {
-                        return;
-                    }
-
-                } else if (name == "protocols" && plain_object(v)) {
-                    Local<v8::Object> protos = v.As<v8::Object>();
-                    Local<v8::Array> pnames;
-                    if (!protos->GetOwnPropertyNames(ctx).ToLocal(&pnames)) {
-                        return;
-                    }
-                    for (uint32_t j = 0; j < pnames->Length(); j++) {
-                        Local<Value> pk, pv;
-                        if (!pnames->Get(ctx, j).ToLocal(&pk)
-                            || !protos->Get(ctx, pk).ToLocal(&pv))
-                        {
-                            return;
-                        }
-                        if (plain_object(pv)
-                            && !add(pv.As<v8::Object>(),
-                                    "protocols." + stdstr(iso, pk) + ".", pv))
-                        {
-                            return;
-                        }
-                    }
-                }
+            if (collect_exports(ctx, ns, &p, &paths)) {
+                read_meta(ctx, ns, serialize, &meta, &fail);
             }
+        }
 
-            if (!ns->Get(ctx, v8str(iso, "meta")).ToLocal(&meta)) {
-                return;
-            }
-            if (meta->IsUndefined()) {
-                fail = "the plugin does not export `meta`";
-                return;
-            }
-            if (!plain_object(meta) || meta->IsNull()) {
-                fail = "`meta` must be an object";
-                return;
-            }
-
-            Local<Value> argv[] = { meta, v8str(iso, "meta contains") };
-            Local<Value> text;
-            if (!serialize->Call(ctx, v8::Undefined(iso), 2, argv).ToLocal(&text)) {
-                return;
-            }
-            if (text->IsArray()) {
-                Local<Value> m;
-                if (text.As<v8::Array>()->Get(ctx, 0).ToLocal(&m)) {
-                    fail = stdstr(iso, m);
-                }
-                return;
-            }
-            if (!text->IsString()) {
-                fail = "`meta` is not JSON";
-                return;
-            }
-            meta_json = stdstr(iso, text);
-        };
-
-        evaluate();
         fired = deadline.disarm();
     }
 
-    Outcome o = settle(fired, tc.HasCaught() || !exception.IsEmpty()
-                              || !fail.empty(), tc.HasTerminated());
-    *outcome = o;
+    bool failed = tc.HasCaught() || !rejection.IsEmpty() || !fail.empty();
+    *outcome = settle(fired, failed, tc.HasTerminated());
 
-    switch (o) {
-    case Outcome::memory:
-        return error_reply("memory", "loading the plugin exceeded the heap "
-                           "limit of " + std::to_string(limits_.heap_mb)
-                           + " MiB");
-    case Outcome::timeout:
-        return error_reply("timeout", "loading the plugin did not finish "
-                           "within " + std::to_string(limits_.deadline_ms)
-                           + " ms");
-    case Outcome::plugin: {
+    if (*outcome != Outcome::ok || meta.empty()) {
+        if (*outcome == Outcome::ok) {
+            *outcome = Outcome::internal;
+        }
         std::string msg = !fail.empty() ? clean_plugin_message(fail)
                           : exception_text(iso, ctx, tc.Message(),
                                            tc.HasCaught() ? tc.Exception()
-                                                          : exception);
-        return plugin_error(msg, { msg });
-    }
-    case Outcome::ok:
-        if (!meta_json.empty()) {
-            break;
-        }
-        [[fallthrough]];
-    default:
-        *outcome = Outcome::internal;
-        log(Level::error, "LOAD: plugin module failed without an exception");
-        return error_reply("internal", kInternalMessage);
+                                                          : rejection);
+        return failure_reply(*outcome, "loading the plugin",
+                             limits_.deadline_ms, msg, true);
     }
 
-    std::string exports = "[";
-    for (size_t i = 0; i < paths.size(); i++) {
-        exports += (i > 0 ? "," : "") + json_string(paths[i]);
-    }
-    exports += "]";
+    p.sha = sha;
+    p.exports = json_array_text(paths);
 
-    llmgw_buf_t normalized { nullptr, 0 }, errors { nullptr, 0 };
-    int rc = llmgw_manifest_validate(meta_json.data(), meta_json.size(),
-                                     exports.data(), exports.size(),
-                                     &normalized, &errors);
+    std::vector<std::string> errors;
+    int rc = validate_manifest(meta, p.exports, &p.manifest, &errors);
 
     if (rc != 0) {
-        json_t *arr = errors.data != nullptr
-                      ? json_loadb(errors.data, errors.len, 0, nullptr)
-                      : nullptr;
-        std::vector<std::string> list;
-        size_t i;
-        json_t *e;
-
-        json_array_foreach(arr, i, e) {
-            if (json_is_string(e)) {
-                list.emplace_back(json_string_value(e), json_string_length(e));
-            }
-        }
-        json_decref(arr);
-        llmgw_buf_free(&normalized);
-        llmgw_buf_free(&errors);
-
-        if (list.empty()) {
-            list.push_back("the manifest is not valid");
+        *outcome = rc > 0 ? Outcome::plugin : Outcome::internal;
+        if (rc < 0) {
+            log(Level::error, "LOAD: the manifest validator gave no answer");
+            return error_reply("internal", kInternalMessage);
         }
 
-        std::string msg = "invalid manifest: " + list[0];
-        if (list.size() > 1) {
-            msg += " (and " + std::to_string(list.size() - 1) + " more)";
+        std::string msg = "invalid manifest: " + errors[0];
+        if (errors.size() > 1) {
+            msg += " (and " + std::to_string(errors.size() - 1) + " more)";
         }
-        *outcome = Outcome::plugin;
-        return plugin_error(msg, list);
+        return plugin_error(msg, errors);
     }
-
-    if (normalized.data == nullptr) {
-        llmgw_buf_free(&errors);
-        *outcome = Outcome::internal;
-        log(Level::error, "LOAD: manifest validator returned no manifest");
-        return error_reply("internal", kInternalMessage);
-    }
-
-    p.manifest.assign(normalized.data, normalized.len);
-    p.exports = exports;
-    llmgw_buf_free(&normalized);
-    llmgw_buf_free(&errors);
 
     p.context.Reset(iso, ctx);
     p.module.Reset(iso, module);
     p.serialize.Reset(iso, serialize);
 
-    std::string reply = load_ok_reply(sha, p.manifest, p.exports);
+    std::string reply = load_ok_reply(p);
     remember(std::move(p));
     return reply;
 }
@@ -676,9 +759,9 @@ Runtime::call(const CallRequest &req, Outcome *outcome)
     for (const std::string &cap : req.capabilities) {
         if (!host_has_capability(cap)) {
             *outcome = Outcome::plugin;
-            std::string msg = "capability " + json_string(cap)
-                              + " is not supported by this host";
-            return plugin_error(msg, { msg });
+            return error_reply("plugin", "capability "
+                               + clean_plugin_message(json_string(cap))
+                               + " is not supported by this host");
         }
     }
 
@@ -687,14 +770,38 @@ Runtime::call(const CallRequest &req, Outcome *outcome)
 
     if (p.hooks.find(req.hook) == p.hooks.end()) {
         *outcome = Outcome::plugin;
-        std::string msg = "the plugin does not export "
-                          + clean_plugin_message(req.hook);
-        return plugin_error(msg, { msg });
+        return error_reply("plugin", "the plugin does not export "
+                                     + clean_plugin_message(req.hook));
     }
 
     std::string reply = call_in_isolate(p, req, outcome);
     replace_engine_if_needed();
     return reply;
+}
+
+/* Frozen arguments from the JSON text, in the plugin's context. */
+static bool
+make_args(Local<v8::Context> ctx, const std::string &json,
+    std::vector<Local<Value>> *argv)
+{
+    Local<Value> args;
+
+    if (!v8::JSON::Parse(ctx, v8str(ctx->GetIsolate(), json)).ToLocal(&args)
+        || !args->IsArray() || !deep_freeze(ctx, args))
+    {
+        return false;
+    }
+
+    Local<v8::Array> a = args.As<v8::Array>();
+    argv->resize(a->Length());
+
+    for (uint32_t i = 0; i < a->Length(); i++) {
+        if (!a->Get(ctx, i).ToLocal(&(*argv)[i])) {
+            return false;
+        }
+    }
+
+    return true;
 }
 
 std::string
@@ -709,99 +816,43 @@ Runtime::call_in_isolate(Plugin &p, const CallRequest &req, Outcome *outcome)
     const Hook &hook = p.hooks.find(req.hook)->second;
     int budget = (req.deadline_ms > 0 && req.deadline_ms < limits_.deadline_ms)
                  ? req.deadline_ms : limits_.deadline_ms;
+    std::vector<Local<Value>> argv;
+    Local<Value> result;
     std::string fail, json;
     bool fired;
 
     {
         DeadlineScope deadline(watchdog_, iso, std::chrono::milliseconds(budget));
-        auto run = [&]() {
-            Local<Value> args, result, text;
 
-            if (!v8::JSON::Parse(ctx, v8str(iso, req.args_json)).ToLocal(&args)
-                || !args->IsArray() || !deep_freeze(ctx, args))
-            {
-                return;
-            }
-
-            {
-                Local<v8::Array> a = args.As<v8::Array>();
-                std::vector<Local<Value>> argv(a->Length());
-                for (uint32_t i = 0; i < a->Length(); i++) {
-                    if (!a->Get(ctx, i).ToLocal(&argv[i])) {
-                        return;
-                    }
-                }
-
-                if (!hook.fn.Get(iso)->Call(ctx, hook.receiver.Get(iso),
-                                            static_cast<int>(argv.size()),
-                                            argv.data()).ToLocal(&result))
-                {
-                    return;
-                }
-            }
-
+        if (make_args(ctx, req.args_json, &argv)
+            && hook.fn.Get(iso)->Call(ctx, hook.receiver.Get(iso),
+                                      static_cast<int>(argv.size()),
+                                      argv.data()).ToLocal(&result))
+        {
             iso->PerformMicrotaskCheckpoint();
-            if (tc.HasCaught() || tc.HasTerminated()) {
-                return;
-            }
 
             if (result->IsUndefined()) {
                 fail = req.hook + " returned undefined";
-                return;
+            } else if (!iso->IsExecutionTerminating() && !tc.HasCaught()) {
+                serialize_value(ctx, p.serialize.Get(iso), result,
+                                req.hook + " returned", &json, &fail);
             }
+        }
 
-            {
-                Local<Value> argv[] = { result, v8str(iso, req.hook + " returned") };
-                if (!p.serialize.Get(iso)->Call(ctx, v8::Undefined(iso), 2, argv)
-                         .ToLocal(&text))
-                {
-                    return;
-                }
-            }
-
-            if (text->IsArray()) {
-                Local<Value> m;
-                if (text.As<v8::Array>()->Get(ctx, 0).ToLocal(&m)) {
-                    fail = stdstr(iso, m);
-                }
-            } else if (text->IsString()) {
-                json = stdstr(iso, text);
-            } else {
-                fail = req.hook + " returned a value that is not JSON";
-            }
-        };
-
-        run();
         fired = deadline.disarm();
     }
 
-    Outcome o = settle(fired, tc.HasCaught() || !fail.empty(),
-                       tc.HasTerminated());
-    *outcome = o;
+    *outcome = settle(fired, tc.HasCaught() || !fail.empty(),
+                      tc.HasTerminated());
 
-    switch (o) {
-    case Outcome::memory:
-        return error_reply("memory", req.hook + " exceeded the heap limit of "
-                           + std::to_string(limits_.heap_mb) + " MiB");
-    case Outcome::timeout:
-        return error_reply("timeout", req.hook + " did not finish within "
-                           + std::to_string(budget) + " ms");
-    case Outcome::plugin: {
+    if (*outcome != Outcome::ok || json.empty()) {
+        if (*outcome == Outcome::ok) {
+            *outcome = Outcome::internal;
+        }
         std::string msg = !fail.empty() ? clean_plugin_message(fail)
                           : exception_text(iso, ctx, tc.Message(),
                                            tc.Exception());
-        return error_reply("plugin", msg);
-    }
-    case Outcome::ok:
-        if (!json.empty()) {
-            break;
-        }
-        [[fallthrough]];
-    default:
-        *outcome = Outcome::internal;
-        log(Level::error, "CALL %s: failed without an exception",
-            req.hook.c_str());
-        return error_reply("internal", kInternalMessage);
+        return failure_reply(*outcome, req.hook, budget, msg, false);
     }
 
     /* The reply wraps the result in {"ok":true,"result":...}. */

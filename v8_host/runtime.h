@@ -22,6 +22,8 @@
 
 namespace v8host {
 
+struct Plugin;      /* a loaded module: runtime.cpp */
+
 struct Limits {
     int     deadline_ms;
     int     heap_mb;
@@ -62,14 +64,14 @@ public:
     size_t plugins() const { return lru_.size(); }
 
 private:
-    struct Hook;
-    struct Plugin;
-
     std::string load_in_isolate(std::string_view source,
                                 const std::string &sha, Outcome *outcome);
     std::string call_in_isolate(Plugin &p, const CallRequest &req,
                                 Outcome *outcome);
-    Outcome settle(bool terminated_by_watchdog, bool caught, bool terminated);
+    Outcome settle(bool fired, bool failed, bool terminated);
+    std::string failure_reply(Outcome o, const std::string &what,
+                              int budget_ms, const std::string &message,
+                              bool list_errors);
     void replace_engine_if_needed();
     void remember(Plugin &&p);
 

@@ -47,9 +47,6 @@ throw_range_error(v8::Isolate *iso, std::string_view msg)
     iso->ThrowException(v8::Exception::RangeError(v8str(iso, msg)));
 }
 
-/* ".name" for identifier-like keys, "[\"odd key\"]" otherwise. */
-std::string path_key(std::string_view key);
-
 }  // namespace v8host
 
 #endif

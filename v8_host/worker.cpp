@@ -23,12 +23,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "engine.h"
 #include "json_text.h"
 #include "llmgw.h"
 #include "log.h"
+#include "request_body.h"
 #include "runtime.h"
 #include "worker.h"
 
@@ -61,13 +60,18 @@ struct Conn {
         return have_header && in.size() >= LLMGW_FRAME_HEADER_LEN + hdr.length;
     }
     bool writing() const { return out_off < out.size(); }
+    /* A frame to serve, or a header to check, without reading more. */
+    bool buffered() const {
+        return frame_ready()
+               || (!have_header && in.size() >= LLMGW_FRAME_HEADER_LEN);
+    }
 };
 
 class Worker {
 public:
     Worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
            SourceStore *store)
-        : slot_(slot), listen_fd_(listen_fd), opts_(o),
+        : listen_fd_(listen_fd), opts_(o),
           stats_(&stats->slot[slot]), shared_(stats), store_(store),
           runtime_(Limits { o.deadline_ms, o.heap_mb, o.max_frame }, store)
     {}
@@ -83,11 +87,8 @@ private:
     void close_conn(Conn &c, const char *why);
 
     std::string handle(uint8_t type, std::string_view body, Outcome *o);
-    std::string handle_load(json_t *body, Outcome *o);
-    std::string handle_call(json_t *body, Outcome *o);
     void count(uint8_t type, Outcome o);
 
-    int                                  slot_;
     int                                  listen_fd_;
     const Options                       &opts_;
     WorkerStats                         *stats_;
@@ -101,6 +102,9 @@ private:
 void
 Worker::close_conn(Conn &c, const char *why)
 {
+    if (c.closed) {
+        return;
+    }
     if (why != nullptr) {
         log(Level::warn, "connection %u closed: %s", c.id, why);
     }
@@ -244,118 +248,30 @@ Worker::count(uint8_t type, Outcome o)
 }
 
 std::string
-Worker::handle_load(json_t *body, Outcome *o)
-{
-    json_t *source = json_object_get(body, "source");
-
-    if (!json_is_string(source)) {
-        *o = Outcome::bad_request;
-        return error_reply("bad_request", "LOAD needs {\"source\": string}");
-    }
-
-    return runtime_.load(std::string_view(json_string_value(source),
-                                          json_string_length(source)), o);
-}
-
-std::string
-Worker::handle_call(json_t *body, Outcome *o)
-{
-    CallRequest req;
-    json_t *sha = json_object_get(body, "sha");
-    json_t *source = json_object_get(body, "source");
-    json_t *hook = json_object_get(body, "hook");
-    json_t *args = json_object_get(body, "args");
-    json_t *deadline = json_object_get(body, "deadline_ms");
-    json_t *caps = json_object_get(body, "capabilities");
-    const char *bad = nullptr;
-
-    if (!json_is_string(sha) && !json_is_string(source)) {
-        bad = "CALL needs \"sha\" (or \"source\") as a string";
-    } else if (!json_is_string(hook) || json_string_length(hook) == 0) {
-        bad = "CALL needs \"hook\" (string)";
-    } else if (args != nullptr && !json_is_array(args)) {
-        bad = "CALL \"args\" must be an array";
-    } else if (deadline != nullptr && !json_is_number(deadline)) {
-        bad = "CALL \"deadline_ms\" must be a number";
-    } else if (caps != nullptr && !json_is_array(caps)) {
-        bad = "CALL \"capabilities\" must be an array of strings";
-    }
-
-    if (bad == nullptr && caps != nullptr) {
-        size_t i;
-        json_t *c;
-        json_array_foreach(caps, i, c) {
-            if (!json_is_string(c)) {
-                bad = "CALL \"capabilities\" must be an array of strings";
-                break;
-            }
-            req.capabilities.emplace_back(json_string_value(c),
-                                          json_string_length(c));
-        }
-    }
-
-    if (bad != nullptr) {
-        *o = Outcome::bad_request;
-        return error_reply("bad_request", bad);
-    }
-
-    if (json_is_string(source)) {
-        req.source.assign(json_string_value(source), json_string_length(source));
-        req.has_source = true;
-    } else {
-        req.sha.assign(json_string_value(sha), json_string_length(sha));
-    }
-    req.hook.assign(json_string_value(hook), json_string_length(hook));
-
-    if (deadline != nullptr) {
-        double d = json_number_value(deadline);
-        req.deadline_ms = d >= 1 && d < 1e9 ? static_cast<int>(d) : 0;
-    }
-
-    if (args == nullptr) {
-        req.args_json = "[]";
-    } else {
-        char *s = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY
-                                   | JSON_REAL_PRECISION(17));
-        if (s == nullptr) {
-            *o = Outcome::internal;
-            log(Level::error, "CALL: could not re-encode args");
-            return error_reply("internal", "internal error in the plugin "
-                               "runtime");
-        }
-        req.args_json = s;
-        free(s);
-    }
-
-    return runtime_.call(req, o);
-}
-
-std::string
 Worker::handle(uint8_t type, std::string_view body, Outcome *o)
 {
+    std::string err;
+
     *o = Outcome::ok;
 
     if (type == LLMGW_FRAME_STATUS) {
         return stats_reply(shared_, store_ != nullptr ? store_->count() : 0);
     }
 
-    /* Integers as doubles: a number JSON allows but int64 does not hold
-       must not fail the frame; JS sees doubles anyway. */
-    json_error_t jerr;
-    json_t *j = json_loadb(body.data(), body.size(),
-                           JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &jerr);
-
-    if (!json_is_object(j)) {
-        json_decref(j);
-        *o = Outcome::bad_request;
-        return error_reply("bad_request", std::string("the body is not a JSON "
-                           "object: ") + (j == nullptr ? jerr.text : "")) ;
+    if (type == LLMGW_FRAME_LOAD) {
+        std::string source;
+        if (read_load_body(body, &source, &err)) {
+            return runtime_.load(source, o);
+        }
+    } else {
+        CallRequest req;
+        if (read_call_body(body, &req, &err)) {
+            return runtime_.call(req, o);
+        }
     }
 
-    std::string reply = (type == LLMGW_FRAME_LOAD) ? handle_load(j, o)
-                                                   : handle_call(j, o);
-    json_decref(j);
-    return reply;
+    *o = Outcome::bad_request;
+    return error_reply("bad_request", err);
 }
 
 void
@@ -386,7 +302,6 @@ Worker::serve(Conn &c)
 
     c.in.erase(0, LLMGW_FRAME_HEADER_LEN + req.length);
     c.have_header = false;
-    check_header(c);        /* a pipelined next frame may be buffered */
 }
 
 int
@@ -407,7 +322,7 @@ Worker::run()
         /* A frame already complete in a buffer needs no waiting. */
         bool ready = false;
         for (const auto &c : conns_) {
-            ready = ready || (c->frame_ready() && !c->writing());
+            ready = ready || (!c->writing() && c->buffered());
         }
 
         int n = poll(pfds.data(), pfds.size(), ready ? 0 : 1000);
@@ -433,10 +348,14 @@ Worker::run()
             accept_all();
         }
 
-        /* One request per connection per round: fair between clients. */
+        /* One request per connection per round: fair between clients.
+           A pipelined next header is checked only once the reply to the
+           previous frame is out. */
         for (size_t i = 0; i < count && !stop_requested; i++) {
             Conn &c = *conns_[i];
-            if (!c.closed && c.frame_ready() && !c.writing()) {
+            if (!c.closed && !c.writing() && check_header(c)
+                && c.frame_ready())
+            {
                 serve(c);
                 flush(c);
             }

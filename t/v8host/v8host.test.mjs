@@ -52,6 +52,33 @@ test('a reply echoes the request id and type', async () => {
     await c.close();
 });
 
+test('frames sent together are answered in order, then a bad one closes', async () => {
+    const c = await helper.connect();
+    const replies = [c.sendRaw(Buffer.alloc(0)), c.sendRaw(Buffer.alloc(0))];
+    const closed = c.sendRaw(Buffer.alloc(0)).then(() => 'replied', () => 'closed');
+    c.sock.write(Buffer.concat([frame(STATUS, 11, {}), frame(CALL, 12, { hook: 'x' }),
+                                header({ version: 9, type: STATUS, id: 13, length: 0 })]));
+    const [a, b] = await Promise.all(replies);
+    assert.deepEqual([a.id, a.type, b.id, b.type], [11, REPLY | STATUS, 12, REPLY | CALL]);
+    assert.equal(b.body.error.kind, 'bad_request');
+    assert.equal(await closed, 'closed');
+});
+
+test('a connection stalled mid-frame does not hold up others', async () => {
+    const slow = await helper.connect();
+    slow.sock.write(frame(STATUS, 21, {}).subarray(0, 7));
+    const others = await Promise.all([1, 2, 3].map(async () => {
+        const c = await helper.connect();
+        const s = await c.status();
+        await c.close();
+        return s.ok;
+    }));
+    assert.deepEqual(others, [true, true, true]);
+    const reply = slow.sendRaw(frame(STATUS, 21, {}).subarray(7));
+    assert.equal((await reply).id, 21);
+    await slow.close();
+});
+
 async function expectClosed(bytes) {
     const c = await helper.connect();
     const outcome = await Promise.race([
@@ -175,6 +202,37 @@ test('CALL runs a hook with JSON arguments and returns its JSON result', async (
     const r = await op('echo', { body: { list: [1, 2, 3], s: 'é😀' } });
     assert.deepEqual(r, { ok: true, result: { url: 'https://example.com/submit',
                                               body: { list: [1, 2, 3], s: 'é😀' } } });
+});
+
+test('CALL bodies: escapes decoded, capabilities checked, malformed bodies refused', async () => {
+    const c = await helper.connect();
+    const raw = (text) => c.sendRaw(frame(CALL, 77, text)).then((r) => r.body);
+
+    // "\u0053" is S; the args text goes to V8 as is (surrogate pairs, big numbers).
+    const ok = await raw(`{"sha":"${sha}","hook":"build\\u0053ubmitRequest",`
+                         + `"args":[{"op":"echo","body":["\\ud83d\\ude00",12345678901234567890,-0.5e-3]}],`
+                         + `"capabilities":["json-clone@1","submit-sse-delta@1"],"deadline_ms":null,"extra":{"x":[1,{}]}}`);
+    assert.deepEqual(ok, { ok: true, result: { url: 'https://example.com/submit',
+                                               body: ['😀', 12345678901234567000, -0.0005] } });
+
+    const cap = await raw(`{"sha":"${sha}","hook":"buildSubmitRequest","args":[],"capabilities":["json-clone@9"]}`);
+    assert.equal(cap.error.kind, 'plugin');
+    assert.match(cap.error.message, /capability "json-clone@9" is not supported/);
+
+    for (const bad of [
+        `{"sha":"${sha}","hook":"buildSubmitRequest","args":{}}`,
+        `{"sha":"${sha}","hook":"buildSubmitRequest","args":[1,]}`,
+        `{"sha":"${sha}","hook":"buildSubmitRequest"} trailing`,
+        `{"sha":"${sha}","hook":"build\\ud800"}`,
+        `{"sha":1,"hook":"x"}`,
+        `{"hook":"x"}`,
+        `{"sha":"${sha}"}`,
+        `[]`,
+    ]) {
+        const r = await raw(bad);
+        assert.equal(r.error?.kind, 'bad_request', bad);
+    }
+    await c.close();
 });
 
 test('native functions are called with their object as this', async () => {
@@ -480,7 +538,7 @@ test('STATUS lists every worker with its counters', async () => {
     assert.equal(typeof s.uptime_s, 'number');
 });
 
-test('kill -9 of a worker during a call: that call fails, the worker is restarted, new calls succeed', async () => {
+test('kill -9 of a worker during a call: that call fails, the worker is restarted (throttled), new calls succeed', async () => {
     const victim = await helper.connect();
     const { pid, workers } = await victim.status();
     const slot = workers.findIndex((w) => w.pid === pid);
@@ -501,6 +559,15 @@ test('kill -9 of a worker during a call: that call fails, the worker is restarte
     });
     assert.equal(s.workers[slot].restarts, restartsBefore + 1);
     assert.match(helper.log(), new RegExp(`worker ${slot} \\(pid ${pid}\\) killed by signal 9; restarting`));
+
+    // A crash right after a restart waits for the throttle: one restart per
+    // second per slot.
+    const again = helper.readyCount();
+    const t0 = Date.now();
+    process.kill(s.workers[slot].pid, 'SIGKILL');
+    await waitFor('the throttled restart', () => helper.readyCount() > again);
+    assert.ok(Date.now() - t0 >= 500, `restarted after ${Date.now() - t0} ms`);
+    assert.match(helper.log(), /restarting in under a second \(throttled\)/);
 
     // Every worker, the new one included, answers (the sha comes from the store).
     for (let i = 0; i < 6; i++) {
