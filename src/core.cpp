@@ -75,6 +75,23 @@ json_num(const json_t *obj, const char *key, double dflt)
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
+std::string_view
+utf8_prefix(std::string_view s, size_t max)
+{
+    if (s.size() <= max) {
+        return s;
+    }
+
+    size_t n = max;
+
+    /* step back over continuation bytes to the start of a character */
+    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) {
+        n--;
+    }
+
+    return s.substr(0, n);
+}
+
 } /* namespace llmgw */
 
 

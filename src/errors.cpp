@@ -121,22 +121,6 @@ trim(std::string_view s)
 }
 
 
-/* Cuts to at most max bytes without splitting a UTF-8 sequence. */
-std::string_view
-cut_utf8(std::string_view s, size_t max)
-{
-    if (s.size() <= max) {
-        return s;
-    }
-
-    size_t n = max;
-
-    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) {
-        n--;
-    }
-
-    return s.substr(0, n);
-}
 
 
 json_t *
@@ -204,7 +188,7 @@ upstream_message(const json_t *root, std::string_view raw, int status)
     }
 
     if (m.empty()) {
-        m = cut_utf8(trim(raw), kRawMessageMax);
+        m = llmgw::utf8_prefix(trim(raw), kRawMessageMax);
     }
 
     if (m.empty()) {

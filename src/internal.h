@@ -56,6 +56,9 @@ int64_t json_int(const json_t *obj, const char *key, int64_t dflt);
 
 double json_num(const json_t *obj, const char *key, double dflt);
 
+/* At most max bytes of s, never splitting a UTF-8 sequence. */
+std::string_view utf8_prefix(std::string_view s, size_t max);
+
 /* The parsed client body of a request (request.cpp). */
 const json_t *req_json(const llmgw_req_t *r);
 llmgw_endpoint_e req_endpoint(const llmgw_req_t *r);

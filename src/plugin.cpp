@@ -120,7 +120,8 @@ llmgw_plugin_load_reply(const char *reply, size_t len, char sha[65],
             msg = json_str(err, "message");
         }
 
-        if (kind == "plugin") {
+        /* a source that loops or bloats at load is its author's fault */
+        if (kind == "plugin" || kind == "timeout" || kind == "memory") {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_plugin",
                               "the plugin was refused: %.*s",
                               (int) std::min(msg.size(), kMaxMessage),

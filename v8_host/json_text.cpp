@@ -103,22 +103,6 @@ json_string(std::string_view s)
     return out;
 }
 
-std::string_view
-utf8_prefix(std::string_view s, size_t max)
-{
-    if (s.size() <= max) {
-        return s;
-    }
-
-    size_t n = max;
-    /* Step back over continuation bytes to the start of a character. */
-    while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xc0) == 0x80) {
-        n--;
-    }
-
-    return s.substr(0, n);
-}
-
 std::string
 error_reply(std::string_view kind, std::string_view message)
 {

@@ -10,6 +10,10 @@
 #include <string>
 #include <string_view>
 
+namespace llmgw {
+std::string_view utf8_prefix(std::string_view s, size_t max);
+}
+
 namespace v8host {
 
 /* Appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD. */
@@ -17,8 +21,9 @@ void append_json_string(std::string &out, std::string_view s);
 
 std::string json_string(std::string_view s);
 
-/* The longest prefix of s of at most max bytes that ends on a character. */
-std::string_view utf8_prefix(std::string_view s, size_t max);
+/* The core's: the longest prefix of at most max bytes ending on a
+   character. */
+using llmgw::utf8_prefix;
 
 /* A path segment: ".name" for identifier-like keys, "[\"odd key\"]"
    otherwise. */
