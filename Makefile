@@ -4,7 +4,7 @@
 #   make build   build build/nginx/ngx_http_llmgw_module.so (scripts/build.sh)
 #   make unit    build src/*.cpp + t/unit/test_*.c (CMocka) and run them
 #   make run     deps + build, then PostgreSQL + migrations + nginx under var/
-#   make stop    stop nginx and PostgreSQL started by `make run`
+#   make stop    stop nginx, the plugin runtime and PostgreSQL (`make run`)
 #   make test    deps + build + unit + SQL tests + integration tests
 #   make clean   remove build/
 #   make v8host  build build/v8host/llmgw-v8host (V8 from .deps/libnode,

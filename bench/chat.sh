@@ -26,8 +26,11 @@
 #      WARMUP (3s)  USERS (32)  MODEL (bench-model)  BENCH_KEEP=1
 #      FLUSH_INTERVAL (unset: the module's llmgw_flush_interval default)
 #      OTHER_MAX (10) RETRIES (2): a run during which more than OTHER_MAX %
-#        of the CPU went to processes that are not the benchmark's or to
-#        the hypervisor (steal) is run again, at most RETRIES times, keeping the quietest attempt
+#        of the CPU went to processes that are not the benchmark's or to the
+#        hypervisor (steal) is run again, at most RETRIES times, keeping the
+#        quietest attempt
+#      SETTLE (10): before each run wait up to this many seconds until the
+#        ledger count stops moving (the gateway writes its rows behind)
 # This is a benchmark, not a test: it prints figures and fails only when
 # something did not run (a target missed is reported, not an error).
 set -euo pipefail
@@ -56,8 +59,10 @@ secs() {  # 10s / 1m / 10 -> seconds
         *) echo "$1" ;;
     esac
 }
-case "$CONNECTIONS$ROUNDS$USERS$THREADS$OTHER_MAX$RETRIES$SETTLE" in *[!0-9]*) die "CONNECTIONS, ROUNDS, USERS, THREADS, OTHER_MAX, RETRIES must be whole numbers" ;; esac
+case "$CONNECTIONS$ROUNDS$USERS$THREADS$OTHER_MAX$RETRIES$SETTLE" in *[!0-9]*) die "CONNECTIONS, ROUNDS, USERS, THREADS, OTHER_MAX, RETRIES, SETTLE must be whole numbers" ;; esac
 [ "$RETRIES" -le 5 ] || die "RETRIES above 5"
+[ "$SETTLE" -le 60 ] || die "SETTLE above 60"
+[ "$USERS" -ge 1 ] && [ "$USERS" -le 1000 ] || die "USERS must be 1..1000"
 [ "$ROUNDS" -ge 2 ] || die "ROUNDS must be at least 2"
 [ "$(secs "$DURATION")" -le 300 ] || die "DURATION above 300 s"
 [ "$ROUNDS" -le 20 ] || die "ROUNDS above 20"
@@ -176,8 +181,8 @@ settle_ledger() {
 }
 
 # A run during which more than OTHER_MAX % of the machine went to processes
-# that are not ours or to steal time (a shared machine) is repeated, at most RETRIES times;
-# the quietest attempt is kept.
+# that are not ours or to steal time (a shared machine) is repeated, at most
+# RETRIES times; the quietest attempt is kept.
 other_of() { cut -f2 "$1"; }
 RESULTS=$BENCH_RUN/results
 : >"$RESULTS"
@@ -200,7 +205,10 @@ for r in $(seq 1 "$ROUNDS"); do
                 best=$name
             fi
             awk -v o="$(other_of "$OUT/$name.cpu")" -v m="$OTHER_MAX" 'BEGIN { exit !(o > m) }' || break
-            [ "$a" -lt "$RETRIES" ] && { retried=$((retried + 1)); log "  $(other_of "$OUT/$name.cpu")% of the CPU went elsewhere (other processes, steal): again"; }
+            if [ "$a" -lt "$RETRIES" ]; then
+                retried=$((retried + 1))
+                log "  $(other_of "$OUT/$name.cpu")% of the CPU went elsewhere (other processes, steal): again"
+            fi
         done
         cp "$OUT/$best.txt" "$OUT/r$r-$target.txt"
         cp "$OUT/$best.cpu" "$OUT/r$r-$target.cpu"
@@ -276,7 +284,9 @@ awk '{ p[$1] += $2; g[$1] += $3; c[$1]++ }
           (p["gateway"] / c["gateway"] + g["gateway"] / c["gateway"]) / (p["bare"] / c["bare"]) }' "$OUT/us-per-request"
 echo
 echo "gateway: $gw_requests requests answered (warm-up and retries included), $gw_non2xx non-2xx, $gw_errors socket errors; bare: $bare_non2xx non-2xx"
-[ "$retried" -gt 0 ] && echo "runs repeated because more than $OTHER_MAX% of the CPU went to other processes or steal: $retried"
+if [ "$retried" -gt 0 ]; then
+    echo "runs repeated because more than $OTHER_MAX% of the CPU went to other processes or steal: $retried"
+fi
 # wrk counts answers; a request still open when wrk stops is not counted,
 # but the gateway writes its row: up to CONNECTIONS more rows per run.
 if [ "$ledger_rows" -ge "$gw_requests" ]; then
@@ -284,7 +294,8 @@ if [ "$ledger_rows" -ge "$gw_requests" ]; then
 else
     echo "ledger: GET /api/log total +$ledger_rows for $gw_requests requests: $((gw_requests - ledger_rows)) rows MISSING" \
         "($lost_rows 'could not be queued' alerts$([ -z "$drained" ] && echo ", still being written after 36 s"))"
-    echo "        the writer sends at most 1000 rows per worker per llmgw_flush_interval (${FLUSH_INTERVAL:-1000ms}, the default unless FLUSH_INTERVAL is set)"
+    echo "        each worker writes at most one batch (NGX_LLMGW_BATCH_MAX rows, 1000 when this was written)" \
+        "per llmgw_flush_interval (${FLUSH_INTERVAL:-default 1s}); see docs/PERFORMANCE.md"
 fi
 echo "$(gw_log_summary)"
 if [ "$gw_non2xx" -ne 0 ] || [ "$gw_errors" -ne 0 ]; then

@@ -15,7 +15,8 @@
 #             one user and key, a channel to the upstream, pricing, a rate
 #             limit (so the limiter runs)
 # Then per round STREAMS concurrent streaming requests from
-# bench/lib/stream-client.mjs (one http.Agent, maxSockets STREAMS) against
+# bench/lib/stream-client.mjs (one process; per target one keep-alive
+# http.Agent with maxSockets STREAMS) against
 # direct (the upstream itself: the floor of this measurement), bare and
 # gateway; a warm-up first, ROUNDS rounds.  Prints p50/p99 of the added TTFT
 # (TTFT minus the upstream's own time to its first chunk) and of the added
@@ -29,8 +30,9 @@
 #        (1000 ms at the defaults); 50 makes it a burst of 10 starts per ms,
 #        which on 2 cores measures the queue of the burst, not the proxies
 #      OTHER_MAX (10) RETRIES (2): a round during which more than OTHER_MAX %
-#        of the CPU went to processes that are not the benchmark's or to
-#        the hypervisor (steal) is run again, at most RETRIES times, keeping the quietest attempt
+#        of the CPU went to processes that are not the benchmark's or to the
+#        hypervisor (steal) is run again, at most RETRIES times, keeping the
+#        quietest attempt
 #      MODEL (bench-stream)  BENCH_KEEP=1
 # A benchmark, not a test: it fails only if something did not run or a
 # stream stalled.
@@ -50,6 +52,14 @@ case "$STREAMS$ROUNDS$CHUNKS$INTERVAL_MS" in *[!0-9]*) die "STREAMS, ROUNDS, CHU
 [ "$ROUNDS" -ge 1 ] && [ "$ROUNDS" -le 20 ] || die "ROUNDS must be 1..20"
 [ "$CHUNKS" -ge 2 ] && [ "$CHUNKS" -le 1000 ] || die "CHUNKS must be 2..1000"
 [ "$INTERVAL_MS" -le 1000 ] || die "INTERVAL_MS above 1000"
+WARM=${WARMUP_STREAMS:-$STREAMS}
+STAGGER_MS=${STAGGER_MS:-500}
+OTHER_MAX=${OTHER_MAX:-10}
+RETRIES=${RETRIES:-2}
+case "$OTHER_MAX$RETRIES$STAGGER_MS$WARM" in *[!0-9]*) die "OTHER_MAX, RETRIES, STAGGER_MS, WARMUP_STREAMS must be whole numbers" ;; esac
+[ "$RETRIES" -le 5 ] || die "RETRIES above 5"
+[ "$WARM" -le 4000 ] || die "WARMUP_STREAMS above 4000"
+[ "$STAGGER_MS" -le 60000 ] || die "STAGGER_MS above 60000"
 # Every run of the client ends by this time (ms), finished or not.
 TIMEOUT_MS=$(( CHUNKS * INTERVAL_MS + 20000 ))
 
@@ -90,12 +100,6 @@ ledger_settled() {
 }
 LEDGER0=$(ledger_settled)
 
-WARM=${WARMUP_STREAMS:-$STREAMS}
-STAGGER_MS=${STAGGER_MS:-500}
-OTHER_MAX=${OTHER_MAX:-10}
-RETRIES=${RETRIES:-2}
-case "$OTHER_MAX$RETRIES$STAGGER_MS$WARM" in *[!0-9]*) die "OTHER_MAX, RETRIES, STAGGER_MS, WARMUP_STREAMS must be whole numbers" ;; esac
-[ "$RETRIES" -le 5 ] || die "RETRIES above 5"
 log "client: warm-up $WARM streams per target, then $ROUNDS rounds of $STREAMS streams: direct, bare, gateway"
 # Bounded: 1 + ROUNDS * (1 + RETRIES) batches per target, each at most
 # TIMEOUT_MS.

@@ -268,7 +268,10 @@ void ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle);
 void ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 
 /* ngx_llmgw_v8host.c */
-/* rc: NGX_OK with the reply body, else NGX_ERROR/NGX_ETIMEDOUT + reason */
+/*
+ * rc: NGX_OK with the reply body, else the reason and NGX_ERROR (the call
+ * failed), NGX_ETIMEDOUT, or NGX_DECLINED (the helper is not running).
+ */
 typedef void (*ngx_llmgw_v8_handler_pt)(void *data, ngx_int_t rc,
     u_char *body, size_t len);
 

@@ -441,7 +441,12 @@ ngx_llmgw_admin_v8_failed(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 {
     llmgw_verdict_t  v;
 
-    if (rc == NGX_ETIMEDOUT) {
+    if (rc == NGX_DECLINED) {
+        llmgw_verdict_set(&v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
+                          "plugin_runtime_unavailable", "the plugin runtime "
+                          "is not running; retry when it is back");
+
+    } else if (rc == NGX_ETIMEDOUT) {
         llmgw_verdict_set(&v, NGX_HTTP_GATEWAY_TIME_OUT, "gateway_error",
                           "plugin_runtime_timeout", "the plugin runtime did "
                           "not answer in time");

@@ -45,6 +45,7 @@ static void ngx_llmgw_v8_finish(ngx_llmgw_v8_call_t *call, ngx_int_t rc,
     u_char *body, size_t len);
 static void ngx_llmgw_v8_timeout(ngx_event_t *ev);
 static void ngx_llmgw_v8_posted(ngx_event_t *ev);
+static void ngx_llmgw_v8_fail_pending(const char *why);
 
 
 static ngx_llmgw_v8_conn_t    *ngx_llmgw_v8_conns;
@@ -200,7 +201,8 @@ ngx_llmgw_v8_dispatch(void)
         }
 
         if (vc->c == NULL && ngx_llmgw_v8_connect(vc) != NGX_OK) {
-            /* the helper is down: the calls wait for their deadline */
+            /* the helper is down: say so now rather than at the deadline */
+            ngx_llmgw_v8_fail_pending("the plugin runtime is not running");
             return;
         }
 
@@ -433,6 +435,25 @@ ngx_llmgw_v8_timeout(ngx_event_t *ev)
                               "the helper did not answer in time");
             return;
         }
+    }
+}
+
+
+static void
+ngx_llmgw_v8_fail_pending(const char *why)
+{
+    ngx_queue_t          *q;
+    ngx_llmgw_v8_call_t  *call;
+
+    while (!ngx_queue_empty(&ngx_llmgw_v8_pending)) {
+        q = ngx_queue_head(&ngx_llmgw_v8_pending);
+        ngx_queue_remove(q);
+
+        call = ngx_queue_data(q, ngx_llmgw_v8_call_t, queue);
+        call->queued = 0;
+
+        ngx_llmgw_v8_finish(call, NGX_DECLINED, (u_char *) why,
+                            ngx_strlen(why));
     }
 }
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Run llmgw locally: PostgreSQL + migrations + root token + nginx.
-# (`make run` builds first; this script expects the module to exist.)
+# Run llmgw locally: PostgreSQL + migrations + root token + the plugin
+# runtime helper (v8_host) + nginx.
+# (`make run` builds first; this script expects the module and the helper
+# to exist.)
 #
 # Layout under var/ (kept between runs; `make stop` stops everything):
 #   var/pg/            PostgreSQL data          var/pg-sock/   its socket
@@ -8,6 +10,13 @@
 #   var/nginx/conf/nginx.conf   rendered from conf/example.conf.in
 #   var/nginx/logs/    error.log, access.log, nginx.pid
 #   var/nginx/tmp/     temp folders (world-writable: workers run as nobody)
+#   var/v8host.sock    the helper's socket (mode 0666: nginx workers connect)
+#   var/v8host.pid     the helper supervisor's pid    var/v8host.log  its stderr
+#
+# The helper starts before nginx.  A running helper is kept, unless its
+# binary was rebuilt since it started (then it is restarted; nginx reopens
+# its connections by itself).  nginx is started, reloaded, or restarted when
+# the module was rebuilt.
 #
 # Env:
 #   PORT           gateway listen port on 127.0.0.1 (default 8080)
@@ -15,6 +24,8 @@
 #   LLMGW_VAR      var folder (default <repo>/var)
 #   LLMGW_MODULE   module .so (default <repo>/build/nginx/ngx_http_llmgw_module.so)
 #   NGINX          nginx binary (default /usr/sbin/nginx)
+#   LLMGW_V8HOST   helper binary (default <repo>/build/v8host/llmgw-v8host)
+#   V8HOST_WORKERS helper worker processes (default 2)
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -31,6 +42,11 @@ CONF=$PREFIX/conf/nginx.conf
 PIDFILE=$PREFIX/logs/nginx.pid
 TEMPLATE=$REPO/conf/example.conf.in
 CONNINFO="host=$PGSOCK port=$PGPORT dbname=llmgw user=postgres"
+HELPER=${LLMGW_V8HOST:-$REPO/build/v8host/llmgw-v8host}
+V8SOCK=$VAR/v8host.sock
+V8PID=$VAR/v8host.pid
+V8LOG=$VAR/v8host.log
+V8WORKERS=${V8HOST_WORKERS:-2}
 
 die() { echo "run: $*" >&2; exit 1; }
 
@@ -38,6 +54,10 @@ die() { echo "run: $*" >&2; exit 1; }
 MODULE=$(cd "$(dirname "$MODULE")" && pwd)/$(basename "$MODULE")
 [ -x "$NGINX" ] || die "nginx not found at $NGINX (run 'make deps')"
 [ -f "$TEMPLATE" ] || die "missing $TEMPLATE"
+[ -x "$HELPER" ] || die "plugin runtime helper not built: $HELPER (run 'make build')"
+HELPER=$(cd "$(dirname "$HELPER")" && pwd)/$(basename "$HELPER")
+# sun_path holds 107 bytes and a NUL
+[ "${#V8SOCK}" -le 107 ] || die "helper socket path too long (${#V8SOCK} > 107 bytes): $V8SOCK; set LLMGW_VAR to a shorter folder"
 
 # --- PostgreSQL ----------------------------------------------------------
 "$SCRIPT_DIR/pg.sh" start "$VAR" "$PGPORT" "$PGSOCK"
@@ -66,6 +86,67 @@ TOKEN=$(tr -d '[:space:]' <"$TOKEN_FILE")
 case "$TOKEN" in *[!A-Za-z0-9._~+/=-]*) die "$TOKEN_FILE holds unexpected characters" ;; esac
 TOKEN_SHA=$(printf '%s' "$TOKEN" | sha256sum | cut -d' ' -f1)
 psql -X -q -v ON_ERROR_STOP=1 "$CONNINFO" -Atc "select llmgw_admin_token_set('$TOKEN_SHA')" >/dev/null
+
+# --- plugin runtime helper (v8_host) ---------------------------------------
+# The supervisor writes its pid file after it listens; its workers accept on
+# that socket, so a connection made before they are up just waits.
+alive() {
+    local st
+    kill -0 "$1" 2>/dev/null || return 1
+    st=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null || true)
+    [ -n "$st" ] && [ "$st" != Z ] && [ "$st" != X ]
+}
+
+helper_pid() {   # the live supervisor named in the pid file, or nothing
+    local pid
+    [ -f "$V8PID" ] || return 0
+    pid=$(tr -dc 0-9 <"$V8PID")
+    [ -n "$pid" ] && alive "$pid" || return 0
+    case "$(readlink "/proc/$pid/exe" 2>/dev/null || true)" in
+        *llmgw-v8host*) echo "$pid" ;;
+    esac
+}
+
+helper_stale() {   # the running helper is older than its binary
+    local pid=$1
+    # a rebuilt binary replaced by the linker shows up as "(deleted)"
+    case "$(readlink "/proc/$pid/exe" 2>/dev/null || true)" in
+        *" (deleted)") return 0 ;;
+    esac
+    [ "$HELPER" -nt "$V8PID" ]
+}
+
+start_helper() {
+    local pid i
+    rm -f "$V8PID"
+    mkdir -p "$(dirname "$V8LOG")"
+    echo "--- $(date -u '+%Y-%m-%dT%H:%M:%SZ') run.sh: starting $HELPER" >>"$V8LOG"
+    # Its own session: no terminal, and `make run` returning does not end it.
+    setsid nohup "$HELPER" --socket "$V8SOCK" --workers "$V8WORKERS" \
+        --pidfile "$V8PID" </dev/null >/dev/null 2>>"$V8LOG" &
+    for i in $(seq 1 100); do
+        pid=$(helper_pid)
+        if [ -n "$pid" ] && [ -S "$V8SOCK" ]; then
+            return 0
+        fi
+        sleep 0.1
+    done
+    tail -n 20 "$V8LOG" >&2 2>/dev/null || true
+    die "the plugin runtime helper did not start (log: $V8LOG)"
+}
+
+v8pid=$(helper_pid)
+if [ -z "$v8pid" ]; then
+    echo "run: starting the plugin runtime helper"
+    start_helper
+elif helper_stale "$v8pid"; then
+    echo "run: helper rebuilt since it started: restarting it (pid $v8pid)"
+    "$SCRIPT_DIR/stop.sh" --v8host-only
+    start_helper
+else
+    echo "run: plugin runtime helper running (pid $v8pid): kept"
+fi
+v8pid=$(helper_pid)
 
 # --- nginx configuration -------------------------------------------------
 mkdir -p "$PREFIX/conf" "$PREFIX/logs" "$PREFIX/tmp"
@@ -144,11 +225,20 @@ else
 fi
 
 URL=http://127.0.0.1:$PORT
+v8pid=$(helper_pid)
+if [ -n "$v8pid" ]; then
+    v8workers=$(pgrep -P "$v8pid" 2>/dev/null | tr '\n' ' ' | sed 's/ $//' || true)
+    v8state="running (pid $v8pid, workers: ${v8workers:-starting}), socket $V8SOCK"
+else
+    v8state="NOT running (see $V8LOG): plugin uploads, dry runs and hooks answer 502/503"
+fi
 cat <<EOT
 
 llmgw is running: $URL   (master pid $(master_pid))
   config  $CONF
   logs    $PREFIX/logs/error.log  $PREFIX/logs/access.log
+  v8host  $v8state
+          log $V8LOG
   db      psql "$CONNINFO"
   token   $TOKEN_FILE
   stop    make stop

@@ -9,6 +9,8 @@
 //   LLMGW_REPO     repository root
 //   LLMGW_TEST_DIR where gateway prefix dirs go (default <repo>/var/test)
 //   LLMGW_KEEP     keep gateway dirs even when the log is clean
+//   LLMGW_V8HOST   the plugin runtime helper (default
+//                  <repo>/build/v8host/llmgw-v8host), for startGateway({v8host})
 
 import assert from 'node:assert/strict';
 import { spawn, execFile } from 'node:child_process';
@@ -27,6 +29,8 @@ export const MODULE = process.env.LLMGW_MODULE ||
 export const PG_SOCK = process.env.LLMGW_PG_SOCK || '';
 export const PG_PORT = process.env.LLMGW_PG_PORT || '5432';
 export const NGINX = process.env.LLMGW_NGINX || '/usr/sbin/nginx';
+export const V8HOST = process.env.LLMGW_V8HOST ||
+    path.join(REPO, 'build', 'v8host', 'llmgw-v8host');
 /* Where each gateway gets its prefix directory. */
 export const GW_BASE = process.env.LLMGW_TEST_DIR || path.join(REPO, 'var', 'test');
 
@@ -268,6 +272,183 @@ function childPids(ppid) {
     return out.sort((a, b) => a - b);
 }
 
+/* ------------------------------------------------------------------ */
+/* plugin runtime helper (v8_host)                                     */
+/* ------------------------------------------------------------------ */
+
+/* sun_path is 108 bytes with its NUL. */
+const SUN_PATH_MAX = 107;
+
+function processAlive(pid) {
+    try {
+        const st = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+        const m = /^State:\s*(\S)/m.exec(st);
+        return Boolean(m) && m[1] !== 'Z' && m[1] !== 'X';
+    } catch {
+        return false;
+    }
+}
+
+/*
+ * Starts llmgw-v8host on <dir>/v8host.sock (a short folder under /tmp when
+ * that path does not fit a Unix socket address), its stderr appended to
+ * <dir>/v8host.log, and waits until every worker is ready.
+ *   workers (2), deadlineMs (the helper's default 5000), heapMb (64),
+ *   extra: more command-line arguments
+ * -> {socket, dir, pid, proc, workerPids(), kill(sig), stop(), start(),
+ *     log(), status: 'running'|'stopped'}
+ * start() starts a new helper on the same socket after stop()/kill();
+ * stop() is SIGTERM, then SIGKILL to the supervisor and its workers.
+ */
+export async function startV8host({ dir, workers = 2, deadlineMs, heapMb,
+    extra = [] } = {}) {
+    assert.ok(fs.existsSync(V8HOST), `helper not built: ${V8HOST} (make build)`);
+    assert.ok(dir, 'startV8host needs {dir}');
+    let sockDir = dir;
+    let ownDir = false;
+    if (path.join(dir, 'v8host.sock').length > SUN_PATH_MAX) {
+        sockDir = fs.mkdtempSync('/tmp/llmgw-v8-');
+        ownDir = true;
+    }
+    /* nginx workers run as nobody: they must reach the socket (0666). */
+    fs.chmodSync(sockDir, 0o755);
+    const socket = path.join(sockDir, 'v8host.sock');
+    const pidfile = path.join(sockDir, 'v8host.pid');
+    const logPath = path.join(dir, 'v8host.log');
+    const args = ['--socket', socket, '--workers', String(workers),
+        '--pidfile', pidfile];
+    if (deadlineMs !== undefined) {
+        args.push('--deadline-ms', String(deadlineMs));
+    }
+    if (heapMb !== undefined) {
+        args.push('--heap-mb', String(heapMb));
+    }
+    args.push(...extra);
+
+    const readLog = () => {
+        try {
+            return fs.readFileSync(logPath, 'utf8');
+        } catch {
+            return '';
+        }
+    };
+
+    let proc = null;
+    let exited = null;
+    let exitPromise = Promise.resolve(null);
+
+    const h = {
+        socket, dir: sockDir, logPath, workers,
+        get proc() { return proc; },
+        get pid() { return proc && !exited ? proc.pid : null; },
+        get status() { return proc && !exited ? 'running' : 'stopped'; },
+        log: readLog,
+
+        /* The live worker processes (they change when one is restarted). */
+        workerPids() {
+            return proc && !exited ? childPids(proc.pid) : [];
+        },
+
+        /* Waits until `n` workers are up (after a kill of one of them). */
+        async waitWorkers(n = workers, ms = 5000) {
+            const end = Date.now() + ms;
+            while (Date.now() < end) {
+                if (h.workerPids().length >= n) {
+                    return h.workerPids();
+                }
+                await sleep(20);
+            }
+            throw new Error(`helper: ${n} workers not up in ${ms} ms\n${readLog()}`);
+        },
+
+        async start() {
+            assert.ok(!proc || exited, 'the helper is already running');
+            const before = (readLog().match(/ ready \(/g) || []).length;
+            fs.rmSync(pidfile, { force: true });
+            fs.appendFileSync(logPath, `--- harness: starting ${V8HOST} ${args.join(' ')}\n`);
+            const fd = fs.openSync(logPath, 'a');
+            exited = null;
+            const p = spawn(V8HOST, args, { stdio: ['ignore', fd, fd] });
+            fs.closeSync(fd);
+            proc = p;
+            exitPromise = new Promise((resolve) => {
+                p.on('exit', (code, signal) => {
+                    if (proc === p) {
+                        exited = { code, signal };
+                    }
+                    resolve({ code, signal });
+                });
+            });
+            const end = Date.now() + 10000;
+            for (;;) {
+                const ready = (readLog().match(/ ready \(/g) || []).length - before;
+                if (ready >= workers && fs.existsSync(pidfile)) {
+                    return h;
+                }
+                if (exited || Date.now() > end) {
+                    if (!exited) {
+                        p.kill('SIGKILL');
+                    }
+                    throw new Error(`helper did not start (${JSON.stringify(exited)}):\n` +
+                        readLog());
+                }
+                await sleep(20);
+            }
+        },
+
+        /* A signal to the supervisor (SIGKILL takes its workers too). */
+        async kill(signal = 'SIGKILL') {
+            if (!proc || exited) {
+                return exited;
+            }
+            const workersBefore = childPids(proc.pid);
+            proc.kill(signal);
+            if (signal !== 'SIGKILL' && signal !== 'SIGTERM') {
+                return null;
+            }
+            const r = await Promise.race([exitPromise, sleep(10000)]);
+            /* workers die with the supervisor (PR_SET_PDEATHSIG) */
+            const end = Date.now() + 3000;
+            while (workersBefore.some(processAlive) && Date.now() < end) {
+                await sleep(20);
+            }
+            return r;
+        },
+
+        async stop() {
+            if (!proc || exited) {
+                return exited;
+            }
+            const all = [proc.pid, ...childPids(proc.pid)];
+            proc.kill('SIGTERM');
+            /* a running call gets its deadline + 2 s */
+            const grace = (deadlineMs ?? 5000) + 3000;
+            const r = await Promise.race([exitPromise, sleep(grace)]);
+            if (!r) {
+                for (const p of all) {
+                    try {
+                        process.kill(p, 'SIGKILL');
+                    } catch {
+                        /* already gone */
+                    }
+                }
+                await Promise.race([exitPromise, sleep(2000)]);
+            }
+            return exited;
+        },
+
+        /* After the last stop(): the folder made for a long socket path. */
+        cleanup() {
+            if (ownDir) {
+                fs.rmSync(sockDir, { recursive: true, force: true });
+            }
+        },
+    };
+
+    await h.start();
+    return h;
+}
+
 export function nginxConf({ dir, port, dbConninfo, http: httpExtra = '',
     server = '', workers = 2, listen = '' }) {
     return `load_module ${MODULE};
@@ -302,9 +483,15 @@ http {
  *   conf      the whole nginx.conf (overrides everything; may use
  *             {{DIR}} and {{PORT}} placeholders)
  *   rootToken reuse a root token (several gateways on one database)
+ *   v8host    true or {workers, deadlineMs, heapMb, extra}: start a plugin
+ *             runtime helper for this gateway (socket in its folder; also
+ *             {{V8SOCK}} in conf) and add `llmgw_v8host unix:<sock>;` to
+ *             the http block.  gw.v8host is then {pid, socket,
+ *             workerPids(), kill(sig), stop(), start(), waitWorkers(n),
+ *             log()}; gw.stop() stops it after nginx.
  */
 export async function startGateway({ db, workers = 2, http: httpExtra = '',
-    server = '', listen = '', conf, rootToken } = {}) {
+    server = '', listen = '', conf, rootToken, v8host } = {}) {
     assert.ok(db && db.conninfo, 'startGateway needs {db}');
     assert.ok(fs.existsSync(MODULE), `module not built: ${MODULE}`);
 
@@ -321,16 +508,23 @@ export async function startGateway({ db, workers = 2, http: httpExtra = '',
     await psql(db.conninfo,
         `select llmgw_admin_token_set('${sha256hex(token)}')`);
 
+    let helper = null;
+    if (v8host) {
+        helper = await startV8host({ dir, ...(v8host === true ? {} : v8host) });
+        httpExtra = `llmgw_v8host unix:${helper.socket};\n  ${httpExtra}`;
+    }
+
     let lastFailure = '';
     /* A port picked by freePort() can be taken before nginx binds it. */
     for (let attempt = 0; attempt < 3; attempt++) {
         const port = await freePort();
         const text = conf
             ? conf.replaceAll('{{DIR}}', dir).replaceAll('{{PORT}}', String(port))
+                .replaceAll('{{V8SOCK}}', helper ? helper.socket : '')
             : nginxConf({ dir, port, dbConninfo: db.conninfo, http: httpExtra,
                 server, workers, listen });
         fs.writeFileSync(path.join(dir, 'nginx.conf'), text);
-        const gw = await launch({ dir, port, token, db });
+        const gw = await launch({ dir, port, token, db, helper });
         if (gw.ok) {
             return gw.gw;
         }
@@ -339,10 +533,14 @@ export async function startGateway({ db, workers = 2, http: httpExtra = '',
             break;
         }
     }
+    if (helper) {
+        await helper.stop();
+        helper.cleanup();
+    }
     throw new Error(`nginx did not start (dir ${dir}):\n${lastFailure}`);
 }
 
-async function launch({ dir, port, token, db }) {
+async function launch({ dir, port, token, db, helper = null }) {
     const stderrPath = path.join(dir, 'stderr.log');
     const errFd = fs.openSync(stderrPath, 'a');
     const proc = spawn(NGINX, ['-p', dir, '-c', path.join(dir, 'nginx.conf')], {
@@ -390,6 +588,7 @@ async function launch({ dir, port, token, db }) {
 
     const gw = {
         url, port, dir, rootToken: token, db, proc,
+        v8host: helper,
         get killed() { return killed; },
 
         async admin(method, p, body, { token: tok = token, headers = {} } = {}) {
@@ -456,28 +655,39 @@ async function launch({ dir, port, token, db }) {
             throw new Error(`reload: workers not replaced in 10 s\n${why()}`);
         },
 
+        /* nginx, then its plugin runtime helper (when it has one). */
         async stop() {
-            if (exited) {
-                return exited;
-            }
-            const workers = childPids(proc.pid).concat(workersSeen);
-            proc.kill('SIGQUIT');
-            const r = await Promise.race([exitPromise, sleep(5000)]);
-            if (!r) {
-                killed = true;
-                proc.kill('SIGKILL');
-                for (const w of workers) {
-                    try {
-                        process.kill(w, 'SIGKILL');
-                    } catch {
-                        /* already gone */
-                    }
+            try {
+                return await stopNginx();
+            } finally {
+                if (helper) {
+                    await helper.stop();
                 }
-                await Promise.race([exitPromise, sleep(2000)]);
             }
-            return exited;
         },
     };
+
+    async function stopNginx() {
+        if (exited) {
+            return exited;
+        }
+        const workers = childPids(proc.pid).concat(workersSeen);
+        proc.kill('SIGQUIT');
+        const r = await Promise.race([exitPromise, sleep(5000)]);
+        if (!r) {
+            killed = true;
+            proc.kill('SIGKILL');
+            for (const w of workers) {
+                try {
+                    process.kill(w, 'SIGKILL');
+                } catch {
+                    /* already gone */
+                }
+            }
+            await Promise.race([exitPromise, sleep(2000)]);
+        }
+        return exited;
+    }
 
     /*
      * The port answers as soon as the master listens; wait until the admin
@@ -512,7 +722,7 @@ async function launch({ dir, port, token, db }) {
         }
         await sleep(good ? 10 : 100);
     }
-    await gw.stop();
+    await stopNginx();   /* the helper stays for startGateway's next try */
     return { ok: false, why: `gateway not ready in 10 s: ${last}\n${why()}` };
 }
 
@@ -529,7 +739,12 @@ export function assertCleanLog(gw) {
     assert.deepEqual(bad, [], `error log of ${gw.dir} has alert/emerg lines`);
     assert.equal(gw.killed, false,
         `nginx in ${gw.dir} did not stop within 5 s of SIGQUIT`);
+    if (gw.v8host) {
+        assert.equal(gw.v8host.status, 'stopped',
+            `the plugin runtime helper of ${gw.dir} is still running`);
+    }
     if (!process.env.LLMGW_KEEP) {
+        gw.v8host?.cleanup();
         fs.rmSync(gw.dir, { recursive: true, force: true });
     }
 }

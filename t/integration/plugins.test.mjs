@@ -1,0 +1,515 @@
+// Task plugins through the real nginx and the real plugin runtime helper
+// (llmgw-v8host): upload and validation, versions and activation, route
+// conflicts, dry runs and the helper's limits, a helper worker killed
+// mid-call, the helper stopped and restarted, runtime status, two nodes on
+// one database, and the root-only admin API.
+//
+// Fixtures: t/integration/fixtures/plugins/ (video-task.js is the valid
+// plugin; the invalid sources are small edits of it, or files of their own).
+
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import {
+    assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel,
+    makeUserKey, sleep, startGateway, stopAll, uniq, PROPAGATION_MS,
+} from '../lib/harness.mjs';
+import { startMock } from '../lib/mock.mjs';
+
+const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)),
+    'fixtures', 'plugins');
+const fixture = (name) => fs.readFileSync(path.join(FIXTURES, name), 'utf8');
+
+/* Helper limits: short, so that the limit tests stay quick. */
+const DEADLINE_MS = 1500;
+const HEAP_MB = 32;
+/* nginx's wait for a helper answer; above the helper's deadline. */
+const NGINX_TIMEOUT_MS = 4000;
+const V8HOST = { workers: 2, deadlineMs: DEADLINE_MS, heapMb: HEAP_MB };
+const HTTP = `llmgw_v8host_timeout ${NGINX_TIMEOUT_MS}ms;`;
+
+const VIDEO = fixture('video-task.js');
+const KEY = 'itest-video';
+
+/* The valid plugin under another key, routes and version. */
+function variant(key, { version = '1.0.0', source = VIDEO } = {}) {
+    return source
+        .replace(`key: '${KEY}'`, `key: '${key}'`)
+        .replaceAll('/itest/v1/', `/${key}/v1/`)
+        .replace("const VERSION = '1.0.0';", `const VERSION = '${version}';`);
+}
+
+/* A DriverContext for buildSubmitRequest; behave: see video-task.js. */
+function driverCtx({ behave, apiKey = `sk-${hex(24)}` } = {}) {
+    return {
+        action: 'generate', model: 'itest-video-1', upstreamModel: 'itest-video-1',
+        baseUrl: 'https://upstream.example', apiKey, authHeader: `Bearer ${apiKey}`,
+        headers: {}, publicTaskId: 'task_x', upstream: { kind: 'vendor' },
+        requestBody: { kind: 'json', value: { prompt: 'a cat', ...(behave ? { behave } : {}) } },
+    };
+}
+
+const upload = (gw, body) => gw.admin('POST', '/api/plugin/task', body);
+const dryrun = (gw, body) => gw.admin('POST', '/api/plugin/task/dryrun', body);
+const status = (gw) => gw.admin('GET', '/api/plugin/task/runtime/status');
+
+function assertUploaded(r, key, version) {
+    assertOk(r, `upload ${key} ${version}`);
+    assert.equal(r.json.key, key, r.text);
+    assert.equal(r.json.version, version, r.text);
+    return r.json;
+}
+
+/* A dry run that worked: -> the hook's result. */
+function assertRan(r, what = 'dry run') {
+    assertOk(r, what);
+    assert.equal(r.json.ok, true, `${what}: ${r.text.slice(0, 500)}`);
+    return r.json.result;
+}
+
+/* A dry run whose hook failed: -> the error {kind, message}. */
+function assertHookFailed(r, kind) {
+    assertOk(r, `dry run expecting ${kind}`);
+    assert.equal(r.json.ok, false, r.text.slice(0, 500));
+    assert.equal(r.json.error?.kind, kind, r.text.slice(0, 500));
+    assert.equal(typeof r.json.error.message, 'string', r.text.slice(0, 500));
+    return r.json.error;
+}
+
+/* The node's published plugins, as seen by whichever worker answers. */
+async function nodePlugins(gw) {
+    const r = await status(gw);
+    assertOk(r, 'runtime/status');
+    return r.json.node.plugins;
+}
+
+/* CPU ticks (utime + stime) of a process, or -1. */
+function cpuTicks(pid) {
+    try {
+        const st = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+        const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+        return Number(f[11]) + Number(f[12]);
+    } catch {
+        return -1;
+    }
+}
+
+describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, () => {
+    let db, a, b, mock, client, model;
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        [a, b] = await Promise.all([
+            startGateway({ db, v8host: V8HOST, http: HTTP }),
+            startGateway({ db, v8host: V8HOST, http: HTTP }),
+        ]);
+        model = uniq('gpt-plug');
+        await makeChannel(a, { base_url: mock.url, models: [model] });
+        client = await makeUserKey(a);
+    });
+
+    after(async () => {
+        try {
+            await stopAll(a, b);
+        } finally {
+            await mock?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('the admin plugin API is root only: no token 401, a client key 403', async () => {
+        const calls = [
+            ['GET', '/api/plugin/task'],
+            ['POST', '/api/plugin/task', { source: VIDEO, enabled: true }],
+            ['POST', '/api/plugin/task/dryrun', { source: VIDEO, hook: 'buildSubmitRequest', args: [{}] }],
+            ['GET', '/api/plugin/task/runtime/status'],
+            ['GET', `/api/plugin/task/${KEY}`],
+        ];
+        for (const [method, p, body] of calls) {
+            assertError(await a.admin(method, p, body, { token: null }), 401,
+                { code: 'invalid_token' });
+            assertError(await a.admin(method, p, body, { token: client.key }), 403);
+        }
+        /* nothing was stored by the refused upload */
+        const r = await a.admin('GET', '/api/plugin/task');
+        assertOk(r);
+        assert.deepEqual(r.json.items, []);
+    });
+
+    test('a valid plugin uploads, lists and shows its normalised manifest', async () => {
+        const up = assertUploaded(await upload(a, { source: VIDEO, remark: 'first', enabled: true }),
+            KEY, '1.0.0');
+        assert.equal(up.enabled, true);
+        assert.equal(up.active_version, '1.0.0');
+
+        const list = await a.admin('GET', '/api/plugin/task');
+        assertOk(list);
+        const item = list.json.items.find((p) => p.key === KEY);
+        assert.ok(item, list.text);
+        assert.equal(item.active_version, '1.0.0');
+        assert.equal(item.enabled, true);
+        assert.equal(item.remark, 'first');
+        assert.deepEqual(item.versions.map((v) => v.version), ['1.0.0']);
+        assert.match(item.versions[0].sha, /^[0-9a-f]{64}$/);
+
+        const one = await a.admin('GET', `/api/plugin/task/${KEY}`);
+        assertOk(one);
+        const m = one.json.manifest;
+        assert.equal(m.key, KEY);
+        assert.equal(m.version, '1.0.0');
+        assert.equal(m.fetchMode, 'per_task');
+        assert.deepEqual(m.description, { en: 'Submits a video task upstream and polls it' });
+        assert.deepEqual(m.models, ['itest-video-1', 'itest-video-2']);
+        assert.deepEqual(m.routes.map((r) => `${r.method} ${r.path} ${r.type}`),
+            ['POST /itest/v1/videos submit', 'GET /itest/v1/videos/:task_id query']);
+
+        /* published: every worker of this node, and the other node */
+        for (const gw of [a, b]) {
+            await eventually(async () => {
+                const ps = await nodePlugins(gw);
+                assert.ok(ps.some((p) => p.key === KEY && p.version === '1.0.0'),
+                    JSON.stringify(ps));
+            }, { ms: PROPAGATION_MS });
+        }
+    });
+
+    test('versions: 1.1.0 uploads, activate 1.0.0, disable, delete', async () => {
+        const key = 'itest-life';
+        assertUploaded(await upload(a, { source: variant(key), enabled: true }), key, '1.0.0');
+        const up = assertUploaded(await upload(a, {
+            source: variant(key, { version: '1.1.0' }), enabled: true,
+        }), key, '1.1.0');
+        assert.equal(up.active_version, '1.1.0');
+        assert.deepEqual(up.versions.map((v) => v.version).sort(), ['1.0.0', '1.1.0']);
+
+        /* the same version with another source is refused */
+        const again = await upload(a, {
+            source: variant(key, { version: '1.1.0' }).replace('a video task', 'a clip'),
+        });
+        assertError(again, 409, { code: 'conflict', message: /1\.1\.0/ });
+
+        const act = await a.admin('POST', `/api/plugin/task/${key}/activate`, { version: '1.0.0' });
+        assertOk(act, 'activate');
+        assert.equal(act.json.active_version, '1.0.0');
+        assert.equal(act.json.manifest.version, '1.0.0');
+        await eventually(async () => {
+            const ps = await nodePlugins(a);
+            assert.ok(ps.some((p) => p.key === key && p.version === '1.0.0'), JSON.stringify(ps));
+        }, { ms: PROPAGATION_MS });
+        /* the dry run by key runs the active version */
+        await eventually(async () => {
+            const res = assertRan(await dryrun(a, {
+                key, hook: 'buildSubmitRequest', args: [driverCtx()],
+            }));
+            assert.equal(res.body.version, '1.0.0');
+        }, { ms: PROPAGATION_MS });
+
+        assertError(await a.admin('POST', `/api/plugin/task/${key}/activate`, { version: '9.9.9' }),
+            400, { message: /9\.9\.9/ });
+
+        const off = await a.admin('PATCH', `/api/plugin/task/${key}`, { enabled: false });
+        assertOk(off, 'PATCH enabled false');
+        assert.equal(off.json.enabled, false);
+        await eventually(async () => {
+            const ps = await nodePlugins(a);
+            assert.ok(!ps.some((p) => p.key === key), JSON.stringify(ps));
+            assertError(await dryrun(a, { key, hook: 'buildSubmitRequest', args: [driverCtx()] }),
+                404, { code: 'not_found' });
+        }, { ms: PROPAGATION_MS });
+
+        const del = await a.admin('DELETE', `/api/plugin/task/${key}`);
+        assertOk(del, 'DELETE');
+        assert.equal(del.json.deleted, true);
+        assertError(await a.admin('GET', `/api/plugin/task/${key}`), 404, { code: 'not_found' });
+        const list = await a.admin('GET', '/api/plugin/task');
+        assert.ok(!list.json.items.some((p) => p.key === key), list.text);
+    });
+
+    test('each class of invalid source is refused with 400 listing the errors', async () => {
+        const cases = [
+            ['a key over 30 characters', variant('itest-' + 'k'.repeat(25)), /meta\.key/],
+            ['a missing required export',
+                VIDEO.replace('export function buildQueryRequest', 'function buildQueryRequest'),
+                /needs export buildQueryRequest/],
+            ['async function',
+                VIDEO.replace('export function parseTaskResult', 'export async function parseTaskResult'),
+                /`async` functions are not allowed/],
+            ['await',
+                VIDEO.replace("const status = STATUS[", "const status = await STATUS["),
+                /`await` is not allowed/],
+            ['import', `import { x } from './other.js';\n${VIDEO}`, /`import` is not allowed \(line 1\)/],
+            ['dynamic import(',
+                VIDEO.replace('behave(ctx);\n  const body', "behave(ctx);\n  const lib = import('./lib.js');\n  const body"),
+                /dynamic `import\(\)` is not allowed/],
+            ['host_responses with stream but no renderEvents',
+                fixture('responses-stream-no-events.js'),
+                /meta\.protocols\[0\].*"stream" needs export protocols\.host_responses\.renderEvents/],
+            ['an unknown required capability',
+                VIDEO.replace("fetchMode: 'per_task',", "fetchMode: 'per_task',\n  requiredCapabilities: ['json-clone@1', 'teleport@1'],"),
+                /requiredCapabilities.*teleport@1/],
+            ['a legacy field',
+                VIDEO.replace("fetchMode: 'per_task',", "fetchMode: 'per_task',\n  endpoints: [{ path: '/x' }],"),
+                /meta\.endpoints.*legacy/],
+        ];
+        for (const [what, source, re] of cases) {
+            const r = await upload(a, { source, enabled: true });
+            const e = assertError(r, 400, { code: 'invalid_plugin' });
+            assert.match(e.message, re, `${what}: ${e.message}`);
+        }
+        /* several errors are all listed */
+        const two = await upload(a, {
+            source: variant('itest-' + 'k'.repeat(25)).replace("fetchMode: 'per_task',",
+                "fetchMode: 'per_task',\n  endpoints: [],"),
+        });
+        const e = assertError(two, 400, { code: 'invalid_plugin' });
+        assert.match(e.message, /meta\.key/);
+        assert.match(e.message, /meta\.endpoints/);
+
+        /* a source that never finishes loading is the plugin's fault */
+        const t0 = Date.now();
+        const loop = await upload(a, { source: fixture('loops-at-load.js'), enabled: true });
+        assertError(loop, 400, { code: 'invalid_plugin' });
+        assert.ok(Date.now() - t0 < DEADLINE_MS + 1500, `took ${Date.now() - t0} ms`);
+
+        /* no body source at all */
+        assertError(await upload(a, { remark: 'x' }), 400);
+
+        const list = await a.admin('GET', '/api/plugin/task');
+        assert.deepEqual(list.json.items.map((p) => p.key), [KEY]);
+        /* the helper survived all of that */
+        assertRan(await dryrun(a, { source: VIDEO, hook: 'buildSubmitRequest', args: [driverCtx()] }));
+    });
+
+    test('a second plugin on the same native route: 409, unless forced or disabled', async () => {
+        const rival = fixture('video-task-rival.js');
+        const r = await upload(a, { source: rival, enabled: true });
+        const e = assertError(r, 409, { code: 'conflict' });
+        assert.match(e.message, /POST \/itest\/v1\/videos/);
+        assert.match(e.message, new RegExp(`plugin ${KEY}\\b`));
+        assertError(await a.admin('GET', '/api/plugin/task/itest-video-rival'), 404);
+
+        const off = await upload(a, { source: rival, enabled: false });
+        assertUploaded(off, 'itest-video-rival', '1.0.0');
+        assert.equal(off.json.enabled, false);
+        /* enabling it now conflicts too */
+        assertError(await a.admin('PATCH', '/api/plugin/task/itest-video-rival', { enabled: true }),
+            409, { code: 'conflict' });
+
+        const forced = await upload(a, { source: rival, enabled: true, force: true });
+        assertUploaded(forced, 'itest-video-rival', '1.0.0');
+        assert.equal(forced.json.enabled, true);
+        assert.deepEqual(forced.json.manifest.description, { en: 'Claims the same native routes', 'zh-CN': '相同的路由' });
+
+        assertOk(await a.admin('DELETE', '/api/plugin/task/itest-video-rival'), 'DELETE rival');
+    });
+
+    test('dry run by source and by key', async () => {
+        const ctx = driverCtx();
+        const bySource = assertRan(await dryrun(a, {
+            source: VIDEO, hook: 'buildSubmitRequest', args: [ctx],
+        }), 'dry run by source');
+        assert.equal(bySource.url, 'https://upstream.example/v1/video/tasks');
+        assert.equal(bySource.method, 'POST');
+        assert.deepEqual(bySource.body, { model: 'itest-video-1', prompt: 'a cat', version: '1.0.0' });
+
+        const byKey = assertRan(await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [ctx] }));
+        assert.deepEqual(byKey, bySource);
+
+        /* other hooks, a native decoder among them */
+        const parsed = assertRan(await dryrun(a, {
+            key: KEY, hook: 'parseSubmitResponse',
+            args: [ctx, { statusCode: 200, headers: {}, body: { id: 'up-1' } }],
+        }));
+        assert.equal(parsed.taskId, 'up-1');
+        const decoded = assertRan(await dryrun(a, {
+            key: KEY, hook: 'native.decodeSubmit',
+            args: [{ method: 'POST', path: '/itest/v1/videos', params: {}, query: {},
+                body: { kind: 'json', value: { model: 'itest-video-2' } } }],
+        }));
+        assert.equal(decoded.kind, 'submit');
+        assert.equal(decoded.model, 'itest-video-2');
+
+        /* a hook the plugin does not export */
+        assertHookFailed(await dryrun(a, { key: KEY, hook: 'buildBatchQueryRequest', args: [] }), 'plugin');
+        /* no such plugin */
+        assertError(await dryrun(a, { key: 'itest-nope', hook: 'buildSubmitRequest', args: [] }), 404);
+        /* a dry run of an invalid source answers like an upload would refuse it */
+        const bad = await dryrun(a, { source: `import x from 'y';\n${VIDEO}`, hook: 'buildSubmitRequest', args: [ctx] });
+        if (bad.status === 200) {
+            assert.match(assertHookFailed(bad, 'plugin').message, /`import` is not allowed/);
+        } else {
+            assertError(bad, 400, { message: /`import` is not allowed/ });
+        }
+    });
+
+    test('a hook that throws: ok false, kind plugin, the credential redacted', async () => {
+        const secret = `sk-${hex(24)}`;
+        const err = assertHookFailed(await dryrun(a, {
+            key: KEY, hook: 'buildSubmitRequest', args: [driverCtx({ behave: 'throw', apiKey: secret })],
+        }), 'plugin');
+        assert.match(err.message, /upstream refused the key/);
+        assert.ok(!err.message.includes(secret), err.message);
+        assert.ok(!err.message.includes(secret.slice(3)), err.message);
+        assert.match(err.message, /\[redacted\]/);
+
+        /* the same through a source dry run */
+        const err2 = assertHookFailed(await dryrun(a, {
+            source: VIDEO, hook: 'buildSubmitRequest', args: [driverCtx({ behave: 'throw', apiKey: secret })],
+        }), 'plugin');
+        assert.ok(!err2.message.includes(secret.slice(3)), err2.message);
+    });
+
+    test('a runaway loop times out within the deadline; the next call works', async () => {
+        const t0 = Date.now();
+        const r = await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx({ behave: 'loop' })] });
+        const took = Date.now() - t0;
+        assertHookFailed(r, 'timeout');
+        assert.ok(took >= DEADLINE_MS - 100 && took < DEADLINE_MS + 1000, `took ${took} ms`);
+        assertRan(await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx()] }));
+    });
+
+    test('an allocation bomb hits the heap cap (kind memory); the next call works', async () => {
+        const r = await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx({ behave: 'bomb' })] });
+        assertHookFailed(r, 'memory');
+        for (let i = 0; i < 3; i++) {
+            assertRan(await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx()] }));
+        }
+        /* by source too (a fresh isolate compiles it again) */
+        assertRan(await dryrun(a, { source: VIDEO, hook: 'buildSubmitRequest', args: [driverCtx()] }));
+    });
+
+    test('runtime status: helper workers and the node generation', async () => {
+        const r = await status(a);
+        assertOk(r, 'runtime/status');
+        const { helper, node } = r.json;
+        assert.equal(helper.ok, true, r.text);
+        assert.equal(helper.workers.length, 2, r.text);
+        const pids = a.v8host.workerPids();
+        for (const w of helper.workers) {
+            for (const k of ['pid', 'calls', 'errors', 'timeouts', 'restarts']) {
+                assert.equal(typeof w[k], 'number', `${k}: ${r.text}`);
+            }
+            assert.ok(pids.includes(w.pid), `worker pid ${w.pid} not in ${pids}`);
+        }
+        /* the loop and the bomb above were counted */
+        const sum = (k) => helper.workers.reduce((n, w) => n + w[k], 0);
+        assert.ok(sum('calls') >= 3, r.text);
+        assert.ok(sum('timeouts') >= 1, r.text);
+        assert.ok(sum('errors') >= 1, r.text);
+        assert.equal(typeof node.generation, 'number', r.text);
+        assert.deepEqual(node.plugins.map((p) => [p.key, p.version]), [[KEY, '1.0.0']]);
+        assert.match(node.plugins[0].sha, /^[0-9a-f]{64}$/);
+    });
+
+    test('kill -9 of a helper worker mid-call: that call fails, the next works', async () => {
+        const before = await a.v8host.waitWorkers(2);
+        const pending = dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx({ behave: 'loop' })] });
+        /* the worker running the loop is the one burning CPU */
+        let busy;
+        for (let i = 0; i < 20 && !busy; i++) {
+            await sleep(100);
+            const t0 = before.map(cpuTicks);
+            await sleep(150);
+            const d = before.map((p, j) => cpuTicks(p) - t0[j]);
+            const j = d.indexOf(Math.max(...d));
+            if (d[j] >= 5) {
+                busy = before[j];
+            }
+        }
+        assert.ok(busy, `no helper worker of ${before} was busy`);
+        const t0 = Date.now();
+        process.kill(busy, 'SIGKILL');
+        const r = await pending;
+        assert.ok(Date.now() - t0 < DEADLINE_MS, `the killed call took ${Date.now() - t0} ms`);
+        if (r.status === 200) {
+            assertHookFailed(r, 'timeout');
+        } else if (r.status === 504) {
+            assertError(r, 504, { code: 'plugin_runtime_timeout' });
+        } else {
+            assertError(r, 502, { code: 'plugin_runtime_error' });
+        }
+
+        assertRan(await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx()] }),
+            'the call after the kill');
+        /* the supervisor replaced the worker (throttled to once a second) */
+        const now = await a.v8host.waitWorkers(2);
+        assert.ok(!now.includes(busy), `${busy} still listed in ${now}`);
+        const st = await status(a);
+        assertOk(st);
+        assert.ok(st.json.helper.workers.some((w) => w.restarts >= 1), st.text);
+        for (let i = 0; i < 4; i++) {
+            assertRan(await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx()] }));
+        }
+    });
+
+    test('helper stopped: plugin calls answer 502/503, chat still served; restarted: works', async () => {
+        assertOk(await a.chat(client.key, model), 'chat before');
+        await a.v8host.stop();
+        assert.equal(a.v8host.workerPids().length, 0);
+        try {
+            /* chat requests are served while a plugin call is outstanding */
+            const t0 = Date.now();
+            const pending = upload(a, { source: variant('itest-down'), enabled: true });
+            const chats = await Promise.all([1, 2, 3, 4].map(() => a.chat(client.key, model)));
+            chats.forEach((c) => assertOk(c, 'chat while the helper is down'));
+            assert.ok(Math.max(...chats.map((c) => c.tEnd - c.t0)) < 1000,
+                'chat answered late while the helper was down');
+            const r = await pending;
+            const took = Date.now() - t0;
+            assert.ok([502, 503].includes(r.status),
+                `upload while the helper is down: expected 502/503, got ${r.status} ` +
+                `after ${took} ms: ${r.text}`);
+            assertError(r, r.status);
+            assertError(await status(a), r.status);
+        } finally {
+            await a.v8host.start();
+        }
+        /* a new helper has no source: the gateway loads it from the database */
+        await eventually(async () => {
+            assertRan(await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx()] }),
+                'after the restart');
+        }, { ms: 2000 });
+        assertUploaded(await upload(a, { source: variant('itest-down'), enabled: true }),
+            'itest-down', '1.0.0');
+        assertOk(await a.admin('DELETE', '/api/plugin/task/itest-down'));
+        assertOk(await status(a));
+    });
+
+    test('two nodes: activated through A, published on B within 1 s; B dry-runs it from the database', async () => {
+        const key = 'itest-multi';
+        assertUploaded(await upload(a, { source: variant(key), enabled: true }), key, '1.0.0');
+        /* 1.1.0 stored but not made active (enabled false keeps 1.0.0) */
+        const up = await upload(a, { source: variant(key, { version: '1.1.0' }), enabled: false });
+        assertUploaded(up, key, '1.1.0');
+        assert.equal(up.json.active_version, '1.0.0');
+
+        const t0 = Date.now();
+        const act = await a.admin('POST', `/api/plugin/task/${key}/activate`, { version: '1.1.0' });
+        assertOk(act, 'activate through A');
+        await eventually(async () => {
+            const ps = await nodePlugins(b);
+            assert.ok(ps.some((p) => p.key === key && p.version === '1.1.0'), JSON.stringify(ps));
+        }, { since: t0, ms: PROPAGATION_MS });
+
+        /* B's helper never had this source: B reads it from the database */
+        assert.notEqual(b.v8host.socket, a.v8host.socket);
+        await eventually(async () => {
+            const res = assertRan(await dryrun(b, { key, hook: 'buildSubmitRequest', args: [driverCtx()] }),
+                'dry run by key through B');
+            assert.equal(res.body.version, '1.1.0');
+            assert.equal(res.url, 'https://upstream.example/v1/video/tasks');
+        }, { since: t0, ms: PROPAGATION_MS });
+
+        /* and disabled through B, gone from A */
+        const t1 = Date.now();
+        assertOk(await b.admin('PATCH', `/api/plugin/task/${key}`, { enabled: false }));
+        await eventually(async () => {
+            const ps = await nodePlugins(a);
+            assert.ok(!ps.some((p) => p.key === key), JSON.stringify(ps));
+        }, { since: t1, ms: PROPAGATION_MS });
+    });
+});
