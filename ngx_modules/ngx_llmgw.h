@@ -23,6 +23,7 @@ typedef struct {
     ngx_uint_t                 pg_pool_size;
     ngx_msec_t                 pg_timeout;
     ngx_msec_t                 flush_interval;
+    ngx_uint_t                 ledger_backlog;
     ngx_msec_t                 refresh_interval;
     ngx_uint_t                 key_cache_size;
     ngx_msec_t                 key_cache_ttl;
@@ -266,6 +267,7 @@ ngx_int_t ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle,
     ngx_llmgw_main_conf_t *mcf);
 void ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle);
 void ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+ngx_int_t ngx_llmgw_ledger_has_room(void);
 
 /* ngx_llmgw_v8host.c */
 /*

@@ -411,6 +411,13 @@ ngx_llmgw_reserve(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
 
+    if (ngx_llmgw_ledger_has_room() != NGX_OK) {
+        llmgw_verdict_set(v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
+                          "service_unavailable", "the ledger is behind; "
+                          "retry shortly");
+        return NGX_DECLINED;
+    }
+
     ngx_memzero(&est, sizeof(est));
 
     max = llmgw_req_max_tokens(ctx->req);

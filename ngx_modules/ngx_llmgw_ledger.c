@@ -14,6 +14,7 @@
 
 
 static void ngx_llmgw_ledger_tick(ngx_event_t *ev);
+static void ngx_llmgw_ledger_next(ngx_event_t *ev);
 static void ngx_llmgw_ledger_flush(void);
 static void ngx_llmgw_ledger_flushed(void *data, PGresult *res,
     const char *err);
@@ -21,6 +22,7 @@ static u_char *ngx_llmgw_ledger_take(size_t *len);
 
 
 static ngx_event_t             ngx_llmgw_flush_ev;
+static ngx_event_t             ngx_llmgw_flush_next;
 static ngx_msec_t              ngx_llmgw_flush_sent;
 static ngx_llmgw_main_conf_t  *ngx_llmgw_ledger_mcf;
 static ngx_log_t              *ngx_llmgw_ledger_log;
@@ -35,6 +37,9 @@ ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_flush_ev.handler = ngx_llmgw_ledger_tick;
     ngx_llmgw_flush_ev.log = cycle->log;
     ngx_llmgw_flush_ev.cancelable = 1;
+
+    ngx_llmgw_flush_next.handler = ngx_llmgw_ledger_next;
+    ngx_llmgw_flush_next.log = cycle->log;
 
     ngx_add_timer(&ngx_llmgw_flush_ev, mcf->flush_interval);
 
@@ -266,6 +271,7 @@ ngx_llmgw_ledger_done_locked(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t written)
 static void
 ngx_llmgw_ledger_flushed(void *data, PGresult *res, const char *err)
 {
+    ngx_uint_t            more;
     ngx_llmgw_shm_ctx_t  *shm;
 
     shm = ngx_llmgw_shm();
@@ -284,13 +290,54 @@ ngx_llmgw_ledger_flushed(void *data, PGresult *res, const char *err)
                                   ngx_llmgw_ledger_balance, shm);
     }
 
+    more = shm->sh->ledger_rows > 0;
+
     ngx_shmtx_unlock(&shm->shpool->mutex);
 
     if (err != NULL) {
         ngx_log_error(NGX_LOG_ERR, ngx_llmgw_ledger_log, 0,
                       "llmgw: writing the ledger failed, the rows are kept "
                       "and sent again: %s", err);
+        return;
     }
+
+    /* a backlog is written batch after batch, not one per interval */
+    if (more && !ngx_exiting && !ngx_terminate
+        && !ngx_llmgw_flush_next.posted)
+    {
+        ngx_post_event(&ngx_llmgw_flush_next, &ngx_posted_events);
+    }
+}
+
+
+static void
+ngx_llmgw_ledger_next(ngx_event_t *ev)
+{
+    ngx_llmgw_ledger_flush();
+}
+
+
+/*
+ * Whether the ledger can take more rows: when the database falls so far
+ * behind that rows would no longer fit, requests are refused rather than
+ * served without a record.
+ */
+ngx_int_t
+ngx_llmgw_ledger_has_room(void)
+{
+    ngx_uint_t            rows;
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+
+    if (shm == NULL) {
+        return NGX_OK;
+    }
+
+    rows = shm->sh->ledger_rows;
+
+    return rows < ngx_llmgw_ledger_mcf->ledger_backlog ? NGX_OK
+                                                        : NGX_DECLINED;
 }
 
 
@@ -304,6 +351,10 @@ ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle)
 
     if (ngx_llmgw_flush_ev.timer_set) {
         ngx_del_timer(&ngx_llmgw_flush_ev);
+    }
+
+    if (ngx_llmgw_flush_next.posted) {
+        ngx_delete_posted_event(&ngx_llmgw_flush_next);
     }
 
     shm = ngx_llmgw_shm();

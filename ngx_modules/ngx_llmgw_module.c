@@ -72,6 +72,13 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       offsetof(ngx_llmgw_main_conf_t, flush_interval),
       NULL },
 
+    { ngx_string("llmgw_ledger_backlog"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, ledger_backlog),
+      NULL },
+
     { ngx_string("llmgw_refresh_interval"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
@@ -334,9 +341,15 @@ ngx_llmgw_content_handler(ngx_http_request_t *r)
 }
 
 
+static u_char    ngx_llmgw_rid_prefix[6];
+static ngx_uint_t  ngx_llmgw_rid_ready;
+static uint64_t  ngx_llmgw_rid_counter;
+
+
 ngx_llmgw_ctx_t *
 ngx_llmgw_get_ctx(ngx_http_request_t *r)
 {
+    size_t               i;
     u_char               rnd[NGX_LLMGW_REQUEST_ID_LEN / 2];
     ngx_llmgw_ctx_t     *ctx;
     ngx_pool_cleanup_t  *cln;
@@ -364,9 +377,27 @@ ngx_llmgw_get_ctx(ngx_http_request_t *r)
     ctx->length = -1;
     ctx->start_msec = ngx_current_msec;
 
-    if (RAND_bytes(rnd, sizeof(rnd)) != 1) {
-        ngx_memcpy(rnd, &r->connection->number,
-                   ngx_min(sizeof(rnd), sizeof(r->connection->number)));
+    /*
+     * A random prefix per process and a counter: unique across workers
+     * and nodes, without a random draw per request.
+     */
+    if (!ngx_llmgw_rid_ready) {
+        if (RAND_bytes(ngx_llmgw_rid_prefix, sizeof(ngx_llmgw_rid_prefix))
+            != 1)
+        {
+            ngx_memcpy(ngx_llmgw_rid_prefix, &ngx_pid,
+                       ngx_min(sizeof(ngx_pid),
+                               sizeof(ngx_llmgw_rid_prefix)));
+        }
+        ngx_llmgw_rid_ready = 1;
+    }
+
+    ngx_llmgw_rid_counter++;
+
+    ngx_memcpy(rnd, ngx_llmgw_rid_prefix, sizeof(ngx_llmgw_rid_prefix));
+
+    for (i = 0; i < sizeof(rnd) - sizeof(ngx_llmgw_rid_prefix); i++) {
+        rnd[sizeof(rnd) - 1 - i] = (u_char) (ngx_llmgw_rid_counter >> (8 * i));
     }
 
     ngx_hex_dump(ctx->request_id, rnd, sizeof(rnd));
@@ -674,6 +705,7 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->pg_pool_size = NGX_CONF_UNSET_UINT;
     mcf->pg_timeout = NGX_CONF_UNSET_MSEC;
     mcf->flush_interval = NGX_CONF_UNSET_MSEC;
+    mcf->ledger_backlog = NGX_CONF_UNSET_UINT;
     mcf->refresh_interval = NGX_CONF_UNSET_MSEC;
     mcf->key_cache_size = NGX_CONF_UNSET_UINT;
     mcf->key_cache_ttl = NGX_CONF_UNSET_MSEC;
@@ -699,6 +731,7 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_uint_value(mcf->pg_pool_size, 4);
     ngx_conf_init_msec_value(mcf->pg_timeout, 5000);
     ngx_conf_init_msec_value(mcf->flush_interval, 1000);
+    ngx_conf_init_uint_value(mcf->ledger_backlog, 10000);
     ngx_conf_init_msec_value(mcf->refresh_interval, 1000);
     ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
     ngx_conf_init_msec_value(mcf->key_cache_ttl, 10000);

@@ -56,6 +56,9 @@ int64_t json_int(const json_t *obj, const char *key, int64_t dflt);
 
 double json_num(const json_t *obj, const char *key, double dflt);
 
+/* Appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD. */
+void append_json_string(std::string &out, std::string_view s);
+
 /* At most max bytes of s, never splitting a UTF-8 sequence. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 

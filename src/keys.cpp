@@ -6,6 +6,7 @@
 
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
+#include <openssl/evp.h>
 #include <openssl/sha.h>
 
 #include <cstring>
@@ -70,8 +71,15 @@ llmgw_key_hash(llmgw_str_t key, char out[65])
         return -1;
     }
 
-    SHA256(reinterpret_cast<const unsigned char *>(k.data()), k.size(),
-           digest);
+    /* fetched once: the one-shot SHA256() looks it up on every call */
+    static EVP_MD *md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+
+    if (md == nullptr
+        || EVP_Digest(k.data(), k.size(), digest, nullptr, md, nullptr) != 1)
+    {
+        return -1;
+    }
+
     hex_encode(digest, sizeof(digest), out);
 
     return 0;

@@ -2,6 +2,7 @@
  * Ledger rows as llmgw_flush() takes them.
  */
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "internal.h"
@@ -9,49 +10,98 @@
 using namespace llmgw;
 
 
+namespace {
+
+void
+field(std::string &out, const char *name)
+{
+    out += out.size() > 1 ? ",\"" : "\"";
+    out += name;
+    out += "\":";
+}
+
+void
+num(std::string &out, const char *name, int64_t v)
+{
+    char buf[24];
+
+    field(out, name);
+    out.append(buf, static_cast<size_t>(
+                   std::snprintf(buf, sizeof(buf), "%lld", (long long) v)));
+}
+
+void
+text(std::string &out, const char *name, std::string_view v)
+{
+    field(out, name);
+    append_json_string(out, v);
+}
+
+} /* namespace */
+
+
+/*
+ * Written by hand rather than through a JSON tree: one row per request is
+ * on the hot path.
+ */
 extern "C" llmgw_buf_t
 llmgw_ledger_row_json(const llmgw_ledger_row_t *row)
 {
     try {
-        Json j(json_object());
-        json_t *o = j.get();
-        json_t *tried = json_array();
+        std::string out;
+        char buf[32];
 
-        for (size_t i = 0; i < row->ntried; i++) {
-            json_array_append_new(tried, json_integer(row->tried[i]));
+        out.reserve(512);
+        out += "{";
+
+        text(out, "request_id", row->request_id);
+        text(out, "type", row->type);
+        num(out, "user_id", row->user_id);
+        num(out, "token_id", row->token_id);
+
+        if (row->channel_id) {
+            num(out, "channel_id", row->channel_id);
+        } else {
+            field(out, "channel_id");
+            out += "null";
         }
 
-        json_object_set_new(o, "request_id", json_string(row->request_id));
-        json_object_set_new(o, "type", json_string(row->type));
-        json_object_set_new(o, "user_id", json_integer(row->user_id));
-        json_object_set_new(o, "token_id", json_integer(row->token_id));
-        json_object_set_new(o, "channel_id",
-                            row->channel_id ? json_integer(row->channel_id)
-                                            : json_null());
-        json_object_set_new(o, "model_name",
-                            json_stringn(row->model.data, row->model.len));
-        json_object_set_new(o, "upstream_model",
-                            json_stringn(row->upstream_model.data,
-                                         row->upstream_model.len));
-        json_object_set_new(o, "endpoint",
-                            json_stringn(row->endpoint.data,
-                                         row->endpoint.len));
-        json_object_set_new(o, "channels_tried", tried);
-        json_object_set_new(o, "prompt_tokens",
-                            json_integer(row->usage.prompt_tokens));
-        json_object_set_new(o, "completion_tokens",
-                            json_integer(row->usage.completion_tokens));
-        json_object_set_new(o, "cache_read_tokens",
-                            json_integer(row->usage.cache_read_tokens));
-        json_object_set_new(o, "cache_creation_tokens",
-                            json_integer(row->usage.cache_creation_tokens));
-        json_object_set_new(o, "quota", json_integer(row->quota));
-        json_object_set_new(o, "is_stream", json_boolean(row->is_stream));
-        json_object_set_new(o, "status", json_integer(row->status));
-        json_object_set_new(o, "latency_ms", json_integer(row->latency_ms));
-        json_object_set_new(o, "created_at", json_real(row->created_at));
+        text(out, "model_name", sv(row->model));
+        text(out, "upstream_model", sv(row->upstream_model));
+        text(out, "endpoint", sv(row->endpoint));
 
-        return make_buf(json_dump(o));
+        field(out, "channels_tried");
+        out += "[";
+        for (size_t i = 0; i < row->ntried; i++) {
+            if (i) {
+                out += ",";
+            }
+            out.append(buf, static_cast<size_t>(std::snprintf(
+                           buf, sizeof(buf), "%lld",
+                           (long long) row->tried[i])));
+        }
+        out += "]";
+
+        num(out, "prompt_tokens", row->usage.prompt_tokens);
+        num(out, "completion_tokens", row->usage.completion_tokens);
+        num(out, "cache_read_tokens", row->usage.cache_read_tokens);
+        num(out, "cache_creation_tokens", row->usage.cache_creation_tokens);
+        num(out, "quota", row->quota);
+
+        field(out, "is_stream");
+        out += row->is_stream ? "true" : "false";
+
+        num(out, "status", row->status);
+        num(out, "latency_ms", row->latency_ms);
+
+        /* milliseconds are all the ledger keeps */
+        field(out, "created_at");
+        out.append(buf, static_cast<size_t>(std::snprintf(
+                       buf, sizeof(buf), "%.3f", row->created_at)));
+
+        out += "}";
+
+        return make_buf(out);
 
     } catch (...) {
         return llmgw_buf_t { nullptr, 0 };

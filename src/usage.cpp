@@ -4,6 +4,8 @@
  * message_delta), Gemini usageMetadata, rerank billed units.
  */
 
+#include <algorithm>
+#include <cctype>
 #include <string>
 
 #include "internal.h"
@@ -166,6 +168,38 @@ is_usage_only(const json_t *j)
            && json_is_array(choices) && json_array_size(choices) == 0;
 }
 
+/*
+ * The bytes of the string values of text-carrying members ("content",
+ * "text", "reasoning_content") in a chunk, found without parsing it: a
+ * stream is billed by them only when no usage arrives.
+ */
+size_t
+scan_text(std::string_view data)
+{
+    static const std::string_view keys[] = {
+        "\"content\":\"", "\"text\":\"", "\"reasoning_content\":\""
+    };
+
+    size_t n = 0;
+
+    for (std::string_view key : keys) {
+        for (size_t at = data.find(key); at != std::string_view::npos;
+             at = data.find(key, at + 1))
+        {
+            size_t i = at + key.size();
+
+            while (i < data.size() && data[i] != '"') {
+                i += data[i] == '\\' ? 2 : 1;
+            }
+
+            n += std::min(i, data.size()) - (at + key.size());
+        }
+    }
+
+    return n;
+}
+
+
 void
 on_event(void *arg, const llmgw_sse_event_t *ev)
 {
@@ -173,14 +207,18 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     std::string_view data = sv(ev->data);
     Json j;
 
-    if (data != "[DONE]") {
+    /* only a chunk that carries usage is worth a parse */
+    bool usage = data.find("\"usage") != std::string_view::npos;
+
+    if (usage) {
         j = json_parse(ev->data.data, ev->data.len);
     }
 
     bool drop = false;
 
+    r->text_bytes += j ? chunk_text(j.get()) : scan_text(data);
+
     if (j) {
-        r->text_bytes += chunk_text(j.get());
 
         switch (r->type) {
         case 14: {
@@ -235,10 +273,103 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     r->out.append("\n");
 }
 
+/*
+ * The top-level usage object of a JSON answer, found without parsing the
+ * whole answer: the last `"<name>": {` not inside a string (an escaped
+ * quote precedes a quoted name inside one), up to its matching brace.
+ */
+Json
+find_member_object(std::string_view body, std::string_view name)
+{
+    std::string key = "\"" + std::string(name) + "\"";
+
+    for (size_t at = body.rfind(key); at != std::string_view::npos;
+         at = at ? body.rfind(key, at - 1) : std::string_view::npos)
+    {
+        if (at > 0 && body[at - 1] == '\\') {
+            continue;
+        }
+
+        size_t i = at + key.size();
+
+        while (i < body.size() && std::isspace((unsigned char) body[i])) {
+            i++;
+        }
+
+        if (i >= body.size() || body[i] != ':') {
+            continue;
+        }
+
+        i++;
+
+        while (i < body.size() && std::isspace((unsigned char) body[i])) {
+            i++;
+        }
+
+        if (i >= body.size() || body[i] != '{') {
+            continue;
+        }
+
+        size_t start = i;
+        int depth = 0;
+        bool in_str = false;
+
+        for (; i < body.size(); i++) {
+            char c = body[i];
+
+            if (in_str) {
+                if (c == '\\') {
+                    i++;
+                } else if (c == '"') {
+                    in_str = false;
+                }
+            } else if (c == '"') {
+                in_str = true;
+            } else if (c == '{') {
+                depth++;
+            } else if (c == '}' && --depth == 0) {
+                return json_parse(body.data() + start, i - start + 1);
+            }
+        }
+
+        return Json();
+    }
+
+    return Json();
+}
+
+
+/* The usage of a JSON answer from its usage object alone, when it has one. */
+bool
+quick_usage(llmgw_resp_s &r)
+{
+    if (r.ep == LLMGW_EP_RERANK || r.hold_json) {
+        return false;
+    }
+
+    bool gemini = r.ep == LLMGW_EP_GEMINI || r.type == 24;
+    Json u = find_member_object(r.body, gemini ? "usageMetadata" : "usage");
+
+    if (!u) {
+        return false;
+    }
+
+    if (gemini) {
+        take_gemini(u.get(), r.usage);
+    } else if (r.type == 14) {
+        take_anthropic(u.get(), r.usage);
+    } else {
+        take_openai(u.get(), r.usage);
+    }
+
+    return r.usage.known;
+}
+
+
 void
 finish_json(llmgw_resp_s &r)
 {
-    if (r.overflow) {
+    if (r.overflow || quick_usage(r)) {
         return;
     }
 

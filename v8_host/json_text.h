@@ -12,12 +12,13 @@
 
 namespace llmgw {
 std::string_view utf8_prefix(std::string_view s, size_t max);
+void append_json_string(std::string &out, std::string_view s);
 }
 
 namespace v8host {
 
-/* Appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD. */
-void append_json_string(std::string &out, std::string_view s);
+/* The core's: appends s as a JSON string literal (bad UTF-8 → U+FFFD). */
+using llmgw::append_json_string;
 
 std::string json_string(std::string_view s);
 
