@@ -94,7 +94,8 @@ typedef struct {
 
     /* ledger rows not yet written (ngx_llmgw_ledger.c) */
     ngx_queue_t                ledger;
-    ngx_uint_t                 ledger_rows;
+    ngx_uint_t                 ledger_rows;     /* waiting */
+    ngx_uint_t                 ledger_held;     /* waiting or being written */
 
     ngx_llmgw_proc_t           procs[NGX_LLMGW_MAX_PROCS];
 } ngx_llmgw_shm_t;

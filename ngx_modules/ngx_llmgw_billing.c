@@ -410,6 +410,7 @@ ngx_llmgw_billing_settle(ngx_llmgw_ctx_t *ctx, int64_t quota, u_char *row,
 
         ngx_queue_insert_tail(&shm->sh->ledger, &r->queue);
         shm->sh->ledger_rows++;
+        shm->sh->ledger_held++;
 
         if (quota != 0 && h != NULL) {
             h->token->pending += quota;

@@ -256,6 +256,7 @@ ngx_llmgw_ledger_done_locked(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t written)
             ngx_llmgw_billing_written_locked(shm, row->token_id,
                                              row->user_id, row->quota);
             ngx_slab_free_locked(shm->shpool, row);
+            shm->sh->ledger_held--;
 
         } else {
             /* first in line again, in their order */
@@ -325,7 +326,7 @@ ngx_llmgw_ledger_next(ngx_event_t *ev)
 ngx_int_t
 ngx_llmgw_ledger_has_room(void)
 {
-    ngx_uint_t            rows;
+    ngx_uint_t            max;
     ngx_llmgw_shm_ctx_t  *shm;
 
     shm = ngx_llmgw_shm();
@@ -334,10 +335,11 @@ ngx_llmgw_ledger_has_room(void)
         return NGX_OK;
     }
 
-    rows = shm->sh->ledger_rows;
+    /* never more rows than half the zone holds (a row takes a 1 KB slot) */
+    max = ngx_min(ngx_llmgw_ledger_mcf->ledger_backlog,
+                  (ngx_uint_t) ngx_llmgw_ledger_mcf->shm_size / 2048);
 
-    return rows < ngx_llmgw_ledger_mcf->ledger_backlog ? NGX_OK
-                                                        : NGX_DECLINED;
+    return shm->sh->ledger_held < max ? NGX_OK : NGX_DECLINED;
 }
 
 

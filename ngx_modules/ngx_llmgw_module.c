@@ -736,7 +736,7 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
     ngx_conf_init_msec_value(mcf->key_cache_ttl, 10000);
     if (mcf->shm_size == NGX_CONF_UNSET) {
-        mcf->shm_size = 16 * 1024 * 1024;
+        mcf->shm_size = 64 * 1024 * 1024;
     }
     ngx_conf_init_uint_value(mcf->keepalive, 64);
     ngx_conf_init_msec_value(mcf->keepalive_timeout, 60000);
