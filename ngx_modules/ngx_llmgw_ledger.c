@@ -93,6 +93,15 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         row.quota = llmgw_quota(&ctx->price, ctx->group_ratio, &row.usage);
     }
 
+    /*
+     * A refusal made before any reservation, while the ledger is full (it
+     * was refused for that), leaves no row: there is no room for one and
+     * nothing was charged.
+     */
+    if (ctx->hold == NULL && ngx_llmgw_ledger_has_room() != NGX_OK) {
+        return;
+    }
+
     json = llmgw_ledger_row_json(&row);
 
     if (json.data == NULL
