@@ -144,9 +144,8 @@ unit:
 # (v8_host/fetch-libnode.sh; `make deps` runs it too).  Compiled with
 # -isystem against those headers only, never /usr/include/node (Node 20's
 # V8 11.3), and without V8_COMPRESS_POINTERS (the library is built without).
-# The core's objects are linked as objects, not as an archive, so the
-# strong llmgw_manifest_validate of src/manifest.cpp replaces the weak
-# stand-in in v8_host/manifest_stub.cpp as soon as it exists.
+# The core's objects (frame codec, manifest rules, helpers) are linked in
+# as objects.
 
 LIBNODE          := .deps/libnode
 LIBNODE_STAMP    := $(LIBNODE)/.complete

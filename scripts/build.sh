@@ -23,7 +23,7 @@
 #   LLMGW_LD_OPT     extra linker flags
 #   JOBS             parallel jobs for make; default nproc
 #   LLMGW_RECONFIGURE=1  force configure
-#   LLMGW_SKIP_V8HOST=1  do not build the plugin runtime helper
+#   LLMGW_NO_V8HOST=1  do not build the plugin runtime helper
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -96,7 +96,7 @@ done
 
 # The plugin runtime helper (`make v8host`: V8 from .deps/libnode, unpacked
 # there first when missing).
-if [ -z "${LLMGW_SKIP_V8HOST:-}" ]; then
+if [ -z "${LLMGW_NO_V8HOST:-}" ]; then
     echo "build: v8host"
     make --no-print-directory -C "$REPO" -j"$JOBS" v8host
     echo "build: helper: $REPO/build/v8host/llmgw-v8host"
