@@ -357,9 +357,19 @@ while read -r r target conc rps _; do
         END { printf "%-3s c%-4s %-10s nginx %5.1f us   helper %5.1f us\n", r, c, t,
               v["gateway"] / 100 * n * 1e6 / rps, v["v8host"] / 100 * n * 1e6 / rps }'
 done <"$RESULTS"
-echo "helper calls per worker slot (start of run -> end of run) during the dryrun and direct runs at $HIGH:"
-for target in dryrun direct; do
-    printf '  %-8s %s -> %s\n' "$target" $(cut -d' ' -f3,4 "$OUT/r1-$target-c$HIGH.v8")
+echo "helper calls per worker slot during the dryrun and direct runs at $HIGH (how the connections spread over the helper's workers):"
+for r in $(seq 1 "$ROUNDS"); do
+    for target in dryrun direct; do
+        read -r _ _ s0 s1 <"$OUT/r$r-$target-c$HIGH.v8"
+        awk -v a="$s0" -v b="$s1" -v r="$r" -v t="$target" 'BEGIN {
+            n = split(a, x, ","); split(b, y, ","); out = ""
+            for (i = 1; i <= n; i++) {
+                split(x[i], p, ":"); split(y[i], q, ":")
+                out = out sprintf("  slot %s +%d", p[1], q[2] - p[2])
+            }
+            printf "  round %s %-8s%s\n", r, t, out
+        }'
+    done
 done
 if [ "$retried" -gt 0 ]; then
     echo "runs repeated because more than $OTHER_MAX% of the CPU went to other processes or steal: $retried"

