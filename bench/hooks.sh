@@ -100,7 +100,6 @@ mkdir -p "$SOCK_DIR"
 chmod 0755 "$SOCK_DIR"   # nginx workers run as nobody
 SOCK=$SOCK_DIR/v8host.sock
 
-hc() { node "$CLIENT" "$@"; }
 helper_status() { timeout -k 2 20 node "$CLIENT" status --socket "$SOCK"; }
 
 # ------------------------------------------------------------------ start
@@ -231,7 +230,7 @@ RESULTS=$BENCH_RUN/results
 : >"$RESULTS"
 retried=0
 measure() {
-    local r=$1 target=$2 conc=$3 a name best= s0 s1 c0 dcalls derrs
+    local r=$1 target=$2 conc=$3 a name best='' s0 s1 c0 dcalls derrs
     for a in $(seq 0 "$RETRIES"); do
         name=r$r-$target-c$conc-a$a
         if [ "$a" -eq 0 ]; then
@@ -316,19 +315,18 @@ echo "(errors: socket errors, replies other than {\"ok\":true}, and the helper's
     "during the run; v8 calls: the helper's CALL count during the run; admin-404 answers 404 by design)"
 echo
 
-read -r p_rps1 p_p50_1 p_p99_1 < <(median ping 1)
-read -r a_rps1 a_p50_1 a_p99_1 < <(median admin-404 1)
-read -r h_rps1 h_p50_1 h_p99_1 < <(median dryrun 1)
-read -r d_rps1 d_p50_1 d_p99_1 < <(median direct 1)
-read -r p_rpsH p_p50_H p_p99_H < <(median ping "$HIGH")
+read -r _ p_p50_1 p_p99_1 < <(median ping 1)
+read -r _ a_p50_1 a_p99_1 < <(median admin-404 1)
+read -r _ h_p50_1 h_p99_1 < <(median dryrun 1)
+read -r _ d_p50_1 d_p99_1 < <(median direct 1)
 read -r a_rpsH a_p50_H a_p99_H < <(median admin-404 "$HIGH")
 read -r h_rpsH h_p50_H h_p99_H < <(median dryrun "$HIGH")
-read -r d_rpsH d_p50_H d_p99_H < <(median direct "$HIGH")
+read -r d_rpsH _ _ < <(median direct "$HIGH")
 
 awk -v hi="$HIGH" -v conns="$CONNS" \
     -v pp50="$p_p50_1" -v pp99="$p_p99_1" -v ap50="$a_p50_1" -v ap99="$a_p99_1" \
     -v hp50="$h_p50_1" -v hp99="$h_p99_1" -v dp50="$d_p50_1" -v dp99="$d_p99_1" \
-    -v prH="$p_rpsH" -v arH="$a_rpsH" -v hrH="$h_rpsH" -v drH="$d_rpsH" \
+    -v arH="$a_rpsH" -v hrH="$h_rpsH" -v drH="$d_rpsH" \
     -v ap50H="$a_p50_H" -v hp50H="$h_p50_H" -v ap99H="$a_p99_H" -v hp99H="$h_p99_H" 'BEGIN {
     rt50 = hp50 - ap50; rt99 = hp99 - ap99
     printf "hook round trip ≈ %d us p50, %d us p99 at concurrency 1 (dryrun - admin-404: nginx -> helper -> nginx)\n", rt50, rt99
