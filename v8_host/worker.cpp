@@ -79,7 +79,7 @@ public:
     int run();
 
 private:
-    void accept_all();
+    void accept_one();
     void read_from(Conn &c);
     bool check_header(Conn &c);
     void serve(Conn &c);
@@ -113,8 +113,13 @@ Worker::close_conn(Conn &c, const char *why)
 }
 
 void
-Worker::accept_all()
+Worker::accept_one()
 {
+    /*
+     * One connection per wake-up: the listening socket stays readable for
+     * the other workers, so connections spread over them instead of one
+     * worker taking every pending one.
+     */
     for (;;) {
         int fd = accept4(listen_fd_, nullptr, nullptr,
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -138,6 +143,7 @@ Worker::accept_all()
         c->fd = fd;
         c->id = next_id_++;
         conns_.push_back(std::move(c));
+        return;
     }
 }
 
@@ -345,7 +351,7 @@ Worker::run()
         }
 
         if (n > 0 && (pfds[0].revents & POLLIN)) {
-            accept_all();
+            accept_one();
         }
 
         /* One request per connection per round: fair between clients.
