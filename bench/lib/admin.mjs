@@ -12,7 +12,7 @@
 //
 // Every request has a timeout; the whole command has a deadline.
 
-import http from 'node:http';
+import { request as httpRequest } from './http.mjs';
 
 const URL_ = process.env.BENCH_GW_URL;
 const TOKEN = process.env.BENCH_ROOT_TOKEN;
@@ -28,36 +28,7 @@ setTimeout(() => {
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 function request(method, path, { body, token = TOKEN, timeoutMs = 10000 } = {}) {
-    return new Promise((resolve, reject) => {
-        const u = new URL(URL_ + path);
-        const payload = body === undefined ? undefined : JSON.stringify(body);
-        const headers = { Authorization: `Bearer ${token}` };
-        if (payload !== undefined) {
-            headers['Content-Type'] = 'application/json';
-            headers['Content-Length'] = Buffer.byteLength(payload);
-        }
-        const req = http.request({
-            host: u.hostname, port: u.port, path: u.pathname + u.search,
-            method, headers, agent: false, timeout: timeoutMs,
-        }, (res) => {
-            const parts = [];
-            res.on('data', (c) => parts.push(c));
-            res.on('end', () => {
-                const text = Buffer.concat(parts).toString('utf8');
-                let json;
-                try {
-                    json = JSON.parse(text);
-                } catch {
-                    json = undefined;
-                }
-                resolve({ status: res.statusCode, text, json });
-            });
-            res.on('error', reject);
-        });
-        req.on('timeout', () => req.destroy(new Error(`${method} ${path}: timeout`)));
-        req.on('error', reject);
-        req.end(payload);
-    });
+    return httpRequest(URL_, token, method, path, body, timeoutMs);
 }
 
 async function ok(method, path, body) {

@@ -58,9 +58,9 @@ export function snapshot(roots) {
     const per = {};
     for (const [label, root] of pairs) {
         per[label] = per[label] || 0;
-        const todo = procs.has(root) ? [root] : [];
-        while (todo.length) {
-            const p = todo.pop();
+        const pending = procs.has(root) ? [root] : [];
+        while (pending.length) {
+            const p = pending.pop();
             if (seen.has(p)) {
                 continue;
             }
@@ -68,7 +68,7 @@ export function snapshot(roots) {
             per[label] += procs.get(p).ticks;
             for (const k of kids.get(p) || []) {
                 if (!claimed.has(k)) {
-                    todo.push(k);
+                    pending.push(k);
                 }
             }
         }
