@@ -583,9 +583,17 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
     u->ssl_name.len = ngx_strlen(ch->host);
 #endif
 
-    ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                  "llmgw: request %s try %ui on channel %L",
-                  ctx->request_id, ctx->tried, ch->id);
+    /* a retry is worth a line; a first try is in the ledger row anyway */
+    if (ctx->tried > 1) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                      "llmgw: request %s try %ui on channel %L",
+                      ctx->request_id, ctx->tried, ch->id);
+
+    } else {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, r->connection->log, 0,
+                       "llmgw: request %s first try on channel %L",
+                       ctx->request_id, ch->id);
+    }
 
     if (ngx_llmgw_build_request(r, ctx, ch) != NGX_OK) {
         return NGX_ERROR;
