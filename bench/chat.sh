@@ -108,30 +108,6 @@ run_wrk() {
     cpu_diff "$c0" "$(cpu_snap)" >"$OUT/$1.cpu"
 }
 
-# parse_wrk <file>: "rps p50_ms p99_ms non2xx socket_errors requests"
-parse_wrk() {
-    awk '
-    function ms(v) {
-        if (v ~ /us$/) { sub(/us$/, "", v); return v / 1000 }
-        if (v ~ /ms$/) { sub(/ms$/, "", v); return v + 0 }
-        if (v ~ /m$/)  { sub(/m$/, "", v);  return v * 60000 }
-        if (v ~ /s$/)  { sub(/s$/, "", v);  return v * 1000 }
-        return v + 0
-    }
-    /Latency Distribution/ { dist = 1; next }
-    dist && $1 == "50%" { p50 = ms($2) }
-    dist && $1 == "99%" { p99 = ms($2); dist = 0 }
-    / requests in / { reqs = $1 }
-    /Socket errors:/ {
-        for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) { v = $i; sub(/,/, "", v); errs += v }
-    }
-    /Non-2xx or 3xx responses:/ { non2xx = $NF }
-    /^Requests\/sec:/ { rps = $2 }
-    END {
-        if (rps == "" || p99 == "") exit 1
-        printf "%.1f %.3f %.3f %d %d %d\n", rps, p50, p99, non2xx, errs, reqs
-    }' "$1"
-}
 
 gw_requests=0   # every gateway request wrk completed (warm-up and retries too)
 gw_non2xx=0
@@ -141,7 +117,7 @@ bare_non2xx=0
 # count_run <target> <file>: adds a run's answers to the totals.
 count_run() {
     local n e q
-    read -r _ _ _ n e q < <(parse_wrk "$2") || die "cannot parse $2"
+    read -r _ _ _ n e q < <(parse_wrk "$2" ms) || die "cannot parse $2"
     if [ "$1" = gateway ]; then
         gw_requests=$((gw_requests + q)); gw_non2xx=$((gw_non2xx + n)); gw_errors=$((gw_errors + e))
     else
@@ -212,7 +188,7 @@ for r in $(seq 1 "$ROUNDS"); do
         done
         cp "$OUT/$best.txt" "$OUT/r$r-$target.txt"
         cp "$OUT/$best.cpu" "$OUT/r$r-$target.cpu"
-        line=$(parse_wrk "$OUT/r$r-$target.txt") || die "cannot parse $OUT/r$r-$target.txt"
+        line=$(parse_wrk "$OUT/r$r-$target.txt" ms) || die "cannot parse $OUT/r$r-$target.txt"
         echo "$r $target $line $(other_of "$OUT/r$r-$target.cpu")" >>"$RESULTS"
     done
 done

@@ -175,29 +175,6 @@ check /api/plugin/task/dryrun "$BENCH_RUN/body-hook.json" 200 '"ok":true'
 # -------------------------------------------------------------- measuring
 # run_target <name> <target> <conc> <seconds>: one run; "$OUT/<name>.res"
 # holds "calls/s p50_us p99_us calls non2xx errors".
-parse_wrk() {
-    awk '
-    function us(v) {
-        if (v ~ /us$/) { sub(/us$/, "", v); return v + 0 }
-        if (v ~ /ms$/) { sub(/ms$/, "", v); return v * 1000 }
-        if (v ~ /m$/)  { sub(/m$/, "", v);  return v * 60e6 }
-        if (v ~ /s$/)  { sub(/s$/, "", v);  return v * 1e6 }
-        return v + 0
-    }
-    /Latency Distribution/ { dist = 1; next }
-    dist && $1 == "50%" { p50 = us($2) }
-    dist && $1 == "99%" { p99 = us($2); dist = 0 }
-    / requests in / { reqs = $1 }
-    /Socket errors:/ {
-        for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) { v = $i; sub(/,/, "", v); errs += v }
-    }
-    /Non-2xx or 3xx responses:/ { non2xx = $NF }
-    /^Requests\/sec:/ { rps = $2 }
-    END {
-        if (rps == "" || p99 == "") exit 1
-        printf "%.1f %.0f %.0f %d %d %d\n", rps, p50, p99, reqs, non2xx, errs
-    }' "$1"
-}
 
 run_target() {
     local name=$1 target=$2 conc=$3 secs=$4 limit threads body url
@@ -219,7 +196,9 @@ run_target() {
     BENCH_BODY_FILE=$body BENCH_ROOT_TOKEN=$ROOT_TOKEN timeout -k 5 "$limit" \
         wrk -t"$threads" -c"$conc" -d"${secs}s" --latency -s "$SCRIPT_DIR/hooks.lua" "$url" \
         >"$OUT/$name.txt" 2>&1 || { cat "$OUT/$name.txt" >&2; die "wrk failed ($name)"; }
-    parse_wrk "$OUT/$name.txt" >"$OUT/$name.res" || die "cannot parse $OUT/$name.txt"
+    parse_wrk "$OUT/$name.txt" us | awk '{ print $1, $2, $3, $6, $4, $5 }' \
+        >"$OUT/$name.res"
+    [ -s "$OUT/$name.res" ] || die "cannot parse $OUT/$name.txt"
 }
 
 # measure <round> <target> <conc>: a measured run, repeated (at most

@@ -319,3 +319,32 @@ machine_line() {
     cpu=$(sed -n 's/^model name[[:space:]]*:[[:space:]]*//p' /proc/cpuinfo | head -n 1)
     echo "$(nproc) cores ($cpu), $(uname -sr), nginx $("$NGINX" -v 2>&1 | sed 's/.*nginx\///'), node $(node --version)"
 }
+
+
+# parse_wrk <file> <ms|us>: "rps p50 p99 non2xx socket_errors requests"
+# from a `wrk --latency` report, latencies in the unit asked for.
+parse_wrk() {
+    awk -v unit="$2" '
+    function conv(v, f) {
+        if (v ~ /us$/) { sub(/us$/, "", v); f = 0.001 }
+        else if (v ~ /ms$/) { sub(/ms$/, "", v); f = 1 }
+        else if (v ~ /m$/)  { sub(/m$/, "", v);  f = 60000 }
+        else if (v ~ /s$/)  { sub(/s$/, "", v);  f = 1000 }
+        else f = 1
+        return unit == "us" ? v * f * 1000 : v * f
+    }
+    /Latency Distribution/ { dist = 1; next }
+    dist && $1 == "50%" { p50 = conv($2) }
+    dist && $1 == "99%" { p99 = conv($2); dist = 0 }
+    / requests in / { reqs = $1 }
+    /Socket errors:/ {
+        for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+,?$/) { v = $i; sub(/,/, "", v); errs += v }
+    }
+    /Non-2xx or 3xx responses:/ { non2xx = $NF }
+    /^Requests\/sec:/ { rps = $2 }
+    END {
+        if (rps == "" || p99 == "") exit 1
+        fmt = unit == "us" ? "%.1f %.0f %.0f %d %d %d\n" : "%.1f %.3f %.3f %d %d %d\n"
+        printf fmt, rps, p50, p99, non2xx, errs, reqs
+    }' "$1"
+}
