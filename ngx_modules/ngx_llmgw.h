@@ -38,6 +38,24 @@ typedef struct {
     ngx_msec_t                 v8host_timeout;
     ngx_uint_t                 v8host_max_inflight;
     size_t                     v8host_max_frame;
+
+    /* the task engine (ngx_llmgw_task.c) and its HTTP client */
+    ngx_msec_t                 task_poll_interval;
+    ngx_uint_t                 task_poll_batch;       /* due tasks per pass */
+    ngx_uint_t                 task_batch_size;       /* per batch query */
+    ngx_uint_t                 task_poll_concurrency; /* per channel */
+    ngx_uint_t                 task_poll_max_failures;
+    ngx_msec_t                 task_timeout;          /* outer deadline */
+    ngx_msec_t                 task_lease;
+    ngx_msec_t                 task_http_timeout;     /* connect, send, read */
+    ngx_msec_t                 task_sse_idle_timeout;
+    size_t                     task_max_response;
+    size_t                     task_max_file_size;
+    size_t                     task_max_files_total;
+    ngx_flag_t                 task_ssl_verify;
+    ngx_str_t                  task_ssl_trusted_certificate;
+    ngx_resolver_t            *resolver;              /* http{} level */
+    ngx_msec_t                 resolver_timeout;
 } ngx_llmgw_main_conf_t;
 
 

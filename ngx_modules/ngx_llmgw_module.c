@@ -41,6 +41,10 @@ static ngx_conf_num_bounds_t  ngx_llmgw_pool_bounds = {
     ngx_llmgw_check_bounds, 1, 64
 };
 
+static ngx_conf_num_bounds_t  ngx_llmgw_task_bounds = {
+    ngx_llmgw_check_bounds, 1, 100000
+};
+
 
 static ngx_command_t  ngx_llmgw_commands[] = {
 
@@ -154,6 +158,104 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_size_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, v8host_max_frame),
+      NULL },
+
+    { ngx_string("llmgw_task_poll_interval"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_poll_interval),
+      NULL },
+
+    { ngx_string("llmgw_task_poll_batch"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_poll_batch),
+      &ngx_llmgw_task_bounds },
+
+    { ngx_string("llmgw_task_batch_size"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_batch_size),
+      &ngx_llmgw_task_bounds },
+
+    { ngx_string("llmgw_task_poll_concurrency"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_poll_concurrency),
+      &ngx_llmgw_task_bounds },
+
+    { ngx_string("llmgw_task_poll_max_failures"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_poll_max_failures),
+      &ngx_llmgw_task_bounds },
+
+    { ngx_string("llmgw_task_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_timeout),
+      NULL },
+
+    { ngx_string("llmgw_task_lease"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_lease),
+      NULL },
+
+    { ngx_string("llmgw_task_http_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_http_timeout),
+      NULL },
+
+    { ngx_string("llmgw_task_sse_idle_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_sse_idle_timeout),
+      NULL },
+
+    { ngx_string("llmgw_task_max_response"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_max_response),
+      NULL },
+
+    { ngx_string("llmgw_task_max_file_size"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_max_file_size),
+      NULL },
+
+    { ngx_string("llmgw_task_max_files_total"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_max_files_total),
+      NULL },
+
+    { ngx_string("llmgw_task_ssl_verify"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_FLAG,
+      ngx_conf_set_flag_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_ssl_verify),
+      NULL },
+
+    { ngx_string("llmgw_task_ssl_trusted_certificate"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_ssl_trusted_certificate),
       NULL },
 
     { ngx_string("llmgw_gateway"),
@@ -677,6 +779,8 @@ static ngx_int_t
 ngx_llmgw_postconfiguration(ngx_conf_t *cf)
 {
     ngx_http_handler_pt        *h;
+    ngx_llmgw_main_conf_t      *mcf;
+    ngx_http_core_loc_conf_t   *clcf;
     ngx_http_core_main_conf_t  *cmcf;
 
     cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
@@ -687,6 +791,13 @@ ngx_llmgw_postconfiguration(ngx_conf_t *cf)
     }
 
     *h = ngx_llmgw_log_handler;
+
+    /* The task engine's HTTP client runs outside any request: it uses the
+     * resolver of the http{} block. */
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_llmgw_module);
+    mcf->resolver = clcf->resolver;
+    mcf->resolver_timeout = clcf->resolver_timeout;
 
     return ngx_llmgw_errpage_init(cf);
 }
@@ -716,6 +827,19 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->v8host_timeout = NGX_CONF_UNSET_MSEC;
     mcf->v8host_max_inflight = NGX_CONF_UNSET_UINT;
     mcf->v8host_max_frame = NGX_CONF_UNSET_SIZE;
+    mcf->task_poll_interval = NGX_CONF_UNSET_MSEC;
+    mcf->task_poll_batch = NGX_CONF_UNSET_UINT;
+    mcf->task_batch_size = NGX_CONF_UNSET_UINT;
+    mcf->task_poll_concurrency = NGX_CONF_UNSET_UINT;
+    mcf->task_poll_max_failures = NGX_CONF_UNSET_UINT;
+    mcf->task_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->task_lease = NGX_CONF_UNSET_MSEC;
+    mcf->task_http_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->task_sse_idle_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->task_max_response = NGX_CONF_UNSET_SIZE;
+    mcf->task_max_file_size = NGX_CONF_UNSET_SIZE;
+    mcf->task_max_files_total = NGX_CONF_UNSET_SIZE;
+    mcf->task_ssl_verify = NGX_CONF_UNSET;
 
     return mcf;
 }
@@ -744,6 +868,19 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_msec_value(mcf->v8host_timeout, 10000);
     ngx_conf_init_uint_value(mcf->v8host_max_inflight, 1024);
     ngx_conf_init_size_value(mcf->v8host_max_frame, LLMGW_FRAME_MAX_BODY);
+    ngx_conf_init_msec_value(mcf->task_poll_interval, 15000);
+    ngx_conf_init_uint_value(mcf->task_poll_batch, 1000);
+    ngx_conf_init_uint_value(mcf->task_batch_size, 100);
+    ngx_conf_init_uint_value(mcf->task_poll_concurrency, 8);
+    ngx_conf_init_uint_value(mcf->task_poll_max_failures, 20);
+    ngx_conf_init_msec_value(mcf->task_timeout, 24 * 3600 * 1000);
+    ngx_conf_init_msec_value(mcf->task_lease, 60000);
+    ngx_conf_init_msec_value(mcf->task_http_timeout, 60000);
+    ngx_conf_init_msec_value(mcf->task_sse_idle_timeout, 30000);
+    ngx_conf_init_size_value(mcf->task_max_response, 16 * 1024 * 1024);
+    ngx_conf_init_size_value(mcf->task_max_file_size, 64 * 1024 * 1024);
+    ngx_conf_init_size_value(mcf->task_max_files_total, 64 * 1024 * 1024);
+    ngx_conf_init_value(mcf->task_ssl_verify, 1);
 
     if (mcf->v8host_max_frame > LLMGW_FRAME_MAX_BODY) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
