@@ -22,7 +22,8 @@ namespace {
 struct Channel {
     llmgw_channel_t                               pub {};
     std::string                                   name, host, host_header;
-    std::string                                   base_path, key;
+    std::string                                   base_path, key, base_url;
+    Json                                          settings;
     std::unordered_set<std::string>               groups;
     std::unordered_map<std::string, std::string>  mapping;
 };
@@ -35,6 +36,7 @@ struct Group {
 /* A published plugin version of this generation. */
 struct Plugin {
     std::string  key, version, sha, manifest;
+    Json         parsed;
 };
 
 } /* namespace */
@@ -46,6 +48,7 @@ struct llmgw_snapshot_s {
     std::unordered_map<int64_t, const Channel *>           by_id;
     std::unordered_map<std::string, Group>                 groups;
     std::unordered_map<std::string, llmgw_price_t>         prices;
+    Json                                                   price_entries;
     llmgw_rate_limit_t                                     rl_default {};
     std::unordered_map<std::string, llmgw_rate_limit_t>    rl_groups;
     std::vector<std::string>                               admin_hashes;
@@ -159,6 +162,8 @@ parse_channel(const json_t *j, llmgw_snapshot_s &s)
 
     c.name = json_str(j, "name");
     c.key = json_str(j, "key");
+    c.base_url = json_str(j, "base_url");
+    c.settings = Json(json_incref(json_object_get(j, "settings")));
     c.pub.id = json_int(j, "id", 0);
     c.pub.type = static_cast<int>(json_int(j, "type", 0));
     c.pub.priority = json_int(j, "priority", 0);
@@ -317,7 +322,14 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
 
         s->groups.try_emplace("default", Group {});
 
+        s->price_entries = Json(json_incref(
+                               json_object_get(root.get(), "pricing")));
+
         json_object_foreach(json_object_get(root.get(), "pricing"), k, v) {
+            if (json_object_get(v, "unit_prices") != nullptr) {
+                continue;                   /* a task price (taskprice.h) */
+            }
+
             llmgw_price_t p {};
             p.known = 1;
             if (json_is_number(json_object_get(v, "price"))) {
@@ -346,6 +358,7 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
             p.version = json_str(v, "version");
             p.sha = json_str(v, "sha");
             p.manifest = json_dump(json_object_get(v, "manifest"));
+            p.parsed = Json(json_incref(json_object_get(v, "manifest")));
             s->plugins.push_back(std::move(p));
         }
 
@@ -628,3 +641,190 @@ llmgw_snapshot_plugins_json(const llmgw_snapshot_t *s)
         return llmgw_buf_t { nullptr, 0 };
     }
 }
+
+
+/* ---- what the task engine reads (internal.h) ---- */
+
+namespace llmgw {
+
+size_t
+snap_plugin_count(const llmgw_snapshot_t *s)
+{
+    return s->plugins.size();
+}
+
+
+const json_t *
+snap_plugin(const llmgw_snapshot_t *s, size_t i, SnapPluginInfo *info)
+{
+    if (i >= s->plugins.size()) {
+        return nullptr;
+    }
+
+    const Plugin &p = s->plugins[i];
+
+    if (info != nullptr) {
+        info->key = p.key;
+        info->version = p.version;
+        info->sha = p.sha.c_str();
+    }
+
+    return p.parsed.get();
+}
+
+
+long
+snap_plugin_find(const llmgw_snapshot_t *s, std::string_view key)
+{
+    for (size_t i = 0; i < s->plugins.size(); i++) {
+        if (s->plugins[i].key == key) {
+            return static_cast<long>(i);
+        }
+    }
+
+    return -1;
+}
+
+
+const llmgw_channel_t *
+snap_channel(const llmgw_snapshot_t *s, int64_t id, std::string_view *base_url,
+    const json_t **settings)
+{
+    auto it = s->by_id.find(id);
+
+    if (it == s->by_id.end()) {
+        return nullptr;
+    }
+
+    if (base_url != nullptr) {
+        *base_url = it->second->base_url;
+    }
+
+    if (settings != nullptr) {
+        *settings = it->second->settings.get();
+    }
+
+    return &it->second->pub;
+}
+
+
+namespace {
+
+bool
+json_array_has(const json_t *arr, std::string_view v)
+{
+    size_t   i;
+    json_t  *e;
+
+    json_array_foreach(arr, i, e) {
+        if (json_is_string(e) && json_string_value(e) == v) {
+            return true;
+        }
+    }
+
+    return false;
+}
+
+/* The upstream kinds a manifest allows ("new_api" is the marketplace's
+ * name for a peer gateway). */
+bool
+allows_peer(const json_t *manifest)
+{
+    const json_t *ups = json_object_get(manifest, "upstreams");
+
+    return json_array_has(ups, "peer_gateway") || json_array_has(ups, "new_api");
+}
+
+} /* namespace */
+
+
+int
+snap_channel_binds(const llmgw_snapshot_t *s, int64_t channel_id,
+    std::string_view plugin_key, const json_t *manifest)
+{
+    const json_t *settings = nullptr;
+    const llmgw_channel_t *c = snap_channel(s, channel_id, nullptr, &settings);
+
+    if (c == nullptr) {
+        return 0;
+    }
+
+    if (c->type == 61) {
+        return json_str(settings, "task_plugin_key") == plugin_key;
+    }
+
+    if (c->type == 60) {
+        return allows_peer(manifest)
+               && (json_str(settings, "task_plugin_key") == plugin_key
+                   || json_array_has(json_object_get(settings,
+                                          "task_extend_plugin_keys"),
+                                     plugin_key));
+    }
+
+    size_t   i;
+    json_t  *t;
+
+    json_array_foreach(json_object_get(manifest, "channelTypes"), i, t) {
+        if (json_is_integer(t) && json_integer_value(t) == c->type) {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+size_t
+snap_task_channels(const llmgw_snapshot_t *s, std::string_view plugin_key,
+    const json_t *manifest, std::string_view model, std::string_view group,
+    uint64_t seed, const llmgw_channel_t **out, size_t max)
+{
+    auto it = s->by_model.find(std::string(model));
+
+    if (it == s->by_model.end()) {
+        return 0;
+    }
+
+    std::string g(group);
+    std::vector<Channel *> cand;
+
+    for (Channel *c : it->second) {
+        if (c->groups.count(g) > 0
+            && snap_channel_binds(s, c->pub.id, plugin_key, manifest))
+        {
+            cand.push_back(c);
+        }
+    }
+
+    std::stable_sort(cand.begin(), cand.end(),
+                     [](const Channel *a, const Channel *b) {
+                         return a->pub.priority > b->pub.priority;
+                     });
+
+    size_t n = 0;
+
+    for (size_t i = 0; i < cand.size() && n < max; ) {
+        size_t j = i;
+        while (j < cand.size()
+               && cand[j]->pub.priority == cand[i]->pub.priority)
+        {
+            j++;
+        }
+
+        std::vector<Channel *> level(cand.begin() + static_cast<long>(i),
+                                     cand.begin() + static_cast<long>(j));
+        weighted_order(level, seed, out, n, max);
+        i = j;
+    }
+
+    return n;
+}
+
+
+const json_t *
+snap_price_entry(const llmgw_snapshot_t *s, std::string_view name)
+{
+    return json_object_getn(s->price_entries.get(), name.data(), name.size());
+}
+
+} /* namespace llmgw */

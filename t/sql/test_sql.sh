@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Exercises sql/migrate.sh and every function of sql/001_core.sql against a
-# scratch database.
+# Exercises sql/migrate.sh and every function of sql/001_core.sql and of
+# the later migrations (tasks: sql/005_tasks.sql) against a scratch database.
 #
 #   t/sql/test_sql.sh "<libpq conninfo>"
 #
@@ -399,7 +399,7 @@ expect_err "pricing price" 400 invalid_request "pricing.gpt-4o.price: must be a 
 api PUT /pricing '' '{"gpt-4o":{"ratio":1,"price":1}}'
 expect_err "pricing both" 400 invalid_request "pricing.gpt-4o: give either ratio or price, not both"
 api PUT /pricing '' '{"gpt-4o":{}}'
-expect_err "pricing neither" 400 invalid_request "pricing.gpt-4o: needs ratio (per token) or price (per call)"
+expect_err "pricing neither" 400 invalid_request "pricing.gpt-4o: needs ratio (per token), price (per call) or unit_prices (per usage unit)"
 api PUT /pricing '' '{"gpt-4o":3}'
 expect "pricing entry type" '.status == 400 and (.message | startswith("pricing.gpt-4o: must be an object"))'
 api PUT /pricing '' '{"t-new":{"ratio":1},"bad":{"ratio":-1}}'
@@ -544,7 +544,7 @@ expect_err "log token_id type" 400 invalid_request "token_id: must be an integer
 api GET /log "from=yesterday"
 expect "log from type" '.status == 400 and (.message | startswith("from: must be an integer"))'
 api GET /log "type=bogus"
-expect_err "log type value" 400 invalid_request "type: must be one of consume, refund, error, reserve"
+expect_err "log type value" 400 invalid_request "type: must be one of consume, refund, error, reserve, adjust, settle"
 api GET /log "page_size=1001"
 expect_err "log page_size cap" 400 invalid_request "page_size: must be an integer between 1 and 1000"
 api GET /log "model=%E4%BD%A0+x&page_size=5"
@@ -592,6 +592,371 @@ expect "snapshot admin_hashes" ".admin_hashes | index(\"$AH\") != null"
 psql "$CONN" -X -At -q -c "SELECT llmgw_admin_token_set('nothex')" >/dev/null 2>&1 \
     && bad "admin_token_set accepts a non-hash" || ok
 
+
+# ======================================================================
+# sql/005_tasks.sql: task billing, tasks, leases, task pricing, bindings
+# ======================================================================
+
+# q2 SQL [A [B]]: runs SQL with psql variables a and b; prints the value.
+q2() {
+    psql "$CONN" -X -At -q -v ON_ERROR_STOP=1 -v a="${2:-}" -v b="${3:-}" -f - <<<"$1"
+}
+# task_* helpers put the answer in $ANS.
+task_create() { ANS=$(q2 "SELECT llmgw_task_create(:'a'::jsonb)" "$1") || { bad "task_create failed"; ANS='{}'; }; }
+task_claim()  { ANS=$(q2 "SELECT llmgw_task_claim(:'a', $2, $3)" "$1") || { bad "task_claim failed"; ANS='{}'; }; }
+task_update() {   # OWNER ('' = NULL) UPDATES
+    ANS=$(q2 "SELECT llmgw_task_update(nullif(:'a', ''), :'b'::jsonb)" "$1" "$2") \
+        || { bad "task_update failed"; ANS='{}'; }
+}
+task_release() { ANS=$(q2 "SELECT llmgw_task_release(:'a', :'b'::jsonb)" "$1" "$2") || { bad "task_release failed"; ANS='{}'; }; }
+task_lookup()  { ANS=$(q2 "SELECT llmgw_task_lookup($1, :'a'::jsonb)" "$2") || { bad "task_lookup failed"; ANS='{}'; }; }
+# mine: the claimed task ids of this run, sorted, as a JSON array
+mine() { jq -c "[.tasks[].task_id | select(startswith(\"task_$RUN\"))] | sort" <<<"$ANS"; }
+tcol() { sql "SELECT $2 FROM tasks WHERE task_id = '$1'"; }
+nlog() { sql "SELECT count(*) || ':' || coalesce(sum(quota), 0) FROM logs WHERE request_id = '$1' AND type = '$2'"; }
+
+
+echo "== tasks: setup"
+api POST /user '' "{\"username\":\"tu_$RUN\",\"quota\":1000000}"
+TU=$(jq .body.id <<<"$ANS")
+api POST /user '' "{\"username\":\"tu2_$RUN\",\"quota\":50000}"
+TU2=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$TU,\"remain_quota\":500000}"
+TT=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$TU,\"unlimited_quota\":true}"
+TTU=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$TU2,\"remain_quota\":50000}"
+TT2=$(jq .body.id <<<"$ANS")
+[ -n "$TU" ] && [ -n "$TT" ] && [ -n "$TTU" ] && [ -n "$TT2" ] && ok || bad "task setup"
+T=task_$RUN    # every public id of this run starts with it
+PRICE='{"unit_prices":{"seconds":0.1},"multipliers":{}}'
+# base JSON of a task: task id, then extra members
+tj() {
+    jq -cn --arg id "${T}_$1" --argjson u "$TU" --argjson tok "${3:-$TT}" \
+        --argjson extra "$2" --argjson price "$PRICE" \
+        '{task_id: $id, upstream_task_id: ("up-" + $id), plugin_key: "tp",
+          plugin_version: "1.0.0", channel_id: 7, user_id: $u, token_id: $tok,
+          request_id: ("req-" + $id), action: "generate", model: "video-x",
+          upstream_model: "video-x-2", status: "SUBMITTED", progress: "0%",
+          data: {"a": 1}, state: {"s": 1}, retain_result: true,
+          usage: {"seconds": 5}, group_ratio: 1.5, price: $price,
+          poll_interval_ms: 0, timeout_ms: 3600000} + $extra'
+}
+
+
+echo "== tasks: logs.type and llmgw_flush learn adjust and settle"
+ANS=$(flush "[{\"request_id\":\"fl-$RUN\",\"type\":\"adjust\",\"user_id\":$TU,\"token_id\":$TT,\"quota\":70},
+              {\"request_id\":\"fl-$RUN\",\"type\":\"settle\",\"user_id\":$TU,\"token_id\":$TT,\"quota\":-20}]")
+expect "flush inserts adjust and settle" '.inserted == 2'
+expect_eq "adjust/settle move balances by +quota" "$(bal "$TT")" "499950 50 999950 50"
+expect "flush answers balances" ".tokens[\"$TT\"] == 499950 and .users[\"$TU\"] == 999950"
+psql "$CONN" -X -At -q -c "INSERT INTO logs (request_id, type) VALUES ('x-$RUN', 'bogus')" >/dev/null 2>&1 \
+    && bad "logs accept an unknown type" || ok
+api GET /log "token_id=$TT&type=settle"
+expect "GET /log filters settle rows" '.status == 200 and .body.total == 1 and .body.items[0].quota == -20'
+api GET /log "token_id=$TT&type=adjust"
+expect "GET /log filters adjust rows" '.status == 200 and .body.total == 1 and .body.items[0].quota == 70'
+
+
+echo "== tasks: llmgw_task_create"
+task_create "$(tj 1 '{"quota_reserve":1000,"quota_submit":1200}')"
+expect "create answers the public view" "(.task | keys) == ([\"task_id\",\"status\",\"progress\",\"fail_reason\",\"created_at\",\"updated_at\",\"finished_at\",\"data\",\"model\",\"action\",\"plugin\"] | sort) and .task.task_id == \"${T}_1\" and .task.status == \"SUBMITTED\" and .task.data == {\"a\":1} and .task.plugin == \"tp\" and .task.model == \"video-x\" and .task.action == \"generate\" and .task.finished_at == null and .task.created_at > 1600000000"
+expect "the view hides private fields" '(.task | has("upstream_task_id") or has("state") or has("quota")) | not'
+expect "create answers the balances it left" ".tokens == {\"$TT\": 498750} and .users == {\"$TU\": 998750}"
+expect_eq "reserve row" "$(nlog "${T}_1" reserve)" "1:1000"
+expect_eq "adjust row is the delta" "$(nlog "${T}_1" adjust)" "1:200"
+expect_eq "task quota is the net charge" "$(tcol "${T}_1" quota)" 1200
+expect_eq "stored fields" "$(tcol "${T}_1" "upstream_task_id || ' ' || plugin_version || ' ' || channel_id || ' ' || request_id || ' ' || upstream_model || ' ' || state::text || ' ' || usage::text || ' ' || group_ratio || ' ' || (price->'unit_prices'->>'seconds') || ' ' || retain_result || ' ' || poll_failures")" \
+    "up-${T}_1 1.0.0 7 req-${T}_1 video-x-2 {\"s\": 1} {\"seconds\": 5} 1.5 0.1 true 0"
+expect_eq "deadline from timeout_ms" "$(tcol "${T}_1" "round(extract(epoch FROM deadline - created_at))")" 3600
+expect_eq "ledger row carries the task's facts" \
+    "$(sql "SELECT user_id || ' ' || token_id || ' ' || model_name || ' ' || upstream_model || ' ' || channel_id || ' ' || channels_tried::text || ' ' || endpoint FROM logs WHERE request_id = '${T}_1' AND type = 'reserve'")" \
+    "$TU $TT video-x video-x-2 7 [7] task:tp"
+
+task_create "$(tj 1 '{"quota_reserve":99999,"quota_submit":5,"status":"FAILURE"}')"
+expect "create is idempotent on task_id" ".task.status == \"SUBMITTED\" and .tokens == {\"$TT\": 498750} and .users == {\"$TU\": 998750}"
+expect_eq "a repeated create writes no ledger row" "$(sql "SELECT count(*) FROM logs WHERE request_id = '${T}_1'")" 2
+expect_eq "a repeated create keeps the quota" "$(tcol "${T}_1" quota)" 1200
+
+task_create "$(tj 2 '{"quota_reserve":500,"final_quota":300,"status":"SUCCESS","retain_result":false,"data":{"url":"https://x/v.mp4"}}')"
+expect "immediate SUCCESS" '.task.status == "SUCCESS" and .task.data == null and (.task.finished_at | type) == "number"'
+expect_eq "immediate SUCCESS settles to final_quota" "$(nlog "${T}_2" settle)" "1:-200"
+expect_eq "immediate SUCCESS quota" "$(tcol "${T}_2" quota)" 300
+expect_eq "retain_result false: data not persisted" "$(tcol "${T}_2" "data IS NULL")" t
+
+task_create "$(tj 3 '{"quota_reserve":700,"quota_submit":800,"status":"FAILURE","fail_reason":"rejected by vendor"}')"
+expect "immediate FAILURE" '.task.status == "FAILURE" and .task.fail_reason == "rejected by vendor" and .task.data == {"a":1}'
+expect_eq "immediate FAILURE refunds all charged" "$(nlog "${T}_3" refund)" "1:800"
+expect_eq "immediate FAILURE quota" "$(tcol "${T}_3" quota)" 0
+expect_eq "immediate FAILURE refund row carries the reason" \
+    "$(sql "SELECT content FROM logs WHERE request_id = '${T}_3' AND type = 'refund'")" "rejected by vendor"
+
+task_create "$(tj 4 '{"quota_reserve":100}' "$TTU")"
+expect "unlimited token: remain untouched" ".tokens == {\"$TTU\": 0}"
+expect_eq "unlimited token: used grows" "$(sql "SELECT used_quota FROM tokens WHERE id = $TTU")" 100
+
+task_create "$(tj 5 '{"quota_reserve":1000,"quota_submit":400}')"
+expect_eq "negative adjust" "$(nlog "${T}_5" adjust)" "1:-600"
+task_create "$(tj 5b '{"quota_reserve":0,"quota_submit":0,"poll_interval_ms":60000}')"
+expect_eq "zero adjust is still a step" "$(nlog "${T}_5b" adjust)" "1:0"
+task_create "$(tj 5c '{"quota_reserve":10,"poll_interval_ms":60000}')"
+expect_eq "no quota_submit, no adjust step" "$(nlog "${T}_5c" adjust)" "0:0"
+
+task_create "$(tj x '{"quota_reserve":1}' "$TT2" | jq -c --argjson u "$TU2" '.user_id = $u')"
+TX=${T}_x    # another user's task
+psql "$CONN" -X -At -q -c "SELECT llmgw_task_create('{\"task_id\":\"${T}_bad\",\"plugin_key\":\"tp\",\"user_id\":$TU,\"status\":\"DONE\"}')" >/dev/null 2>&1 \
+    && bad "create accepts an unknown status" || ok
+psql "$CONN" -X -At -q -c "SELECT llmgw_task_create('{\"task_id\":\"${T}_bad\",\"plugin_key\":\"tp\",\"user_id\":$TU,\"quota_reserve\":-5}')" >/dev/null 2>&1 \
+    && bad "create accepts a negative quota" || ok
+expect_eq "a failed create leaves nothing" "$(sql "SELECT count(*) FROM tasks WHERE task_id = '${T}_bad'")" 0
+
+
+echo "== tasks: llmgw_task_claim"
+task_claim "A_$RUN" 1000 60000
+expect_eq "claim takes due non-terminal tasks" "$(mine)" "[\"${T}_1\",\"${T}_4\",\"${T}_5\",\"${T}_x\"]"
+expect "claimed rows are full" "[.tasks[] | select(.task_id == \"${T}_1\")][0] | .upstream_task_id == \"up-${T}_1\" and .state == {\"s\":1} and .quota == 1200 and .price.unit_prices.seconds == 0.1 and .group_ratio == 1.5 and .usage == {\"seconds\":5} and .plugin_key == \"tp\" and .plugin_version == \"1.0.0\" and .channel_id == 7 and .user_id == $TU and .token_id == $TT and .action == \"generate\" and .model == \"video-x\" and .upstream_model == \"video-x-2\" and .status == \"SUBMITTED\" and .progress == \"0%\" and .data == {\"a\":1} and .poll_failures == 0 and (.created_at | type) == \"number\" and .lease_owner == \"A_$RUN\""
+expect_eq "lease stored" "$(tcol "${T}_1" "lease_owner || ' ' || (lease_until > now() + interval '50 seconds')")" "A_$RUN true"
+task_claim "B_$RUN" 1000 60000
+expect_eq "a leased task is not claimed again" "$(mine)" "[]"
+psql "$CONN" -X -At -q -c "SELECT llmgw_task_claim('', 1, 1)" >/dev/null 2>&1 && bad "claim without an owner" || ok
+
+
+echo "== tasks: llmgw_task_update"
+task_update "B_$RUN" "[{\"task_id\":\"${T}_1\",\"status\":\"IN_PROGRESS\",\"next_poll_ms\":0}]"
+expect "another owner's update is skipped" ".applied == [] and .skipped == [\"${T}_1\"]"
+task_update "A_$RUN" "[{\"task_id\":\"${T}_1\",\"status\":\"IN_PROGRESS\",\"progress\":\"50%\",\"poll_failures\":2,\"next_poll_ms\":0}]"
+expect "the owner's update applies" ".applied == [\"${T}_1\"] and .skipped == []"
+expect_eq "absent data and state are kept, lease released" \
+    "$(tcol "${T}_1" "status || ' ' || progress || ' ' || poll_failures || ' ' || data::text || ' ' || state::text || ' ' || (lease_owner IS NULL) || ' ' || (lease_until IS NULL)")" \
+    'IN_PROGRESS 50% 2 {"a": 1} {"s": 1} true true'
+task_update "A_$RUN" "[{\"task_id\":\"${T}_1\",\"status\":\"IN_PROGRESS\"}]"
+expect "a released lease no longer lets the old owner in" ".skipped == [\"${T}_1\"]"
+task_update "" "[{\"task_id\":\"${T}_1\",\"status\":\"QUEUED\",\"state\":{\"s\":2},\"data\":null,\"upstream_task_id\":\"up2\",\"next_poll_ms\":120000}]"
+expect "a NULL owner updates any task" ".applied == [\"${T}_1\"]"
+expect_eq "state replaced, data cleared, next poll pushed" \
+    "$(tcol "${T}_1" "state::text || ' ' || (data IS NULL) || ' ' || upstream_task_id || ' ' || (next_poll_at > now() + interval '100 seconds')")" \
+    '{"s": 2} true up2 true'
+psql "$CONN" -X -At -q -c "SELECT llmgw_task_update(NULL, '[{\"task_id\":\"${T}_1\",\"status\":\"DONE\"}]')" >/dev/null 2>&1 \
+    && bad "update accepts an unknown status" || ok
+
+# Exactly once: a second session waits on the row lock, then sees SUCCESS.
+upd='[{"task_id":"'${T}_1'","status":"SUCCESS","final_quota":900,"usage":{"seconds":9},"data":{"url":"u"}}]'
+psql "$CONN" -X -At -q -v b="$upd" -f - >/tmp/llmgw_upd1.$$ 2>&1 <<'EOF' &
+BEGIN;
+SELECT llmgw_task_update(NULL, :'b'::jsonb);
+SELECT pg_sleep(0.5);
+COMMIT;
+EOF
+p1=$!
+sleep 0.2
+psql "$CONN" -X -At -q -v b="$upd" -f - >/tmp/llmgw_upd2.$$ 2>&1 <<'EOF' &
+SELECT llmgw_task_update(NULL, :'b'::jsonb);
+EOF
+p2=$!
+wait $p1; wait $p2
+a1=$(grep -c "\"applied\": \[\"${T}_1\"\]" /tmp/llmgw_upd1.$$ /tmp/llmgw_upd2.$$ | awk -F: '{s+=$2} END {print s}')
+s1=$(grep -c "\"skipped\": \[\"${T}_1\"\]" /tmp/llmgw_upd1.$$ /tmp/llmgw_upd2.$$ | awk -F: '{s+=$2} END {print s}')
+expect_eq "two concurrent SUCCESS updates: one applies" "$a1" 1
+expect_eq "two concurrent SUCCESS updates: one is skipped" "$s1" 1
+rm -f /tmp/llmgw_upd1.$$ /tmp/llmgw_upd2.$$
+task_update "" "$upd"
+expect "a repeated SUCCESS is skipped" ".applied == [] and .skipped == [\"${T}_1\"]"
+expect_eq "one settle row, the delta to final_quota" "$(nlog "${T}_1" settle)" "1:-300"
+expect_eq "settled task" "$(tcol "${T}_1" "status || ' ' || quota || ' ' || usage::text || ' ' || (finished_at IS NOT NULL) || ' ' || data::text")" \
+    'SUCCESS 900 {"seconds": 9} true {"url": "u"}'
+
+task_update "A_$RUN" "[{\"task_id\":\"${T}_5\",\"status\":\"FAILURE\",\"fail_reason\":\"vendor said no\"},{\"task_id\":\"${T}_4\",\"status\":\"SUCCESS\"},{\"task_id\":\"nope_$RUN\",\"status\":\"SUCCESS\"}]"
+expect "batch update: applied and skipped" ".applied == [\"${T}_4\",\"${T}_5\"] and .skipped == [\"nope_$RUN\"]"
+expect "update answers touched balances" ".tokens | has(\"$TT\") and has(\"$TTU\")"
+expect_eq "FAILURE refunds the net charge" "$(nlog "${T}_5" refund)" "1:400"
+expect_eq "FAILURE task" "$(tcol "${T}_5" "status || ' ' || quota || ' ' || fail_reason")" "FAILURE 0 vendor said no"
+expect_eq "SUCCESS without final_quota settles 0" "$(nlog "${T}_4" settle)" "1:0"
+expect_eq "SUCCESS without final_quota keeps the quota" "$(tcol "${T}_4" quota)" 100
+task_update "" "[{\"task_id\":\"${T}_5\",\"status\":\"SUCCESS\",\"final_quota\":5}]"
+expect "a FAILURE task cannot become SUCCESS" ".skipped == [\"${T}_5\"]"
+expect_eq "no settle after a refund" "$(nlog "${T}_5" settle)" "0:0"
+
+task_create "$(tj 7 '{"quota_reserve":50,"retain_result":false,"poll_interval_ms":60000}')"
+expect_eq "retain_result false keeps data while running" "$(tcol "${T}_7" "data::text")" '{"a": 1}'
+task_update "" "[{\"task_id\":\"${T}_7\",\"status\":\"SUCCESS\",\"data\":{\"url\":\"u\"},\"final_quota\":50}]"
+expect_eq "retain_result false drops data at the end" "$(tcol "${T}_7" "status || ' ' || (data IS NULL)")" "SUCCESS true"
+
+
+echo "== tasks: lease expiry and re-claim"
+task_create "$(tj 6 '{"quota_reserve":10}')"
+task_claim "A_$RUN" 1000 300
+expect_eq "A claims with a short lease" "$(mine)" "[\"${T}_6\"]"
+task_claim "B_$RUN" 1000 60000
+expect_eq "B cannot take it while the lease runs" "$(mine)" "[]"
+sleep 0.5
+task_claim "B_$RUN" 1000 60000
+expect_eq "B takes it after the lease expired" "$(mine)" "[\"${T}_6\"]"
+task_update "A_$RUN" "[{\"task_id\":\"${T}_6\",\"status\":\"SUCCESS\",\"final_quota\":10}]"
+expect "the dead poller's late update is skipped" ".skipped == [\"${T}_6\"]"
+task_update "B_$RUN" "[{\"task_id\":\"${T}_6\",\"status\":\"IN_PROGRESS\",\"next_poll_ms\":0}]"
+expect "the new owner's update applies" ".applied == [\"${T}_6\"]"
+
+
+echo "== tasks: llmgw_task_release"
+task_claim "A_$RUN" 1000 60000
+expect_eq "A claims again" "$(mine)" "[\"${T}_6\"]"
+task_release "B_$RUN" "[\"${T}_6\"]"
+expect "release by another owner does nothing" '.released == []'
+task_release "A_$RUN" "[\"${T}_6\",\"nope_$RUN\"]"
+expect "release gives the lease back" ".released == [\"${T}_6\"]"
+expect_eq "release changes nothing else" "$(tcol "${T}_6" "status || ' ' || (lease_owner IS NULL) || ' ' || (next_poll_at <= now())")" "IN_PROGRESS true true"
+task_claim "B_$RUN" 1000 60000
+expect_eq "a released task is claimed at once" "$(mine)" "[\"${T}_6\"]"
+
+
+echo "== tasks: deadline"
+task_create "$(tj 8 '{"quota_reserve":300,"quota_submit":350,"timeout_ms":1,"poll_interval_ms":60000}')"
+sleep 0.05
+task_claim "C_$RUN" 1000 60000
+expect "a task past its deadline is expired, not claimed" ".expired >= 1 and ([.tasks[].task_id] | index(\"${T}_8\") == null)"
+expect "expiry answers balances" ".tokens | has(\"$TT\")"
+expect_eq "expired task" "$(tcol "${T}_8" "status || ' ' || fail_reason || ' ' || quota || ' ' || (finished_at IS NOT NULL)")" "FAILURE task timed out 0 true"
+expect_eq "expiry refunds once" "$(nlog "${T}_8" refund)" "1:350"
+task_claim "C_$RUN" 1000 60000
+expect_eq "a second pass does not refund again" "$(nlog "${T}_8" refund)" "1:350"
+# leased by a poller that died: still expires
+task_create "$(tj 9 '{"quota_reserve":20}')"
+task_claim "D_$RUN" 1000 600000
+sql "UPDATE tasks SET deadline = now() - interval '1 second' WHERE task_id = '${T}_9'" >/dev/null
+task_claim "E_$RUN" 1000 60000
+expect_eq "a leased task past its deadline expires too" "$(tcol "${T}_9" "status || ' ' || (lease_owner IS NULL)")" "FAILURE true"
+task_update "D_$RUN" "[{\"task_id\":\"${T}_9\",\"status\":\"SUCCESS\"}]"
+expect "the old lease holder cannot settle it" ".skipped == [\"${T}_9\"]"
+
+
+echo "== tasks: llmgw_task_lookup"
+task_lookup "$TU" "[\"${T}_2\",\"$TX\",\"${T}_1\",\"nope_$RUN\",\"${T}_2\"]"
+expect "lookup: own tasks in the order asked, others absent" "[.tasks[].task_id] == [\"${T}_2\",\"${T}_1\"]"
+expect "lookup rows are full" ".tasks[1].upstream_task_id == \"up2\" and .tasks[1].quota == 900 and .tasks[1].status == \"SUCCESS\" and .tasks[0].data == null"
+task_lookup "$TU2" "[\"$TX\",\"${T}_1\"]"
+expect "lookup by the other user" "[.tasks[].task_id] == [\"$TX\"]"
+task_lookup "$TU" '[]'
+expect "lookup of nothing" '.tasks == []'
+
+
+echo "== tasks: the ledger balances to the unit"
+for tok in "$TT" "$TTU" "$TT2"; do
+    expect_eq "token $tok: used_quota == ledger sum" \
+        "$(sql "SELECT used_quota FROM tokens WHERE id = $tok")" \
+        "$(sql "SELECT coalesce(sum(CASE type WHEN 'refund' THEN -quota WHEN 'error' THEN 0 ELSE quota END), 0) FROM logs WHERE token_id = $tok")"
+done
+expect_eq "limited token: remain + used == initial" "$(sql "SELECT remain_quota + used_quota FROM tokens WHERE id = $TT")" 500000
+expect_eq "user: used_quota == its tokens' ledger" \
+    "$(sql "SELECT used_quota FROM users WHERE id = $TU")" \
+    "$(sql "SELECT sum(CASE type WHEN 'refund' THEN -quota WHEN 'error' THEN 0 ELSE quota END) FROM logs WHERE user_id = $TU")"
+expect_eq "user: quota + used == initial" "$(sql "SELECT quota + used_quota FROM users WHERE id = $TU")" 1000000
+# the run's task charges: 1:900 2:300 3:0 4:100 5:0 5b:0 5c:10 6:10 7:50 8:0 9:0 and fl: +50
+expect_eq "token used is the sum of the settled charges" "$(sql "SELECT used_quota FROM tokens WHERE id = $TT")" $((900 + 300 + 10 + 10 + 50 + 50))
+expect_eq "task quotas equal their ledger" \
+    "$(sql "SELECT count(*) FROM tasks t WHERE task_id LIKE '${T}_%' AND quota <> (SELECT coalesce(sum(CASE type WHEN 'refund' THEN -quota ELSE quota END), 0) FROM logs l WHERE l.request_id = t.task_id)")" 0
+
+
+echo "== tasks: /pricing"
+api PUT /pricing '' '{"tp::video-x":{"unit_prices":{"seconds":0.1,"frames":0},"multipliers":{"resolution":{"720p":1,"1080p":1.5},"audio":{"true":2}}},"video-y":{"unit_prices":{"seconds":0.05},"multipliers":null}}'
+expect "task pricing stored in normal form" '.status == 200 and .body["tp::video-x"] == {"unit_prices":{"seconds":0.1,"frames":0},"multipliers":{"resolution":{"720p":1,"1080p":1.5},"audio":{"true":2}}} and .body["video-y"] == {"unit_prices":{"seconds":0.05},"multipliers":{}}'
+api PUT /pricing '' '{"tp::video-z":{"price":0.3}}'
+expect "per-call price under a plugin key" '.status == 200 and .body["tp::video-z"] == {"price":0.3}'
+api PUT /pricing '' '{"v":{"unit_prices":{}}}'
+expect_err "unit_prices empty" 400 invalid_request "pricing.v.unit_prices: must be a non-empty object of usage field to USD per unit"
+api PUT /pricing '' '{"v":{"unit_prices":[0.1]}}'
+expect_err "unit_prices type" 400 invalid_request "pricing.v.unit_prices: must be a non-empty object of usage field to USD per unit"
+api PUT /pricing '' '{"v":{"unit_prices":{"seconds":-0.1}}}'
+expect_err "unit price negative" 400 invalid_request "pricing.v.unit_prices.seconds: must be a number >= 0"
+api PUT /pricing '' '{"v":{"unit_prices":{"seconds":"1"}}}'
+expect_err "unit price type" 400 invalid_request "pricing.v.unit_prices.seconds: must be a number >= 0"
+api PUT /pricing '' '{"v":{"unit_prices":{"seconds":1},"multipliers":{"resolution":{"720p":-1}}}}'
+expect_err "multiplier negative" 400 invalid_request "pricing.v.multipliers.resolution.720p: must be a number >= 0"
+api PUT /pricing '' '{"v":{"unit_prices":{"seconds":1},"multipliers":{"resolution":2}}}'
+expect_err "multiplier field type" 400 invalid_request "pricing.v.multipliers.resolution: must be a non-empty object of value to factor"
+api PUT /pricing '' '{"v":{"unit_prices":{"seconds":1},"multipliers":[1]}}'
+expect_err "multipliers type" 400 invalid_request "pricing.v.multipliers: must be an object of usage field to {value: factor}"
+api PUT /pricing '' '{"v":{"price":1,"multipliers":{"a":{"b":1}}}}'
+expect_err "multipliers without unit_prices" 400 invalid_request "pricing.v.multipliers: only allowed with unit_prices"
+api PUT /pricing '' '{"v":{"price":1,"unit_prices":{"seconds":1}}}'
+expect_err "unit_prices with price" 400 invalid_request "pricing.v: give only one of ratio, price or unit_prices"
+api PUT /pricing '' '{"::v":{"price":1}}'
+expect_err "plugin part empty" 400 invalid_request "pricing.::v: a task price key is <pluginKey>::<model>, both non-empty"
+api PUT /pricing '' '{"tp::":{"price":1}}'
+expect_err "model part empty" 400 invalid_request "pricing.tp::: a task price key is <pluginKey>::<model>, both non-empty"
+api PUT /pricing '' '{"t-gpt":{"ratio":3}}'
+expect "token pricing still works" '.status == 200 and .body["t-gpt"] == {"ratio":3,"completion_ratio":1,"cache_ratio":1,"cache_creation_ratio":1}'
+ANS=$(sql "SELECT llmgw_snapshot()")
+expect "snapshot carries task pricing" '.pricing["tp::video-x"].unit_prices.seconds == 0.1'
+api PUT /pricing '' '{"tp::video-x":null,"video-y":null,"tp::video-z":null}'
+expect "task prices can be removed" '.status == 200 and (.body | has("tp::video-x") or has("video-y") | not)'
+
+
+echo "== tasks: channel bindings"
+PV=tv_$RUN; PP=tpeer_$RUN; PN=tnew_$RUN
+sql "INSERT INTO task_plugins (key, active_version) VALUES ('$PV', '1.0.0'), ('$PP', '2.0.0'), ('$PN', '1.0.0');
+     INSERT INTO task_plugin_versions (key, version, sha, source, manifest) VALUES
+       ('$PV', '1.0.0', 'sha-$PV', 'x', '{\"key\":\"$PV\",\"baseUrl\":\"https://vendor.example.com/api\",\"upstreams\":[\"vendor\"]}'),
+       ('$PP', '1.0.0', 'sha-$PP-1', 'x', '{\"key\":\"$PP\",\"upstreams\":[\"vendor\"]}'),
+       ('$PP', '2.0.0', 'sha-$PP-2', 'x', '{\"key\":\"$PP\",\"upstreams\":[\"vendor\",\"peer_gateway\"]}'),
+       ('$PN', '1.0.0', 'sha-$PN', 'x', '{\"key\":\"$PN\",\"baseUrl\":\"\",\"upstreams\":[\"new_api\"]}')" >/dev/null
+api POST /channel '' '{"type":61,"base_url":"https://v.example.com","models":["video-x"]}'
+expect_err "type 61 without a plugin" 400 invalid_request "channel type 61 needs settings.task_plugin_key"
+api POST /channel '' '{"type":61,"base_url":"https://v.example.com","models":["video-x"],"settings":{"task_plugin_key":""}}'
+expect_err "type 61 with an empty plugin key" 400 invalid_request "channel type 61 needs settings.task_plugin_key"
+api POST /channel '' '{"type":61,"base_url":"https://v.example.com","models":["video-x"],"settings":{"task_plugin_key":5}}'
+expect_err "type 61 plugin key type" 400 invalid_request "settings.task_plugin_key: must be a non-empty string"
+api POST /channel '' "{\"type\":61,\"base_url\":\"https://v.example.com\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"nope_$RUN\"}}"
+expect_err "type 61 with an unknown plugin" 400 invalid_request "task plugin nope_$RUN is not installed"
+api POST /channel '' "{\"type\":61,\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PV\"}}"
+expect "type 61 without base_url takes the plugin's baseUrl" ".status == 200 and .body.base_url == \"https://vendor.example.com/api\" and .body.settings.task_plugin_key == \"$PV\""
+C61=$(jq .body.id <<<"$ANS")
+api POST /channel '' "{\"type\":61,\"base_url\":\"\",\"models\":[\"video-x\"],\"settings\":\"{\\\"task_plugin_key\\\":\\\"$PV\\\"}\"}"
+expect "type 61 with an empty base_url (settings as a string)" '.status == 200 and .body.base_url == "https://vendor.example.com/api"'
+api POST /channel '' "{\"type\":61,\"base_url\":\"https://own.example.com/v2/\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PV\"}}"
+expect "type 61 keeps its own base_url" '.status == 200 and .body.base_url == "https://own.example.com/v2"'
+api POST /channel '' "{\"type\":61,\"base_url\":\"\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PN\"}}"
+expect_err "type 61: no base_url anywhere" 400 invalid_request "base_url: plugin $PN has no baseUrl, so the channel needs one"
+api POST /channel '' "{\"type\":61,\"base_url\":\"ftp://x\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PV\"}}"
+expect "type 61: a given base_url is still validated" '.status == 400 and (.message | startswith("base_url: must be"))'
+
+api POST /channel '' "{\"type\":60,\"base_url\":\"https://peer.example.com\",\"models\":[\"video-x\"]}"
+expect_err "type 60 without a plugin" 400 invalid_request "channel type 60 needs settings.task_plugin_key"
+api POST /channel '' "{\"type\":60,\"base_url\":\"https://peer.example.com\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PV\"}}"
+expect_err "type 60 with a vendor-only plugin" 400 invalid_request "plugin $PV does not allow peer gateway channels (meta.upstreams)"
+api POST /channel '' "{\"type\":60,\"base_url\":\"https://peer.example.com\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PP\",\"task_extend_plugin_keys\":[\"$PN\"]}}"
+expect "type 60 binds peer plugins (active version; new_api alias)" ".status == 200 and .body.settings.task_extend_plugin_keys == [\"$PN\"]"
+C60=$(jq .body.id <<<"$ANS")
+api POST /channel '' "{\"type\":60,\"base_url\":\"https://peer.example.com\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PP\",\"task_extend_plugin_keys\":[\"$PN\",\"$PV\"]}}"
+expect_err "type 60 with a vendor-only extension" 400 invalid_request "plugin $PV does not allow peer gateway channels (meta.upstreams)"
+api POST /channel '' "{\"type\":60,\"base_url\":\"https://peer.example.com\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PP\",\"task_extend_plugin_keys\":[\"nope_$RUN\"]}}"
+expect_err "type 60 with an unknown extension" 400 invalid_request "task plugin nope_$RUN is not installed"
+api POST /channel '' "{\"type\":60,\"base_url\":\"https://peer.example.com\",\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PP\",\"task_extend_plugin_keys\":\"$PN\"}}"
+expect_err "type 60 extensions type" 400 invalid_request "settings.task_extend_plugin_keys: must be an array of plugin keys"
+api POST /channel '' "{\"type\":60,\"models\":[\"video-x\"],\"settings\":{\"task_plugin_key\":\"$PP\"}}"
+expect_err "type 60 still needs a base_url" 400 invalid_request "base_url: is required"
+api POST /channel '' "{\"type\":1,\"base_url\":\"https://api.example.com\",\"models\":[\"m\"],\"settings\":{\"task_plugin_key\":\"nope\"}}"
+expect "other types are not bound" '.status == 200'
+CT1=$(jq .body.id <<<"$ANS")
+
+api PATCH "/channel/$C61" '' "{\"settings\":{\"task_plugin_key\":\"nope_$RUN\"}}"
+expect_err "PATCH to an unknown plugin" 400 invalid_request "task plugin nope_$RUN is not installed"
+api PATCH "/channel/$C61" '' '{"base_url":"https://other.example.com"}'
+expect "PATCH base_url of a type 61 channel" '.status == 200 and .body.base_url == "https://other.example.com"'
+api PATCH "/channel/$C61" '' '{"base_url":""}'
+expect "PATCH an empty base_url refills it" '.status == 200 and .body.base_url == "https://vendor.example.com/api"'
+api PATCH "/channel/$CT1" '' '{"type":61,"settings":{}}'
+expect_err "PATCH to type 61 without a plugin" 400 invalid_request "channel type 61 needs settings.task_plugin_key"
+api PATCH "/channel/$CT1" '' '{"type":60}'
+expect_err "PATCH to type 60 with settings naming no plugin" 400 invalid_request "task plugin nope is not installed"
+api PATCH "/channel/$C60" '' "{\"settings\":{\"task_plugin_key\":\"$PV\"}}"
+expect_err "PATCH a type 60 channel to a vendor-only plugin" 400 invalid_request "plugin $PV does not allow peer gateway channels (meta.upstreams)"
+sql "DELETE FROM task_plugins WHERE key = '$PV'" >/dev/null
+api PATCH "/channel/$C61" '' '{"status":"disabled","name":"orphan"}'
+expect "a channel whose plugin is gone can still be disabled" '.status == 200 and .body.status == "disabled"'
+api PATCH "/channel/$C61" '' '{"base_url":""}'
+expect_err "but not refilled" 400 invalid_request "task plugin $PV is not installed"
+api PATCH /channel/999999999 '' '{"type":61}'
+expect_err "PATCH of an unknown channel" 404 not_found "channel 999999999 not found"
 
 echo
 echo "test_sql: $PASS passed, $FAIL failed"
