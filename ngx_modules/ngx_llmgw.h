@@ -12,6 +12,7 @@
 #include <libpq-fe.h>
 
 #include "llmgw.h"
+#include "task.h"
 
 
 #define NGX_LLMGW_MAX_TRIES       10
@@ -131,6 +132,8 @@ struct ngx_llmgw_ctx_s {
     u_char                     request_id[NGX_LLMGW_REQUEST_ID_LEN + 1];
 
     llmgw_endpoint_t           endpoint;
+    llmgw_troute_t             troute;       /* a task route */
+    void                      *task;         /* its runner */
     llmgw_token_t             *token;
     llmgw_req_t               *req;
     llmgw_snapshot_t          *snapshot;     /* a reference held while used */
@@ -214,6 +217,8 @@ ngx_int_t ngx_llmgw_cache_init_process(ngx_cycle_t *cycle,
 void ngx_llmgw_cache_exit_process(ngx_cycle_t *cycle);
 llmgw_snapshot_t *ngx_llmgw_cache_snapshot(void);
 void ngx_llmgw_cache_release(llmgw_snapshot_t *s);
+/* One more reference to a snapshot that is referenced already. */
+void ngx_llmgw_cache_ref(llmgw_snapshot_t *s);
 /* rc: NGX_OK (token set, maybe NULL for unknown), NGX_AGAIN (resumes). */
 typedef void (*ngx_llmgw_token_handler_pt)(ngx_http_request_t *r,
     llmgw_token_t *t, const char *err);
@@ -271,6 +276,11 @@ void ngx_llmgw_billing_written_locked(ngx_llmgw_shm_ctx_t *shm,
 void ngx_llmgw_billing_learned_locked(ngx_llmgw_shm_ctx_t *shm, int is_user,
     int64_t id, int64_t balance, ngx_msec_t at);
 void ngx_llmgw_billing_stale(int is_user, int64_t id);
+/* Balances a statement answered with ({"tokens": {..}, "users": {..}}). */
+void ngx_llmgw_billing_learn(const char *json, size_t len);
+/* Ends a request's reservation without a ledger row (the task engine
+ * charges in the database itself). */
+void ngx_llmgw_billing_release(ngx_llmgw_ctx_t *ctx);
 
 /* ngx_llmgw_ledger.c */
 typedef struct {
@@ -307,6 +317,13 @@ ngx_int_t ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
 /* A CALL of a published source: loads it into the helper when needed. */
 ngx_int_t ngx_llmgw_hook(const char *sha, u_char *body, size_t len,
     ngx_llmgw_v8_handler_pt handler, void *data);
+
+/* ngx_llmgw_task.c */
+ngx_int_t ngx_llmgw_task_init_process(ngx_cycle_t *cycle,
+    ngx_llmgw_main_conf_t *mcf);
+void ngx_llmgw_task_exit_process(ngx_cycle_t *cycle);
+/* Runs a task route's request once its body is read. */
+void ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 
 /* ngx_llmgw_errpage.c */
 ngx_int_t ngx_llmgw_errpage_init(ngx_conf_t *cf);

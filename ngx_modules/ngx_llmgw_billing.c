@@ -488,3 +488,45 @@ ngx_llmgw_billing_stale(int is_user, int64_t id)
 
     ngx_shmtx_unlock(&shm->shpool->mutex);
 }
+
+
+static void
+ngx_llmgw_billing_learn_one(void *arg, int is_user, int64_t id,
+    int64_t balance)
+{
+    ngx_llmgw_billing_learned_locked(arg, is_user, id, balance,
+                                     ngx_current_msec);
+}
+
+
+void
+ngx_llmgw_billing_learn(const char *json, size_t len)
+{
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+
+    ngx_shmtx_lock(&shm->shpool->mutex);
+    (void) llmgw_flush_answer(json, len, ngx_llmgw_billing_learn_one, shm);
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+}
+
+
+void
+ngx_llmgw_billing_release(ngx_llmgw_ctx_t *ctx)
+{
+    ngx_llmgw_hold_t     *h;
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    if (ctx == NULL || ctx->hold == NULL) {
+        return;
+    }
+
+    shm = ngx_llmgw_shm();
+    h = ctx->hold;
+    ctx->hold = NULL;
+
+    ngx_shmtx_lock(&shm->shpool->mutex);
+    ngx_llmgw_release_locked(shm, h);
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+}

@@ -131,6 +131,25 @@ ngx_llmgw_holder_unref(ngx_llmgw_snap_holder_t *h)
 
 
 void
+ngx_llmgw_cache_ref(llmgw_snapshot_t *s)
+{
+    ngx_llmgw_snap_holder_t  *h;
+
+    if (ngx_llmgw_current && ngx_llmgw_current->snapshot == s) {
+        ngx_llmgw_current->refs++;
+        return;
+    }
+
+    for (h = ngx_llmgw_retired; h; h = h->next) {
+        if (h->snapshot == s) {
+            h->refs++;
+            return;
+        }
+    }
+}
+
+
+void
 ngx_llmgw_cache_release(llmgw_snapshot_t *s)
 {
     ngx_llmgw_snap_holder_t  *h;

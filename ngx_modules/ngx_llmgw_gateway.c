@@ -49,6 +49,26 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
         (llmgw_str_t) { (char *) r->uri.data, r->uri.len },
         &ctx->endpoint);
 
+    if (ctx->endpoint.ep == LLMGW_EP_INVALID_URL
+        || ctx->endpoint.ep == LLMGW_EP_NONE)
+    {
+        /* the task API and the plugins' own routes */
+        ctx->snapshot = ngx_llmgw_cache_snapshot();
+
+        if (ctx->snapshot != NULL) {
+            llmgw_task_route(ctx->snapshot,
+                (llmgw_str_t) { (char *) r->method_name.data,
+                                r->method_name.len },
+                (llmgw_str_t) { (char *) r->uri.data, r->uri.len },
+                &ctx->troute);
+
+            if (ctx->troute.kind != LLMGW_TROUTE_NONE) {
+                ctx->endpoint.ep = LLMGW_EP_TASK;
+                ctx->endpoint.method_ok = ctx->troute.method_ok;
+            }
+        }
+    }
+
     if (ctx->endpoint.ep == LLMGW_EP_INVALID_URL) {
         return ngx_llmgw_refuse(r, ctx, NGX_HTTP_NOT_FOUND, "gateway_error",
                                 "invalid_url", ctx->endpoint.message);
@@ -63,7 +83,9 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
         return ngx_llmgw_send_error(r, ctx, &v);
     }
 
-    ctx->snapshot = ngx_llmgw_cache_snapshot();
+    if (ctx->snapshot == NULL) {
+        ctx->snapshot = ngx_llmgw_cache_snapshot();
+    }
 
     if (ctx->snapshot == NULL) {
         return ngx_llmgw_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
@@ -274,6 +296,22 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
 
     if (ngx_llmgw_read_body(r, &ctx->body) != NGX_OK) {
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    if (ctx->endpoint.ep == LLMGW_EP_TASK) {
+        if (ctx->troute.kind == LLMGW_TROUTE_SUBMIT
+            && ctx->troute.plugin < 0)
+        {
+            llmgw_verdict_set(&v, NGX_HTTP_NOT_FOUND, "invalid_request_error",
+                              "plugin_not_found", "no enabled task plugin "
+                              "is named by %.*s",
+                              (int) ngx_min(r->uri.len, 128), r->uri.data);
+            ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+            return;
+        }
+
+        ngx_llmgw_task_start(r, ctx);
         return;
     }
 
@@ -549,6 +587,12 @@ ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     }
 
     ngx_llmgw_metrics_record(r, ctx);
+
+    if (ctx->endpoint.ep == LLMGW_EP_TASK) {
+        /* tasks are charged in the database with their task rows */
+        ngx_llmgw_billing_release(ctx);
+        return;
+    }
 
     if (ctx->token != NULL) {
         ngx_llmgw_ledger_record(r, ctx);

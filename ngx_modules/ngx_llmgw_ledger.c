@@ -56,7 +56,8 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     llmgw_ledger_row_t   row;
 
     static const char  *ep_names[] = {
-        "", "chat", "messages", "gemini", "rerank", "models", "invalid_url"
+        "", "chat", "messages", "gemini", "rerank", "models", "invalid_url",
+        "task"
     };
 
     ngx_memzero(&row, sizeof(row));

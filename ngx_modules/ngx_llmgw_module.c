@@ -1158,6 +1158,10 @@ ngx_llmgw_init_process(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
 
+    if (ngx_llmgw_task_init_process(cycle, mcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
     return NGX_OK;
 }
 
@@ -1173,6 +1177,7 @@ ngx_llmgw_exit_process(ngx_cycle_t *cycle)
         return;
     }
 
+    ngx_llmgw_task_exit_process(cycle);
     ngx_llmgw_v8host_exit_process(cycle);
     ngx_llmgw_ledger_exit_process(cycle);
     ngx_llmgw_billing_exit_process(cycle);

@@ -1,1 +1,876 @@
-/* placeholder */
+/*
+ * The task engine's glue: runs the jobs of src/task.cpp on nginx's event
+ * loop (client requests on task routes, and the poller), performing each
+ * step they ask for: a hook call in v8_host, an HTTP request through the
+ * internal client, a PostgreSQL statement, a reservation, the answer.
+ *
+ * A job lives in a runner allocated outside any pool: a client request may
+ * end while a step is in flight, and a poll job has no request at all.  The
+ * runner holds its own references to the snapshot and the key record.
+ */
+
+#include "ngx_llmgw.h"
+#include "ngx_llmgw_http.h"
+#include "task.h"
+
+
+typedef struct ngx_llmgw_runner_s  ngx_llmgw_runner_t;
+
+struct ngx_llmgw_runner_s {
+    llmgw_tjob_t              *job;
+    llmgw_snapshot_t          *snapshot;
+    llmgw_token_t             *token;
+    ngx_http_request_t        *request;     /* NULL for a poll job */
+    ngx_llmgw_http_t          *http;        /* an HTTP call in flight */
+    int64_t                    channel_id;
+    ngx_queue_t                queue;       /* the poller's lists */
+    ngx_pool_cleanup_t        *cleanup;     /* on the request's pool */
+    unsigned                   inflight:1;  /* a step's callback pending */
+    unsigned                   streaming:1; /* an SSE response is read */
+    unsigned                   learn:1;     /* the SQL answer has balances */
+    unsigned                   gone:1;      /* the request ended */
+    unsigned                   driving:1;
+};
+
+
+static void ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_poll_tick(ngx_event_t *ev);
+static void ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_task_respond(ngx_http_request_t *r,
+    const llmgw_tstep_t *st);
+
+
+static ngx_llmgw_main_conf_t  *ngx_llmgw_task_mcf;
+static ngx_log_t              *ngx_llmgw_task_log;
+static llmgw_task_conf_t       ngx_llmgw_task_conf;
+static ngx_event_t             ngx_llmgw_poll_ev;
+static u_char                  ngx_llmgw_poll_owner[128];
+
+/* the poller: jobs waiting for their channel, jobs running */
+static ngx_queue_t             ngx_llmgw_poll_waiting;
+static ngx_queue_t             ngx_llmgw_poll_active;
+static ngx_uint_t              ngx_llmgw_poll_running;
+static ngx_uint_t              ngx_llmgw_poll_claimed;
+static ngx_uint_t              ngx_llmgw_poll_claiming;
+
+
+ngx_int_t
+ngx_llmgw_task_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
+{
+    u_char  *p;
+
+    ngx_llmgw_task_mcf = mcf;
+    ngx_llmgw_task_log = cycle->log;
+
+    ngx_llmgw_task_conf.poll_interval_ms = (int64_t) mcf->task_poll_interval;
+    ngx_llmgw_task_conf.timeout_ms = (int64_t) mcf->task_timeout;
+    ngx_llmgw_task_conf.max_failures = (int64_t) mcf->task_poll_max_failures;
+    ngx_llmgw_task_conf.batch_size = mcf->task_batch_size;
+    ngx_llmgw_task_conf.max_file_bytes = mcf->task_max_file_size;
+    ngx_llmgw_task_conf.max_total_bytes = mcf->task_max_files_total;
+    ngx_llmgw_task_conf.max_redirects = 5;
+    ngx_llmgw_task_conf.max_tries = 3;
+
+    ngx_queue_init(&ngx_llmgw_poll_waiting);
+    ngx_queue_init(&ngx_llmgw_poll_active);
+
+    /* the lease owner: this node and process, unique across restarts */
+    p = ngx_snprintf(ngx_llmgw_poll_owner, sizeof(ngx_llmgw_poll_owner) - 1,
+                     "%V:%P:%08xD", &cycle->hostname, ngx_pid,
+                     (uint32_t) ngx_random());
+    *p = '\0';
+
+    if (ngx_llmgw_http_init_process(cycle, mcf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    if (!ngx_llmgw_v8host_enabled()) {
+        return NGX_OK;
+    }
+
+    ngx_llmgw_poll_ev.handler = ngx_llmgw_poll_tick;
+    ngx_llmgw_poll_ev.log = cycle->log;
+    ngx_llmgw_poll_ev.cancelable = 1;
+
+    /* spread the workers' first passes over the interval */
+    ngx_add_timer(&ngx_llmgw_poll_ev,
+                  200 + ngx_random() % ngx_max(mcf->task_poll_interval, 1));
+
+    return NGX_OK;
+}
+
+
+void
+ngx_llmgw_task_exit_process(ngx_cycle_t *cycle)
+{
+    if (ngx_llmgw_poll_ev.timer_set) {
+        ngx_del_timer(&ngx_llmgw_poll_ev);
+    }
+
+    ngx_llmgw_http_exit_process(cycle);
+}
+
+
+/* ------------------------------------------------------------------ */
+/* runners                                                             */
+
+static ngx_llmgw_runner_t *
+ngx_llmgw_runner_new(llmgw_tjob_t *job, llmgw_snapshot_t *snapshot)
+{
+    ngx_llmgw_runner_t  *rn;
+
+    rn = ngx_calloc(sizeof(ngx_llmgw_runner_t), ngx_llmgw_task_log);
+    if (rn == NULL) {
+        llmgw_tjob_free(job);
+        return NULL;
+    }
+
+    ngx_queue_init(&rn->queue);
+
+    rn->job = job;
+    rn->snapshot = snapshot;
+
+    llmgw_tjob_set_sse_idle(job,
+                            (int64_t) ngx_llmgw_task_mcf->task_sse_idle_timeout);
+
+    return rn;
+}
+
+
+static void
+ngx_llmgw_runner_free(ngx_llmgw_runner_t *rn)
+{
+    if (rn->http != NULL) {
+        ngx_llmgw_http_cancel(rn->http);
+    }
+
+    llmgw_tjob_free(rn->job);
+    llmgw_token_free(rn->token);
+    ngx_llmgw_cache_release(rn->snapshot);
+    ngx_free(rn);
+}
+
+
+/* The request's pool is going away: the job runs on without it. */
+static void
+ngx_llmgw_task_request_gone(void *data)
+{
+    ngx_llmgw_runner_t  *rn = data;
+
+    rn->request = NULL;
+    rn->gone = 1;
+
+    if (!rn->inflight && !rn->driving) {
+        ngx_llmgw_runner_free(rn);
+    }
+}
+
+
+/* A step's result arrived: go on, or free a runner nobody waits for. */
+static void
+ngx_llmgw_task_resume(ngx_llmgw_runner_t *rn)
+{
+    ngx_connection_t  *c;
+
+    rn->inflight = 0;
+
+    if (rn->request == NULL && rn->gone && llmgw_tjob_charged(rn->job)) {
+        /* the task is stored: nobody is left to answer */
+        ngx_llmgw_runner_free(rn);
+        return;
+    }
+
+    c = rn->request ? rn->request->connection : NULL;
+
+    ngx_llmgw_task_drive(rn);
+
+    if (c != NULL) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+static void
+ngx_llmgw_task_hook_done(void *data, ngx_int_t rc, u_char *body, size_t len)
+{
+    ngx_llmgw_runner_t  *rn = data;
+
+    llmgw_tjob_hook_done(rn->job, rc == NGX_OK ? 0 : -1, (char *) body, len);
+    ngx_llmgw_task_resume(rn);
+}
+
+
+static void
+ngx_llmgw_task_sql_done(void *data, PGresult *res, const char *err)
+{
+    ngx_llmgw_runner_t  *rn = data;
+    const char          *val;
+
+    if (err == NULL && (res == NULL || PQntuples(res) != 1
+                        || PQgetisnull(res, 0, 0)))
+    {
+        err = "the statement returned no value";
+    }
+
+    if (err != NULL) {
+        ngx_log_error(NGX_LOG_ERR, ngx_llmgw_task_log, 0,
+                      "llmgw: task statement failed: %s", err);
+        llmgw_tjob_sql_done(rn->job, NULL, 0, err);
+
+    } else {
+        val = PQgetvalue(res, 0, 0);
+
+        if (rn->learn) {
+            ngx_llmgw_billing_learn(val, ngx_strlen(val));
+
+            if (rn->request != NULL) {
+                /* the charge is in the database: the hold has done its job */
+                ngx_llmgw_billing_release(ngx_llmgw_get_ctx(rn->request));
+            }
+        }
+
+        llmgw_tjob_sql_done(rn->job, val, ngx_strlen(val), NULL);
+    }
+
+    ngx_llmgw_task_resume(rn);
+}
+
+
+static void
+ngx_llmgw_task_headers(ngx_llmgw_http_resp_t *resp, llmgw_str_t **names,
+    llmgw_str_t **values, size_t *n, ngx_pool_t *pool)
+{
+    ngx_uint_t                i;
+    ngx_llmgw_http_header_t  *h;
+
+    *n = 0;
+    *names = NULL;
+    *values = NULL;
+
+    if (resp == NULL || resp->headers.nelts == 0) {
+        return;
+    }
+
+    *names = ngx_palloc(pool, resp->headers.nelts * sizeof(llmgw_str_t));
+    *values = ngx_palloc(pool, resp->headers.nelts * sizeof(llmgw_str_t));
+
+    if (*names == NULL || *values == NULL) {
+        return;
+    }
+
+    h = resp->headers.elts;
+
+    for (i = 0; i < resp->headers.nelts; i++) {
+        (*names)[i].data = (char *) h[i].name.data;
+        (*names)[i].len = h[i].name.len;
+        (*values)[i].data = (char *) h[i].value.data;
+        (*values)[i].len = h[i].value.len;
+    }
+
+    *n = resp->headers.nelts;
+}
+
+
+static void
+ngx_llmgw_task_http_done(void *data, ngx_int_t rc,
+    ngx_llmgw_http_resp_t *resp, const char *err)
+{
+    ngx_llmgw_runner_t  *rn = data;
+    size_t               n;
+    ngx_pool_t          *pool;
+    llmgw_str_t         *names, *values;
+
+    rn->http = NULL;
+
+    pool = ngx_create_pool(1024, ngx_llmgw_task_log);
+    if (pool == NULL) {
+        llmgw_tjob_http_done(rn->job, -1, 0, 0, NULL, NULL, 0, NULL, 0,
+                             "out of memory");
+        ngx_llmgw_task_resume(rn);
+        return;
+    }
+
+    ngx_llmgw_task_headers(resp, &names, &values, &n, pool);
+
+    if (rc == NGX_OK) {
+        llmgw_tjob_http_done(rn->job, 0, 0, (int) resp->status, names, values,
+                             n, (char *) resp->body.data, resp->body.len,
+                             NULL);
+    } else {
+        llmgw_tjob_http_done(rn->job, -1, rc == NGX_ETIMEDOUT, 0, NULL, NULL,
+                             0, NULL, 0, err ? err : "the request failed");
+    }
+
+    ngx_destroy_pool(pool);
+
+    if (rn->streaming) {
+        rn->streaming = 0;
+
+        /* a stream's end while the plugin works on an event waits for it */
+        if (llmgw_tjob_busy(rn->job)) {
+            return;
+        }
+    }
+
+    ngx_llmgw_task_resume(rn);
+}
+
+
+static ngx_int_t
+ngx_llmgw_task_stream_headers(void *data, ngx_llmgw_http_resp_t *resp)
+{
+    int                  rc;
+    size_t               n;
+    ngx_pool_t          *pool;
+    llmgw_str_t         *names, *values;
+    ngx_llmgw_runner_t  *rn = data;
+
+    pool = ngx_create_pool(1024, ngx_llmgw_task_log);
+    if (pool == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_llmgw_task_headers(resp, &names, &values, &n, pool);
+    rc = llmgw_tjob_stream_headers(rn->job, (int) resp->status, names, values,
+                                   n);
+    ngx_destroy_pool(pool);
+
+    if (rc == 1) {
+        ngx_llmgw_task_resume(rn);
+        return rn->http == NULL ? NGX_DONE : NGX_OK;
+    }
+
+    return rc < 0 ? NGX_ERROR : NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_task_stream_data(void *data, u_char *p, size_t len)
+{
+    int                  rc;
+    ngx_llmgw_runner_t  *rn = data;
+
+    rc = llmgw_tjob_stream_data(rn->job, (char *) p, len);
+
+    if (rc == 1) {
+        ngx_llmgw_task_resume(rn);
+        return NGX_OK;
+    }
+
+    return rc < 0 ? NGX_ERROR : NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st)
+{
+    ngx_llmgw_http_opts_t    opts;
+    const llmgw_outbound_t  *o = st->out;
+
+    ngx_memzero(&opts, sizeof(opts));
+
+    opts.method.data = (u_char *) o->method;
+    opts.method.len = ngx_strlen(o->method);
+    opts.tls = o->tls;
+    opts.host.data = (u_char *) o->host;
+    opts.host.len = ngx_strlen(o->host);
+    opts.port = o->port;
+    opts.host_header.data = (u_char *) o->host_header;
+    opts.host_header.len = ngx_strlen(o->host_header);
+    opts.uri.data = (u_char *) o->uri;
+    opts.uri.len = ngx_strlen(o->uri);
+    opts.headers.data = (u_char *) o->headers.data;
+    opts.headers.len = o->headers.len;
+    opts.body.data = (u_char *) o->body.data;
+    opts.body.len = o->body.len;
+    opts.done = ngx_llmgw_task_http_done;
+    opts.data = rn;
+
+    if (o->sse) {
+        opts.timeout = (ngx_msec_t) st->timeout_ms;
+        opts.on_headers = ngx_llmgw_task_stream_headers;
+        opts.on_data = ngx_llmgw_task_stream_data;
+        rn->streaming = 1;
+    }
+
+    rn->http = ngx_llmgw_http_start(&opts, ngx_llmgw_task_log);
+
+    return rn->http != NULL ? NGX_OK : NGX_ERROR;
+}
+
+
+/* Runs steps until one is in flight or the job has finished. */
+static void
+ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
+{
+    ngx_int_t             rc;
+    llmgw_verdict_t       v;
+    ngx_llmgw_ctx_t      *ctx;
+    const llmgw_tstep_t  *st;
+
+    rn->driving = 1;
+
+    for ( ;; ) {
+        st = llmgw_tjob_next(rn->job);
+
+        switch (st->kind) {
+
+        case LLMGW_TSTEP_HOOK:
+            rn->inflight = 1;
+            rc = ngx_llmgw_hook(st->sha, (u_char *) st->body.data,
+                                st->body.len, ngx_llmgw_task_hook_done, rn);
+            if (rc == NGX_OK) {
+                rn->driving = 0;
+                return;
+            }
+            rn->inflight = 0;
+            llmgw_tjob_hook_done(rn->job, -1,
+                                 rc == NGX_BUSY ? "the plugin runtime is busy"
+                                 : "the plugin runtime is not available", 0);
+            continue;
+
+        case LLMGW_TSTEP_HTTP:
+            if (ngx_llmgw_task_http(rn, st) != NGX_OK) {
+                llmgw_tjob_http_done(rn->job, -1, 0, 0, NULL, NULL, 0, NULL,
+                                     0, "out of memory");
+                continue;
+            }
+            rn->inflight = !rn->streaming;
+            if (rn->streaming) {
+                /* stream calls and the end drive the job */
+                continue;
+            }
+            rn->driving = 0;
+            return;
+
+        case LLMGW_TSTEP_HTTP_CANCEL:
+            if (rn->http != NULL) {
+                ngx_llmgw_http_cancel(rn->http);
+                rn->http = NULL;
+                rn->streaming = 0;
+            }
+            continue;
+
+        case LLMGW_TSTEP_SQL:
+            rn->inflight = 1;
+            rn->learn = st->learn;
+            if (ngx_llmgw_pg_query(st->sql, st->nparams, st->params, NULL,
+                                   ngx_llmgw_task_sql_done, rn)
+                == NGX_OK)
+            {
+                rn->driving = 0;
+                return;
+            }
+            rn->inflight = 0;
+            llmgw_tjob_sql_done(rn->job, NULL, 0, "the database queue is full");
+            continue;
+
+        case LLMGW_TSTEP_RESERVE:
+            ctx = rn->request ? ngx_llmgw_get_ctx(rn->request) : NULL;
+            if (ctx == NULL) {
+                llmgw_verdict_set(&v, 499, "gateway_error", "client_closed",
+                                  "the client went away");
+                llmgw_tjob_reserve_done(rn->job, &v);
+                continue;
+            }
+            v.status = 0;
+            if (ngx_llmgw_billing_reserve(ctx, st->amount, &v) != NGX_OK) {
+                if (v.status == 0) {
+                    llmgw_verdict_set(&v, 503, "gateway_error",
+                                      "service_unavailable",
+                                      "billing is unavailable; retry shortly");
+                }
+                llmgw_tjob_reserve_done(rn->job, &v);
+                continue;
+            }
+            llmgw_tjob_reserve_done(rn->job, NULL);
+            continue;
+
+        case LLMGW_TSTEP_WAIT:
+            rn->driving = 0;
+            if (rn->gone && rn->http == NULL) {
+                ngx_llmgw_runner_free(rn);
+            }
+            return;
+
+        case LLMGW_TSTEP_RESPOND:
+            if (rn->http != NULL) {
+                ngx_llmgw_http_cancel(rn->http);
+                rn->http = NULL;
+            }
+            rn->driving = 0;
+            if (rn->request != NULL) {
+                ngx_llmgw_task_respond(rn->request, st);
+            }
+            ngx_llmgw_task_finish(rn);
+            return;
+
+        case LLMGW_TSTEP_DONE:
+        default:
+            rn->driving = 0;
+            ngx_llmgw_poll_job_done(rn);
+            return;
+        }
+    }
+}
+
+
+
+static void
+ngx_llmgw_task_respond(ngx_http_request_t *r, const llmgw_tstep_t *st)
+{
+    ngx_int_t  rc;
+
+    rc = ngx_llmgw_send_json(r, (ngx_uint_t) st->status,
+                             (u_char *) st->body.data, st->body.len);
+    ngx_http_finalize_request(r, rc);
+}
+
+
+static void
+ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn)
+{
+    ngx_llmgw_ctx_t  *ctx;
+
+    if (rn->request != NULL) {
+        ctx = ngx_llmgw_get_ctx(rn->request);
+        if (ctx != NULL && ctx->task == rn) {
+            ctx->task = NULL;
+        }
+    }
+
+    if (rn->cleanup != NULL) {
+        rn->cleanup->handler = NULL;
+    }
+
+    ngx_llmgw_runner_free(rn);
+}
+
+
+/* ------------------------------------------------------------------ */
+/* client requests                                                     */
+
+/* The request's headers as {name: value}, credentials left out. */
+static ngx_int_t
+ngx_llmgw_task_request_headers(ngx_http_request_t *r, llmgw_buf_t *out)
+{
+    size_t            n;
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+    llmgw_str_t      *names, *values;
+
+    n = 0;
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+        n += part->nelts;
+    }
+
+    names = ngx_palloc(r->pool, (n + 1) * sizeof(llmgw_str_t));
+    values = ngx_palloc(r->pool, (n + 1) * sizeof(llmgw_str_t));
+    if (names == NULL || values == NULL) {
+        return NGX_ERROR;
+    }
+
+    n = 0;
+    for (part = &r->headers_in.headers.part; part; part = part->next) {
+        h = part->elts;
+        for (i = 0; i < part->nelts; i++) {
+            names[n].data = (char *) h[i].key.data;
+            names[n].len = h[i].key.len;
+            values[n].data = (char *) h[i].value.data;
+            values[n].len = h[i].value.len;
+            n++;
+        }
+    }
+
+    *out = llmgw_task_headers_json(names, values, n);
+
+    return out->data != NULL ? NGX_OK : NGX_ERROR;
+}
+
+
+void
+ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    llmgw_buf_t           headers;
+    llmgw_treq_t          req;
+    llmgw_tjob_t         *job;
+    ngx_llmgw_runner_t   *rn;
+    ngx_pool_cleanup_t   *cln;
+
+    if (ngx_llmgw_task_request_headers(r, &headers) != NGX_OK) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ngx_memzero(&req, sizeof(req));
+    req.method = (llmgw_str_t) { (char *) r->method_name.data,
+                                 r->method_name.len };
+    req.path = (llmgw_str_t) { (char *) r->uri.data, r->uri.len };
+    req.args = (llmgw_str_t) { (char *) r->args.data, r->args.len };
+    if (r->headers_in.content_type != NULL) {
+        req.content_type = (llmgw_str_t) {
+            (char *) r->headers_in.content_type->value.data,
+            r->headers_in.content_type->value.len };
+    }
+    req.body = (llmgw_str_t) { (char *) ctx->body.data, ctx->body.len };
+    req.headers_json = (llmgw_str_t) { headers.data, headers.len };
+    req.request_id = (llmgw_str_t) { (char *) ctx->request_id,
+                                     ngx_strlen(ctx->request_id) };
+    req.token = ctx->token;
+    req.group = (llmgw_str_t) { (char *) ctx->group.data, ctx->group.len };
+    req.group_ratio = ctx->group_ratio;
+    req.seed = ((uint64_t) ngx_random() << 32) ^ (uint64_t) ngx_random();
+
+    job = llmgw_tjob_request(ctx->snapshot, &ngx_llmgw_task_conf,
+                             &ctx->troute, &req);
+    llmgw_buf_free(&headers);
+
+    if (job == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    /* the job keeps its own references: it may outlive the request */
+    ngx_llmgw_cache_ref(ctx->snapshot);
+
+    rn = ngx_llmgw_runner_new(job, ctx->snapshot);
+    if (rn == NULL) {
+        ngx_llmgw_cache_release(ctx->snapshot);
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    rn->token = llmgw_token_ref(ctx->token);
+    rn->request = r;
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        ngx_llmgw_runner_free(rn);
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    cln->handler = ngx_llmgw_task_request_gone;
+    cln->data = rn;
+    rn->cleanup = cln;
+    ctx->task = rn;
+
+    ngx_llmgw_task_drive(rn);
+}
+
+
+/* ------------------------------------------------------------------ */
+/* the poller                                                          */
+
+static void
+ngx_llmgw_poll_schedule(ngx_msec_t delay)
+{
+    if (ngx_exiting || ngx_terminate || ngx_quit) {
+        return;
+    }
+
+    if (ngx_llmgw_poll_ev.timer_set) {
+        ngx_del_timer(&ngx_llmgw_poll_ev);
+    }
+
+    ngx_add_timer(&ngx_llmgw_poll_ev, delay);
+}
+
+
+static ngx_uint_t
+ngx_llmgw_poll_channel_busy(int64_t channel_id)
+{
+    ngx_uint_t    n;
+    ngx_queue_t  *q;
+
+    n = 0;
+
+    /* running jobs are few (bounded by concurrency x channels) */
+    for (q = ngx_queue_head(&ngx_llmgw_poll_active);
+         q != ngx_queue_sentinel(&ngx_llmgw_poll_active);
+         q = ngx_queue_next(q))
+    {
+        if ((ngx_queue_data(q, ngx_llmgw_runner_t, queue))->channel_id
+            == channel_id)
+        {
+            n++;
+        }
+    }
+
+    return n;
+}
+
+
+/* Starts waiting jobs whose channel has room. */
+static void
+ngx_llmgw_poll_start_more(void)
+{
+    ngx_queue_t         *q, *next;
+    ngx_llmgw_runner_t  *rn;
+
+    for (q = ngx_queue_head(&ngx_llmgw_poll_waiting);
+         q != ngx_queue_sentinel(&ngx_llmgw_poll_waiting);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        rn = ngx_queue_data(q, ngx_llmgw_runner_t, queue);
+
+        if (ngx_llmgw_poll_channel_busy(rn->channel_id)
+            >= ngx_llmgw_task_mcf->task_poll_concurrency)
+        {
+            continue;
+        }
+
+        ngx_queue_remove(q);
+        ngx_queue_insert_tail(&ngx_llmgw_poll_active, q);
+        ngx_llmgw_poll_running++;
+
+        ngx_llmgw_task_drive(rn);
+    }
+}
+
+
+static void
+ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn)
+{
+    int          auth;
+    size_t       notes;
+    const char  *first;
+
+    notes = llmgw_tjob_poll_notes(rn->job, &auth, &first);
+
+    if (auth) {
+        ngx_log_error(NGX_LOG_WARN, ngx_llmgw_task_log, 0,
+                      "llmgw: the task upstream of channel %L refused the "
+                      "channel's credentials while polling",
+                      rn->channel_id);
+    }
+
+    if (notes > 0) {
+        ngx_log_error(NGX_LOG_WARN, ngx_llmgw_task_log, 0,
+                      "llmgw: polling: %s (%uz notes)", first, notes);
+    }
+
+    ngx_queue_remove(&rn->queue);
+    ngx_llmgw_poll_running--;
+    ngx_llmgw_runner_free(rn);
+
+    ngx_llmgw_poll_start_more();
+
+    if (ngx_llmgw_poll_running == 0
+        && ngx_queue_empty(&ngx_llmgw_poll_waiting))
+    {
+        /* a full pass means more may be due: go on at once */
+        ngx_llmgw_poll_schedule(
+            ngx_llmgw_poll_claimed >= ngx_llmgw_task_mcf->task_poll_batch
+            ? 1 : ngx_llmgw_task_mcf->task_poll_interval);
+    }
+}
+
+
+static void
+ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
+{
+    size_t               ntasks, njobs, i;
+    const char          *val;
+    llmgw_tjob_t       **jobs;
+    llmgw_snapshot_t    *snap;
+    ngx_llmgw_runner_t  *rn;
+
+    (void) data;
+    ngx_llmgw_poll_claiming = 0;
+
+    if (err != NULL || res == NULL || PQntuples(res) != 1
+        || PQgetisnull(res, 0, 0))
+    {
+        if (err != NULL) {
+            ngx_log_error(NGX_LOG_ERR, ngx_llmgw_task_log, 0,
+                          "llmgw: claiming due tasks failed: %s", err);
+        }
+        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+        return;
+    }
+
+    val = PQgetvalue(res, 0, 0);
+    snap = ngx_llmgw_cache_snapshot();
+
+    if (snap == NULL) {
+        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+        return;
+    }
+
+    njobs = llmgw_task_poll_jobs(snap, &ngx_llmgw_task_conf, val,
+                                 ngx_strlen(val),
+                                 (llmgw_str_t) {
+                                     (char *) ngx_llmgw_poll_owner,
+                                     ngx_strlen(ngx_llmgw_poll_owner) },
+                                 &jobs, &ntasks);
+    ngx_llmgw_poll_claimed = ntasks;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_llmgw_task_log, 0,
+                   "llmgw: polling %uz tasks in %uz jobs", ntasks, njobs);
+
+    for (i = 0; i < njobs; i++) {
+        /* each runner holds its own reference to the jobs' snapshot */
+        ngx_llmgw_cache_ref(snap);
+
+        rn = ngx_llmgw_runner_new(jobs[i], snap);
+        if (rn == NULL) {
+            ngx_llmgw_cache_release(snap);
+            continue;
+        }
+
+        rn->channel_id = llmgw_tjob_channel(jobs[i]);
+        ngx_queue_insert_tail(&ngx_llmgw_poll_waiting, &rn->queue);
+    }
+
+    free(jobs);
+    ngx_llmgw_cache_release(snap);
+
+    ngx_llmgw_poll_start_more();
+
+    if (ngx_llmgw_poll_running == 0
+        && ngx_queue_empty(&ngx_llmgw_poll_waiting))
+    {
+        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+    }
+}
+
+
+static void
+ngx_llmgw_poll_tick(ngx_event_t *ev)
+{
+    u_char       limit[NGX_INT_T_LEN + 1], lease[NGX_INT_T_LEN + 1];
+    const char  *params[3];
+
+    if (ngx_exiting || ngx_terminate || ngx_quit) {
+        return;
+    }
+
+    if (ngx_llmgw_poll_running > 0
+        || !ngx_queue_empty(&ngx_llmgw_poll_waiting)
+        || ngx_llmgw_poll_claiming)
+    {
+        /* the last pass is still at work; it schedules the next one */
+        return;
+    }
+
+    *ngx_sprintf(limit, "%ui", ngx_llmgw_task_mcf->task_poll_batch) = '\0';
+    *ngx_sprintf(lease, "%M", ngx_llmgw_task_mcf->task_lease) = '\0';
+
+    params[0] = (char *) ngx_llmgw_poll_owner;
+    params[1] = (char *) limit;
+    params[2] = (char *) lease;
+
+    ngx_llmgw_poll_claiming = 1;
+
+    if (ngx_llmgw_pg_query("select llmgw_task_claim($1, $2::int, $3::int)",
+                           3, params, NULL, ngx_llmgw_poll_claimed_cb, NULL)
+        != NGX_OK)
+    {
+        ngx_llmgw_poll_claiming = 0;
+        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+    }
+}

@@ -66,6 +66,33 @@ std::string_view utf8_prefix(std::string_view s, size_t max);
 const json_t *req_json(const llmgw_req_t *r);
 llmgw_endpoint_e req_endpoint(const llmgw_req_t *r);
 
+/* What the task engine reads from a snapshot (snapshot.cpp). */
+struct SnapPluginInfo {
+    std::string_view  key, version;
+    const char       *sha;
+};
+
+size_t snap_plugin_count(const llmgw_snapshot_t *s);
+/* The manifest of the i-th published plugin (nullptr past the end). */
+const json_t *snap_plugin(const llmgw_snapshot_t *s, size_t i,
+    SnapPluginInfo *info);
+long snap_plugin_find(const llmgw_snapshot_t *s, std::string_view key);
+/* An enabled channel by id, or nullptr. */
+const llmgw_channel_t *snap_channel(const llmgw_snapshot_t *s, int64_t id,
+    std::string_view *base_url, const json_t **settings);
+/* Whether a channel is bound to a plugin (type 61, 60, or a legacy type). */
+int snap_channel_binds(const llmgw_snapshot_t *s, int64_t channel_id,
+    std::string_view plugin_key, const json_t *manifest);
+/* The channels bound to a plugin that serve a model for a group, in the
+ * order they are tried (priority, then weighted random). */
+size_t snap_task_channels(const llmgw_snapshot_t *s,
+    std::string_view plugin_key, const json_t *manifest,
+    std::string_view model, std::string_view group, uint64_t seed,
+    const llmgw_channel_t **out, size_t max);
+/* The /api/pricing entry of a name, or nullptr. */
+const json_t *snap_price_entry(const llmgw_snapshot_t *s,
+    std::string_view name);
+
 } /* namespace llmgw */
 
 #endif /* LLMGW_INTERNAL_H */

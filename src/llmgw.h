@@ -81,7 +81,8 @@ typedef enum {
     LLMGW_EP_GEMINI,        /* POST /v1beta/models/{m}:generateContent */
     LLMGW_EP_RERANK,        /* POST /v1/rerank, /v2/rerank */
     LLMGW_EP_MODELS,        /* GET /v1/models */
-    LLMGW_EP_INVALID_URL    /* 404 Invalid URL, message says why */
+    LLMGW_EP_INVALID_URL,   /* 404 Invalid URL, message says why */
+    LLMGW_EP_TASK           /* a task route (task.h) */
 } llmgw_endpoint_e;
 
 typedef struct {

@@ -152,8 +152,18 @@ llmgw_plugin_upload_arg(const char *body, size_t blen, const char *reply,
         Json r = json_parse(reply, rlen);
         Json out(json_object());
 
-        json_object_set(out.get(), "manifest",
-                        json_object_get(r.get(), "manifest"));
+        /* The stored manifest also lists the exports, so that the task
+         * engine knows which optional hooks a plugin has. */
+        Json manifest(json_deep_copy(json_object_get(r.get(), "manifest")));
+
+        if (json_is_object(manifest.get())) {
+            json_t *ex = json_object_get(r.get(), "exports");
+            json_object_set_new(manifest.get(), "exports",
+                                json_is_array(ex) ? json_incref(ex)
+                                                  : json_array());
+        }
+
+        json_object_set(out.get(), "manifest", manifest.get());
         json_object_set(out.get(), "sha", json_object_get(r.get(), "sha"));
         json_object_set(out.get(), "source",
                         json_object_get(b.get(), "source"));

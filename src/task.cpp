@@ -1,1 +1,2742 @@
-/* placeholder */
+/*
+ * The task engine (see task.h): the submit, query and poll flows as state
+ * machines without I/O.
+ *
+ * Submit: decode (native routes) -> model, origin and channel checks ->
+ * price -> extractUsage -> reserve -> buildSubmitRequest -> descriptor
+ * checks -> send (JSON or an SSE stream read event by event) ->
+ * parseSubmitResponse -> extractUsageOnSubmit -> (an immediate result:
+ * extractUsageOnComplete) -> the task row and its ledger rows in one
+ * statement -> render.  A retryable failure before the vendor accepted the
+ * submit moves to the next channel; nothing is retried after that.
+ *
+ * Poll: buildQueryRequest (or buildBatchQueryRequest) -> send -> classify
+ * the HTTP status as the contract's table says -> parseTaskResult (or
+ * parseBatchResult) -> extractUsageOnComplete at SUCCESS -> one update
+ * statement that settles or refunds exactly once.
+ */
+
+#include "task.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "inbound.h"
+#include "internal.h"
+#include "ssedelta.h"
+#include "taskprice.h"
+
+using namespace llmgw;
+
+namespace {
+
+constexpr size_t kMaxTaskBody = 1024 * 1024;     /* persisted data, events */
+constexpr size_t kErrBody = 64 * 1024;           /* kept of an error body */
+
+const char *const kStatuses[] = {
+    "NOT_START", "SUBMITTED", "QUEUED", "IN_PROGRESS", "SUCCESS", "FAILURE",
+    "UNKNOWN"
+};
+
+bool
+known_status(std::string_view s)
+{
+    for (const char *k : kStatuses) {
+        if (s == k) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool
+terminal(std::string_view s)
+{
+    return s == "SUCCESS" || s == "FAILURE";
+}
+
+json_t *
+jstr(std::string_view s)
+{
+    return json_stringn(s.data(), s.size());
+}
+
+std::string
+public_task_id()
+{
+    static const char alnum[] =
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    unsigned char raw[24];
+
+    if (RAND_bytes(raw, sizeof(raw)) != 1) {
+        throw std::runtime_error("no randomness");
+    }
+
+    std::string id = "task_";
+    for (unsigned char b : raw) {
+        id += alnum[b % 62];
+    }
+    return id;
+}
+
+/* Splits a path into segments ("/a/b/" -> a, b). */
+std::vector<std::string_view>
+segments(std::string_view path)
+{
+    std::vector<std::string_view> out;
+    size_t i = 0;
+
+    while (i < path.size()) {
+        while (i < path.size() && path[i] == '/') {
+            i++;
+        }
+        size_t j = path.find('/', i);
+        if (j == std::string_view::npos) {
+            j = path.size();
+        }
+        if (j > i) {
+            out.push_back(path.substr(i, j - i));
+        }
+        i = j;
+    }
+
+    return out;
+}
+
+/* A route path parameter: ":name" or "{name}"; its name, else empty. */
+std::string_view
+param_name(std::string_view seg)
+{
+    if (seg.size() > 1 && seg.front() == ':') {
+        return seg.substr(1);
+    }
+    if (seg.size() > 2 && seg.front() == '{' && seg.back() == '}') {
+        return seg.substr(1, seg.size() - 2);
+    }
+    return {};
+}
+
+/* Matches a route pattern; params collects {name: value} when given. */
+bool
+path_match(std::string_view pattern, std::string_view path, json_t *params)
+{
+    auto p = segments(pattern);
+    auto s = segments(path);
+
+    if (p.size() != s.size()) {
+        return false;
+    }
+
+    for (size_t i = 0; i < p.size(); i++) {
+        std::string_view name = param_name(p[i]);
+
+        if (name.empty()) {
+            if (p[i] != s[i]) {
+                return false;
+            }
+        } else if (params != nullptr) {
+            json_object_setn_new(params, name.data(), name.size(), jstr(s[i]));
+        }
+    }
+
+    return true;
+}
+
+bool
+exports_has(const json_t *manifest, std::string_view name)
+{
+    size_t   i;
+    json_t  *e;
+
+    json_array_foreach(json_object_get(manifest, "exports"), i, e) {
+        if (json_is_string(e) && json_string_value(e) == name) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool
+str_in(const json_t *arr, std::string_view v)
+{
+    size_t   i;
+    json_t  *e;
+
+    json_array_foreach(arr, i, e) {
+        if (json_is_string(e) && json_string_value(e) == v) {
+            return true;
+        }
+    }
+    return false;
+}
+
+std::string
+upper(std::string_view s)
+{
+    std::string out(s);
+    for (char &c : out) {
+        if (c >= 'a' && c <= 'z') {
+            c = static_cast<char>(c - 'a' + 'A');
+        }
+    }
+    return out;
+}
+
+/* Any JSON value (state and bodies may be scalars); null when unreadable. */
+Json
+json_any(const char *data, size_t len)
+{
+    json_error_t e;
+    json_t *j = json_loadb(data ? data : "", len,
+                           JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+    return Json(j != nullptr ? j : json_null());
+}
+
+/* The body a parse hook sees: JSON when it parses, else the text. */
+json_t *
+body_value(std::string_view body)
+{
+    json_error_t e;
+    json_t *j = json_loadb(body.data(), body.size(),
+                           JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+    return j != nullptr ? j : jstr(utf8_prefix(body, body.size()));
+}
+
+/* The pieces of a claimed or looked-up task row the engine uses. */
+struct TaskRow {
+    Json         row;
+    std::string  task_id, upstream_id, plugin, model, upstream_model, action;
+    std::string  status;
+    int64_t      channel_id = 0;
+    int64_t      failures = 0;
+    int64_t      quota = 0;
+    double       group_ratio = 1.0;
+};
+
+TaskRow
+task_row(json_t *row)
+{
+    TaskRow t;
+
+    t.row = Json(json_incref(row));
+    t.task_id = json_str(row, "task_id");
+    t.upstream_id = json_str(row, "upstream_task_id");
+    t.plugin = json_str(row, "plugin_key");
+    t.model = json_str(row, "model");
+    t.upstream_model = json_str(row, "upstream_model");
+    t.action = json_str(row, "action");
+    t.status = json_str(row, "status");
+    t.channel_id = json_int(row, "channel_id", 0);
+    t.failures = json_int(row, "poll_failures", 0);
+    t.quota = json_int(row, "quota", 0);
+    t.group_ratio = json_num(row, "group_ratio", 1.0);
+    return t;
+}
+
+/* What renderers see of a task (no private fields). */
+json_t *
+task_view(const json_t *row)
+{
+    json_t *v = json_object();
+
+    json_object_set_new(v, "task_id", jstr(json_str(row, "task_id")));
+    json_object_set_new(v, "status", jstr(json_str(row, "status")));
+
+    for (const char *k : { "progress", "fail_reason" }) {
+        json_t *x = json_object_get(row, k);
+        json_object_set_new(v, k, json_is_string(x) ? json_incref(x)
+                                                     : json_string(""));
+    }
+
+    for (const char *k : { "created_at", "updated_at", "finished_at" }) {
+        json_t *x = json_object_get(row, k);
+        json_object_set_new(v, k, json_is_number(x) ? json_incref(x)
+                                                     : json_null());
+    }
+
+    json_t *d = json_object_get(row, "data");
+    json_object_set_new(v, "data", d ? json_incref(d) : json_null());
+
+    json_t *p = json_object_get(row, "properties");
+    if (json_is_object(p)) {
+        json_object_set(v, "properties", p);
+    }
+
+    return v;
+}
+
+/* The generic API's view: the renderer's view plus model, action, plugin. */
+json_t *
+api_view(const json_t *row)
+{
+    json_t *v = task_view(row);
+
+    json_object_set_new(v, "model", jstr(json_str(row, "model")));
+    json_object_set_new(v, "action", jstr(json_str(row, "action")));
+    std::string_view plugin = json_str(row, "plugin_key");
+    json_object_set_new(v, "plugin",
+                        jstr(plugin.empty() ? json_str(row, "plugin") : plugin));
+    return v;
+}
+
+struct HookReply {
+    bool         ok = false;
+    Json         result;
+    std::string  kind, message;
+};
+
+HookReply
+hook_reply(int rc, const char *reply, size_t len)
+{
+    HookReply h;
+
+    if (rc != 0) {
+        h.kind = "internal";
+        h.message = std::string(reply ? reply : "", len);
+        return h;
+    }
+
+    Json r = json_parse(reply, len);
+
+    if (!json_is_object(r.get())) {
+        h.kind = "internal";
+        h.message = "the plugin runtime answered something unreadable";
+        return h;
+    }
+
+    if (json_is_true(json_object_get(r.get(), "ok"))) {
+        h.ok = true;
+        h.result = Json(json_incref(json_object_get(r.get(), "result")));
+        if (!h.result) {
+            h.result = Json(json_null());
+        }
+        return h;
+    }
+
+    json_t *e = json_object_get(r.get(), "error");
+    h.kind = json_str(e, "kind");
+    h.message = json_str(e, "message");
+    if (h.message.empty()) {
+        h.message = "the hook failed";
+    }
+    return h;
+}
+
+} /* namespace */
+
+
+/* ------------------------------------------------------------------ */
+
+struct llmgw_tjob_s {
+    enum Mode { REQUEST, POLL } mode = REQUEST;
+
+    enum Phase {
+        START,
+        /* request */
+        DECODED, LOOKED_UP_QUERY, ORIGINS, CHANNEL, USAGE, RESERVED,
+        BUILT, SENT, STREAMING, EVENT, PARSED, SUBMIT_USAGE, FINAL_USAGE,
+        CREATED, RENDERED, ERROR_RENDERED,
+        /* poll */
+        POLL_BUILD, POLL_BUILT, POLL_SENT, POLL_PARSED, POLL_USAGE,
+        POLL_SAVE, POLL_SAVED,
+        FINISHED
+    } phase = START;
+
+    const llmgw_snapshot_t  *snap = nullptr;
+    llmgw_task_conf_t        conf {};
+    llmgw_tstep_t            step {};
+    bool                     busy = false;
+
+    /* step storage */
+    std::string              step_body, step_sql, param[4];
+    llmgw_outbound_t         out {};
+    bool                     have_out = false;
+
+    /* the plugin */
+    long                     plugin = -1;
+    const json_t            *manifest = nullptr;
+    SnapPluginInfo           pinfo {};
+    std::string              sha;
+    const json_t            *route = nullptr;   /* meta.routes entry */
+    llmgw_troute_e           route_kind = LLMGW_TROUTE_NONE;
+
+    /* the client request */
+    std::string              method, path, args, content_type, request_id;
+    std::string              body, headers_json, group;
+    const llmgw_token_t     *token = nullptr;
+    double                   group_ratio = 1.0;
+    uint64_t                 seed = 0;
+    llmgw_inbound_t         *inbound = nullptr;
+    Json                     decode_ctx, intent, request_body, files;
+    std::string              model, action, upstream_model, task_id;
+    std::string              query_id;          /* GET by id */
+    Json                     origins;           /* OriginTask list */
+    int64_t                  pinned_channel = 0;
+
+    /* channels */
+    const llmgw_channel_t   *channels[16] {};
+    size_t                   nchannels = 0, current = 0;
+    std::string_view         base_url;
+    const json_t            *channel_settings = nullptr;
+    Json                     driver_ctx;
+
+    /* billing */
+    const json_t            *price = nullptr;
+    Json                     schema;
+    Json                     usage;
+    int64_t                  quota_reserve = 0, quota_submit = -1;
+    int64_t                  final_quota = -1;
+    bool                     reserved = false, charged = false;
+
+    /* the vendor's answer */
+    int                      redirects = 0;
+    int                      http_status = 0;
+    Json                     http_headers;
+    std::string              http_body;
+    Json                     submit;            /* parseSubmitResponse */
+    Json                     immediate;
+    Json                     created;           /* the task row */
+
+    /* an SSE submit */
+    bool                     sse = false, sse_delta = false;
+    bool                     stream_ok = false, stream_ended = false;
+    bool                     stream_cancelled = false;
+    std::string              stream_error;
+    llmgw_sse_t             *sse_parser = nullptr;
+    llmgw_sse_acc_t         *acc = nullptr;
+    std::deque<std::string>  events;
+    Json                     sse_state;
+    Json                     sse_body;
+
+    /* an error being answered */
+    int                      err_status = 0;
+    std::string              err_type, err_code, err_message;
+    Json                     err_body;          /* upstream error contract */
+
+    /* polling */
+    std::string              owner;
+    std::vector<TaskRow>     tasks;
+    bool                     batch = false;
+    Json                     results;           /* per task, by index */
+    Json                     updates;
+    size_t                   usage_at = 0;      /* next SUCCESS to price */
+    std::string              poll_reason;
+
+    HookReply                hook;
+
+    /* results of the other steps */
+    Json                     sql_result;
+    std::string              sql_error;
+    std::string              send_error;
+    std::string              transport_error;
+    bool                     transport_timeout = false;
+    llmgw_verdict_t          reserve_refusal {};
+    bool                     multi_query = false;
+    Json                     origin_ids;
+    bool                     phase_after_cancel = false;
+    int64_t                  sse_idle_ms = 30000;
+
+  public:
+    /* what the caller may log after a poll job */
+    bool                     auth_warning = false;
+    std::vector<std::string> poll_log;
+
+    ~llmgw_tjob_s()
+    {
+        if (have_out) {
+            llmgw_outbound_free(&out);
+        }
+        if (inbound != nullptr) {
+            llmgw_inbound_free(inbound);
+        }
+        if (sse_parser != nullptr) {
+            llmgw_sse_free(sse_parser);
+        }
+        if (acc != nullptr) {
+            llmgw_sse_acc_free(acc);
+        }
+    }
+
+    /* ---- steps ---- */
+
+    const llmgw_tstep_t *emit(llmgw_tstep_e kind)
+    {
+        step.kind = kind;
+        busy = kind != LLMGW_TSTEP_WAIT && kind != LLMGW_TSTEP_RESPOND
+               && kind != LLMGW_TSTEP_DONE && kind != LLMGW_TSTEP_HTTP_CANCEL
+               && !(kind == LLMGW_TSTEP_HTTP && sse_mode_step);
+        return &step;
+    }
+
+    bool sse_mode_step = false;
+
+    const llmgw_tstep_t *call(const char *hook_name, json_t *args_steal,
+        Phase next)
+    {
+        Json args(args_steal);
+        Json frame(json_object());
+
+        json_object_set_new(frame.get(), "sha", json_string(sha.c_str()));
+        json_object_set_new(frame.get(), "hook", json_string(hook_name));
+        json_object_set(frame.get(), "args", args.get());
+
+        json_t *caps = json_object_get(manifest, "requiredCapabilities");
+        if (json_is_array(caps) && json_array_size(caps) > 0) {
+            json_object_set(frame.get(), "capabilities", caps);
+        }
+
+        step_body = json_dump(frame.get());
+        step = llmgw_tstep_t {};
+        step.sha = sha.c_str();
+        step.body = str(step_body);
+        step.channel_id = channel_id();
+        phase = next;
+        hook_name_ = hook_name;
+        return emit(LLMGW_TSTEP_HOOK);
+    }
+
+    std::string hook_name_;
+
+    const llmgw_tstep_t *sql(const char *text, Phase next, int nparams,
+        int learn)
+    {
+        step_sql = text;
+        step = llmgw_tstep_t {};
+        step.sql = step_sql.c_str();
+        step.nparams = nparams;
+        for (int i = 0; i < nparams; i++) {
+            step.params[i] = param[i].c_str();
+        }
+        step.learn = learn;
+        phase = next;
+        return emit(LLMGW_TSTEP_SQL);
+    }
+
+    int64_t channel_id() const
+    {
+        if (mode == POLL) {
+            return tasks.empty() ? 0 : tasks[0].channel_id;
+        }
+        return current < nchannels ? channels[current]->id : 0;
+    }
+
+    /* ---- answering ---- */
+
+    const llmgw_tstep_t *respond(int status, const std::string &text)
+    {
+        step_body = text;
+        step = llmgw_tstep_t {};
+        step.status = status;
+        step.body = str(step_body);
+        step.channel_id = channel_id();
+        phase = FINISHED;
+        return emit(LLMGW_TSTEP_RESPOND);
+    }
+
+    const llmgw_tstep_t *respond_json(int status, const json_t *j)
+    {
+        return respond(status, json_dump(j));
+    }
+
+    /* Refuses in the error contract, or through the plugin's native.error
+     * on its own routes. */
+    const llmgw_tstep_t *fail(int status, const char *type, const char *code,
+        std::string message)
+    {
+        err_status = status;
+        err_type = type;
+        err_code = code;
+        err_message = std::move(message);
+        return error_answer();
+    }
+
+    const llmgw_tstep_t *fail_upstream(int status, std::string_view body_text)
+    {
+        llmgw_buf_t b = llmgw_upstream_error_json(status, body_text.data(),
+                                                  body_text.size(),
+                                                  str(request_id));
+        Json j = json_parse(b.data, b.len);
+        llmgw_buf_free(&b);
+
+        json_t *e = json_object_get(j.get(), "error");
+        err_status = status;
+        err_type = "upstream_error";
+        err_code = std::string(json_str(e, "code"));
+        err_message = std::string(json_str(e, "message"));
+
+        /* the message already ends with the request id */
+        std::string suffix = " (request id: " + request_id + ")";
+        if (err_message.size() >= suffix.size()
+            && err_message.compare(err_message.size() - suffix.size(),
+                                   suffix.size(), suffix) == 0)
+        {
+            err_message.resize(err_message.size() - suffix.size());
+        }
+
+        return error_answer();
+    }
+
+    const llmgw_tstep_t *error_answer()
+    {
+        if (route_kind == LLMGW_TROUTE_NATIVE && manifest != nullptr
+            && exports_has(manifest, "native.error") && decode_ctx
+            && phase != ERROR_RENDERED)
+        {
+            json_t *info = json_object();
+            json_object_set_new(info, "code", jstr(err_code));
+            json_object_set_new(info, "message", jstr(err_message));
+            json_object_set_new(info, "httpStatus", json_integer(err_status));
+            json_object_set_new(info, "retryable",
+                                json_boolean(err_status == 429
+                                             || err_status >= 500));
+            json_t *a = json_array();
+            json_array_append(a, decode_ctx.get());
+            json_array_append_new(a, info);
+            return call("native.error", a, ERROR_RENDERED);
+        }
+
+        return contract_error();
+    }
+
+    const llmgw_tstep_t *contract_error()
+    {
+        llmgw_buf_t b = llmgw_error_json(str(err_message), str(err_type),
+                                         str(err_code), str(request_id));
+        std::string text(b.data ? b.data : "", b.len);
+        llmgw_buf_free(&b);
+        return respond(err_status, text);
+    }
+
+    const llmgw_tstep_t *plugin_failed(const char *what)
+    {
+        std::string m = hook_name_ + " failed";
+        if (what != nullptr) {
+            m = what;
+        }
+        if (hook.kind == "timeout") {
+            m += ": the hook ran past its deadline";
+        } else if (hook.kind == "memory") {
+            m += ": the hook ran out of memory";
+        } else if (hook.kind == "internal" || hook.kind == "not_loaded"
+                   || hook.kind == "bad_request")
+        {
+            return fail(502, "gateway_error", "plugin_unavailable",
+                        "the plugin runtime is unavailable; retry shortly");
+        } else if (!hook.message.empty()) {
+            m += ": " + hook.message;
+        }
+        return fail(500, "gateway_error", "plugin_error", m);
+    }
+
+    /* ---- the machine ---- */
+
+    const llmgw_tstep_t *next();
+    const llmgw_tstep_t *next_request();
+    const llmgw_tstep_t *next_poll();
+
+    /* request helpers */
+    const llmgw_tstep_t *start_request();
+    const llmgw_tstep_t *after_intent();
+    const llmgw_tstep_t *choose_channel();
+    const llmgw_tstep_t *extract_usage();
+    const llmgw_tstep_t *build_submit();
+    const llmgw_tstep_t *send(const char *what);
+    const llmgw_tstep_t *after_send();
+    const llmgw_tstep_t *parse_submit(json_t *body);
+    const llmgw_tstep_t *after_parse();
+    const llmgw_tstep_t *after_submit_usage();
+    const llmgw_tstep_t *create_task();
+    const llmgw_tstep_t *render_created();
+    const llmgw_tstep_t *stream_next();
+    const llmgw_tstep_t *answer_query(json_t *rows);
+
+    json_t *build_driver_ctx();
+    json_t *channel_ctx(const llmgw_channel_t *c, std::string_view url,
+        const json_t *settings, json_t *into);
+    bool usage_quota(const json_t *facts, int64_t *quota, std::string &err);
+    void policy(llmgw_desc_policy_t &p, std::vector<llmgw_str_t> &hosts,
+        std::vector<llmgw_file_t> &f, bool submit, bool content);
+
+    /* poll helpers */
+    const llmgw_tstep_t *poll_build();
+    const llmgw_tstep_t *poll_sent();
+    const llmgw_tstep_t *poll_parsed();
+    const llmgw_tstep_t *poll_usage();
+    const llmgw_tstep_t *poll_save();
+    json_t *query_ctx(const TaskRow &t);
+    void poll_failure(size_t i, const std::string &reason);
+    void poll_result(size_t i, const json_t *result, bool parse_2xx);
+    void poll_terminal(size_t i, const char *status, const std::string &reason);
+};
+
+
+/* ------------------------------------------------------------------ */
+/* requests                                                            */
+
+json_t *
+llmgw_tjob_s::channel_ctx(const llmgw_channel_t *c, std::string_view url,
+    const json_t *settings, json_t *ctx)
+{
+    (void) settings;
+
+    std::string key = c ? c->key : "";
+    bool peer = c != nullptr && c->type == 60;
+
+    json_object_set_new(ctx, "baseUrl", jstr(url));
+
+    json_t *auth = json_object();
+    json_object_set_new(auth, "apiKey", jstr(key));
+    json_object_set_new(auth, "authHeader", jstr("Bearer " + key));
+    json_object_set_new(ctx, "auth", auth);
+    json_object_set_new(ctx, "apiKey", jstr(key));
+    json_object_set_new(ctx, "authHeader", jstr("Bearer " + key));
+
+    json_t *up = json_object();
+    json_object_set_new(up, "kind", json_string(peer ? "peer_gateway"
+                                                     : "vendor"));
+    json_object_set_new(ctx, "upstream", up);
+    return ctx;
+}
+
+
+json_t *
+llmgw_tjob_s::build_driver_ctx()
+{
+    const llmgw_channel_t *c = channels[current];
+    json_t *ctx = json_object();
+
+    json_object_set(ctx, "requestBody",
+                    request_body ? request_body.get() : json_null());
+
+    Json hdrs = json_parse(headers_json.data(), headers_json.size());
+    json_object_set_new(ctx, "requestHeaders",
+                        hdrs ? json_incref(hdrs.get()) : json_object());
+    json_object_set_new(ctx, "action", jstr(action));
+    json_object_set_new(ctx, "model", jstr(model));
+    json_object_set_new(ctx, "upstreamModel", jstr(upstream_model));
+    json_object_set(ctx, "files", files ? files.get() : json_array());
+    json_object_set_new(ctx, "publicTaskId", jstr(task_id));
+
+    if (origins) {
+        json_object_set(ctx, "originTasks", origins.get());
+    }
+
+    return channel_ctx(c, base_url, channel_settings, ctx);
+}
+
+
+void
+llmgw_tjob_s::policy(llmgw_desc_policy_t &p, std::vector<llmgw_str_t> &hosts,
+    std::vector<llmgw_file_t> &f, bool submit, bool content)
+{
+    size_t   i;
+    json_t  *h;
+
+    std::memset(&p, 0, sizeof(p));
+
+    json_array_foreach(json_object_get(manifest, "allowedHosts"), i, h) {
+        if (json_is_string(h)) {
+            hosts.push_back(llmgw_str_t { json_string_value(h),
+                                          json_string_length(h) });
+        }
+    }
+
+    const llmgw_channel_t *c = nullptr;
+
+    if (mode == POLL) {
+        c = snap_channel(snap, tasks[0].channel_id, &base_url,
+                         &channel_settings);
+    } else {
+        c = channels[current];
+    }
+
+    p.base_url = str(base_url);
+    p.credential = c ? llmgw_str_t { c->key, std::strlen(c->key) }
+                     : llmgw_str_t { "", 0 };
+    p.allowed_hosts = hosts.data();
+    p.nallowed = hosts.size();
+    p.allow_sse = submit
+                  && str_in(json_object_get(manifest, "submitResponseTypes"),
+                            "sse");
+    p.allow_credentialless = content;
+
+    if (inbound != nullptr && submit) {
+        const llmgw_file_t *files_p = nullptr;
+        size_t n = llmgw_inbound_files(inbound, &files_p);
+        f.assign(files_p, files_p + n);
+    }
+
+    p.files = f.data();
+    p.nfiles = f.size();
+    p.max_file_bytes = conf.max_file_bytes;
+    p.max_total_bytes = conf.max_total_bytes;
+}
+
+
+bool
+llmgw_tjob_s::usage_quota(const json_t *facts, int64_t *quota,
+    std::string &err)
+{
+    char e[512];
+    std::string facts_text = facts ? json_dump(facts) : "null";
+    std::string schema_text = schema ? json_dump(schema.get()) : "{}";
+
+    if (facts != nullptr && !json_is_null(facts)
+        && llmgw_task_usage_check(schema_text.data(), schema_text.size(),
+                                  facts_text.data(), facts_text.size(), e,
+                                  sizeof(e)) != 0)
+    {
+        err = e;
+        return false;
+    }
+
+    std::string entry = json_dump(price);
+
+    if (llmgw_task_quota_schema(entry.data(), entry.size(),
+                                schema_text.data(), schema_text.size(),
+                                facts_text.data(), facts_text.size(),
+                                group_ratio, quota, e, sizeof(e))
+        != 0)
+    {
+        err = e;
+        return false;
+    }
+
+    usage = Json(facts ? json_incref(const_cast<json_t *>(facts))
+                       : json_null());
+    return true;
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::start_request()
+{
+    llmgw_verdict_t v;
+
+    if (route_kind == LLMGW_TROUTE_GET) {
+        query_id = std::string(segments(path).back());
+        Json ids(json_array());
+        json_array_append_new(ids.get(), jstr(query_id));
+        param[0] = std::to_string(llmgw_token_user_id(token));
+        param[1] = json_dump(ids.get());
+        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
+                   LOOKED_UP_QUERY, 2, 0);
+    }
+
+    inbound = llmgw_inbound_parse(str(content_type), body.data(), body.size(),
+                                  conf.max_file_bytes, conf.max_total_bytes,
+                                  &v);
+    if (inbound == nullptr) {
+        return fail(v.status, v.type, v.code, v.message);
+    }
+
+    llmgw_buf_t decoded = llmgw_inbound_json(inbound);
+    Json dbody = json_parse(decoded.data, decoded.len);
+    llmgw_buf_free(&decoded);
+
+    files = Json(json_incref(json_object_get(dbody.get(), "files")));
+    if (!files) {
+        files = Json(json_array());
+    }
+
+    if (route_kind == LLMGW_TROUTE_SUBMIT) {
+        /* POST /v1/tasks/{pluginKey}: the body is the request body */
+        json_t *value = json_object_get(dbody.get(), "value");
+        request_body = Json(json_incref(value ? value : dbody.get()));
+
+        intent = Json(json_object());
+        json_object_set_new(intent.get(), "kind", json_string("submit"));
+        json_t *m = json_object_get(value, "model");
+        if (m != nullptr) {
+            json_object_set(intent.get(), "model", m);
+        }
+        json_t *a = json_object_get(value, "action");
+        if (json_is_string(a)) {
+            json_object_set(intent.get(), "action", a);
+        }
+        json_t *o = json_object_get(value, "originTaskIds");
+        if (o != nullptr) {
+            json_object_set(intent.get(), "originTaskIds", o);
+        }
+        return after_intent();
+    }
+
+    /* a native route */
+    decode_ctx = Json(json_object());
+    json_object_set_new(decode_ctx.get(), "method", jstr(method));
+    json_object_set_new(decode_ctx.get(), "path", jstr(path));
+
+    json_t *params = json_object();
+    path_match(json_str(route, "path"), path, params);
+    json_object_set_new(decode_ctx.get(), "params", params);
+
+    llmgw_buf_t q = llmgw_query_json(str(args));
+    Json qj = json_parse(q.data, q.len);
+    llmgw_buf_free(&q);
+    json_object_set_new(decode_ctx.get(), "query",
+                        qj ? json_incref(qj.get()) : json_object());
+    json_object_set(decode_ctx.get(), "body", dbody.get());
+
+    std::string_view type = json_str(route, "type");
+
+    if (type == "query") {
+        std::string_view name = json_str(route, "taskIdParam");
+        if (name.empty()) {
+            name = "task_id";
+        }
+        query_id = std::string(json_str(params, std::string(name).c_str()));
+        Json ids(json_array());
+        json_array_append_new(ids.get(), jstr(query_id));
+        param[0] = std::to_string(llmgw_token_user_id(token));
+        param[1] = json_dump(ids.get());
+        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
+                   LOOKED_UP_QUERY, 2, 0);
+    }
+
+    std::string decoder(json_str(route, "decode"));
+    json_t *a = json_array();
+    json_array_append(a, decode_ctx.get());
+    return call(("native." + decoder).c_str(), a, DECODED);
+}
+
+
+/* Checks the submit intent: model, route models, key, origins. */
+const llmgw_tstep_t *
+llmgw_tjob_s::after_intent()
+{
+    llmgw_verdict_t v;
+
+    if (!json_is_object(intent.get())) {
+        return fail(500, "gateway_error", "plugin_error",
+                    hook_name_ + " returned no intent object");
+    }
+
+    std::string_view kind = json_str(intent.get(), "kind");
+
+    if (kind == "query") {
+        json_t *ids = json_object_get(intent.get(), "taskIds");
+        if (!json_is_array(ids)) {
+            return fail(500, "gateway_error", "plugin_error",
+                        hook_name_ + " returned a query without taskIds");
+        }
+        query_id = "";
+        param[0] = std::to_string(llmgw_token_user_id(token));
+        param[1] = json_dump(ids);
+        multi_query = true;
+        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
+                   LOOKED_UP_QUERY, 2, 0);
+    }
+
+    if (kind != "submit") {
+        return fail(500, "gateway_error", "plugin_error",
+                    hook_name_ + " returned an intent of unknown kind");
+    }
+
+    json_t *m = json_object_get(intent.get(), "model");
+
+    if (m == nullptr || json_is_null(m)
+        || (json_is_string(m) && json_string_length(m) == 0))
+    {
+        return fail(400, "invalid_request_error", "invalid_request",
+                    "Model name not specified");
+    }
+
+    if (!json_is_string(m)) {
+        return fail(400, "invalid_request_error", "invalid_request",
+                    "model must be a string");
+    }
+
+    model = json_string_value(m);
+    action = std::string(json_str(intent.get(), "action"));
+
+    if (route != nullptr) {
+        json_t *allowed = json_object_get(route, "models");
+        if (json_is_array(allowed) && !str_in(allowed, model)) {
+            return fail(400, "invalid_request_error", "invalid_request",
+                        "model " + std::string(utf8_prefix(model, 200))
+                        + " is not served by this route");
+        }
+
+        json_t *rb = json_object_get(intent.get(), "requestBody");
+        if (rb != nullptr) {
+            request_body = Json(json_incref(rb));
+        } else {
+            request_body = Json(json_incref(
+                               json_object_get(decode_ctx.get(), "body")));
+        }
+    }
+
+    if (llmgw_token_check_model(token, str(model), &v) != 0) {
+        return fail(v.status, v.type, v.code, v.message);
+    }
+
+    json_t *ids = json_object_get(intent.get(), "originTaskIds");
+
+    if (ids != nullptr && !json_is_null(ids)) {
+        size_t   i;
+        json_t  *id;
+
+        if (!json_is_array(ids)) {
+            return fail(400, "invalid_request_error", "invalid_origin_task",
+                        "originTaskIds must be an array of task ids");
+        }
+        json_array_foreach(ids, i, id) {
+            if (!json_is_string(id)) {
+                return fail(400, "invalid_request_error",
+                            "invalid_origin_task",
+                            "originTaskIds must be an array of task ids");
+            }
+        }
+
+        if (json_array_size(ids) > 0) {
+            param[0] = std::to_string(llmgw_token_user_id(token));
+            param[1] = json_dump(ids);
+            origin_ids = Json(json_incref(ids));
+            return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
+                       ORIGINS, 2, 0);
+        }
+    }
+
+    return choose_channel();
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::choose_channel()
+{
+    if (pinned_channel != 0) {
+        const json_t *settings = nullptr;
+        const llmgw_channel_t *c = snap_channel(snap, pinned_channel, nullptr,
+                                                &settings);
+        nchannels = 0;
+        if (c != nullptr
+            && snap_channel_binds(snap, c->id, pinfo.key, manifest))
+        {
+            channels[nchannels++] = c;
+        }
+    } else {
+        size_t max = std::min<size_t>(sizeof(channels) / sizeof(channels[0]),
+                                      static_cast<size_t>(conf.max_tries));
+        nchannels = snap_task_channels(snap, pinfo.key, manifest, model,
+                                       group, seed, channels, max);
+    }
+
+    if (nchannels == 0) {
+        return fail(503, "gateway_error", "model_not_found",
+                    "no available channel for model "
+                    + std::string(utf8_prefix(model, 200)) + " in group "
+                    + group + " (plugin " + std::string(pinfo.key) + ")");
+    }
+
+    current = 0;
+
+    /* the price: "<plugin>::<model>" first, then the model */
+    price = snap_price_entry(snap, std::string(pinfo.key) + "::" + model);
+    if (price == nullptr) {
+        price = snap_price_entry(snap, model);
+    }
+
+    if (price == nullptr) {
+        return fail(400, "gateway_error", "model_price_error",
+                    "model " + std::string(utf8_prefix(model, 200))
+                    + " has no price; an administrator sets one with PUT "
+                    "/api/pricing (a price of 0 makes it free)");
+    }
+
+    task_id = public_task_id();
+    return extract_usage();
+}
+
+
+/* Prepares the current channel and prices the request from extractUsage. */
+const llmgw_tstep_t *
+llmgw_tjob_s::extract_usage()
+{
+    const llmgw_channel_t *c = channels[current];
+
+    snap_channel(snap, c->id, &base_url, &channel_settings);
+
+    llmgw_str_t um = llmgw_channel_map_model(snap, c, str(model));
+    upstream_model = std::string(sv(um));
+
+    llmgw_buf_t sch {};
+    std::string mtext = json_dump(manifest);
+    llmgw_task_usage_schema(mtext.data(), mtext.size(), str(upstream_model),
+                            str(model), &sch);
+    schema = json_parse(sch.data, sch.len);
+    llmgw_buf_free(&sch);
+
+    driver_ctx = Json(build_driver_ctx());
+
+    if (exports_has(manifest, "extractUsage")) {
+        json_t *a = json_array();
+        json_array_append(a, driver_ctx.get());
+        return call("extractUsage", a, USAGE);
+    }
+
+    hook = HookReply {};
+    hook.ok = true;
+    hook.result = Json(json_null());
+    phase = USAGE;
+    return next_request();
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::build_submit()
+{
+    json_t *a = json_array();
+    json_array_append(a, driver_ctx.get());
+    return call("buildSubmitRequest", a, BUILT);
+}
+
+
+/* Checks a descriptor (the hook's result) and sends it. */
+const llmgw_tstep_t *
+llmgw_tjob_s::send(const char *what)
+{
+    llmgw_desc_policy_t p;
+    std::vector<llmgw_str_t> hosts;
+    std::vector<llmgw_file_t> f;
+    char e[512];
+
+    policy(p, hosts, f, mode == REQUEST, false);
+
+    if (have_out) {
+        llmgw_outbound_free(&out);
+        have_out = false;
+    }
+
+    std::string d = json_dump(hook.result.get());
+
+    if (llmgw_descriptor_build(d.data(), d.size(), &p, &out, e, sizeof(e))
+        != 0)
+    {
+        send_error = std::string(what) + ": " + e;
+        return nullptr;
+    }
+
+    have_out = true;
+    redirects = 0;
+
+    step = llmgw_tstep_t {};
+    step.out = &out;
+    step.channel_id = channel_id();
+    sse_mode_step = mode == REQUEST && out.sse;
+    step.timeout_ms = sse_mode_step ? sse_idle_ms : 0;
+
+    if (sse_mode_step) {
+        sse = true;
+        sse_delta = str_in(json_object_get(manifest, "requiredCapabilities"),
+                           "submit-sse-delta@1");
+        sse_parser = llmgw_sse_new(kMaxTaskBody);
+        if (sse_delta) {
+            acc = llmgw_sse_acc_new();
+        }
+    }
+
+    return emit(LLMGW_TSTEP_HTTP);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::after_send()
+{
+    /* a redirect is re-checked against the same rules */
+    if (http_status >= 301 && http_status <= 308 && http_status != 304
+        && http_status != 305 && http_status != 306)
+    {
+        const char *loc = nullptr;
+        json_t *l = json_object_get(http_headers.get(), "location");
+        if (json_is_array(l) && json_array_size(l) > 0) {
+            loc = json_string_value(json_array_get(l, 0));
+        }
+
+        if (loc != nullptr && redirects < conf.max_redirects) {
+            llmgw_desc_policy_t p;
+            std::vector<llmgw_str_t> hosts;
+            std::vector<llmgw_file_t> f;
+            llmgw_outbound_t nxt {};
+            char e[512];
+
+            policy(p, hosts, f, mode == REQUEST, false);
+
+            if (llmgw_descriptor_redirect(&out, http_status,
+                                          llmgw_str_t { loc, strlen(loc) },
+                                          &p, &nxt, e, sizeof(e)) != 0)
+            {
+                return fail(502, "gateway_error", "invalid_descriptor",
+                            std::string("redirect refused: ") + e);
+            }
+
+            llmgw_outbound_free(&out);
+            out = nxt;
+            redirects++;
+            step = llmgw_tstep_t {};
+            step.out = &out;
+            step.channel_id = channel_id();
+            phase = SENT;
+            return emit(LLMGW_TSTEP_HTTP);
+        }
+    }
+
+    if (http_status < 200 || http_status > 299) {
+        bool retryable = http_status == 429
+                         || (http_status >= 500 && http_status != 504);
+
+        if (retryable && current + 1 < nchannels && pinned_channel == 0) {
+            current++;
+            return extract_usage();
+        }
+
+        return fail_upstream(http_status, http_body);
+    }
+
+    return parse_submit(body_value(http_body));
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::parse_submit(json_t *body_steal)
+{
+    Json b(body_steal);
+    json_t *resp = json_object();
+
+    json_object_set_new(resp, "statusCode", json_integer(http_status));
+    json_object_set(resp, "headers",
+                    http_headers ? http_headers.get() : json_object());
+    json_object_set(resp, "body", b.get());
+
+    json_t *a = json_array();
+    json_array_append(a, driver_ctx.get());
+    json_array_append_new(a, resp);
+    return call("parseSubmitResponse", a, PARSED);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::after_parse()
+{
+    json_t *r = hook.result.get();
+
+    if (!json_is_object(r)) {
+        return fail(500, "gateway_error", "plugin_error",
+                    "parseSubmitResponse must return an object");
+    }
+
+    if (json_object_get(r, "clientResponse") != nullptr) {
+        return fail(500, "gateway_error", "plugin_error",
+                    "parseSubmitResponse returned clientResponse, which API "
+                    "v1 does not support");
+    }
+
+    json_t *tid = json_object_get(r, "taskId");
+    json_t *imm = json_object_get(r, "immediate");
+
+    if (imm != nullptr && !json_is_null(imm)) {
+        if (!json_is_object(imm)
+            || !terminal(json_str(imm, "status")))
+        {
+            return fail(500, "gateway_error", "plugin_error",
+                        "parseSubmitResponse: immediate must be a result "
+                        "with status SUCCESS or FAILURE");
+        }
+        immediate = Json(json_incref(imm));
+    }
+
+    if (!immediate
+        && (!json_is_string(tid) || json_string_length(tid) == 0))
+    {
+        return fail(500, "gateway_error", "plugin_error",
+                    "parseSubmitResponse returned no taskId");
+    }
+
+    submit = Json(json_incref(r));
+
+    if (exports_has(manifest, "extractUsageOnSubmit")) {
+        json_t *a = json_array();
+        json_array_append(a, driver_ctx.get());
+        json_t *td = json_object_get(r, "taskData");
+        json_array_append_new(a, td ? json_incref(td) : json_null());
+        return call("extractUsageOnSubmit", a, SUBMIT_USAGE);
+    }
+
+    return after_submit_usage();
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::after_submit_usage()
+{
+    if (immediate
+        && std::string_view(json_str(immediate.get(), "status")) == "SUCCESS"
+        && exports_has(manifest, "extractUsageOnComplete"))
+    {
+        json_t *view = json_object();
+        json_object_set_new(view, "task_id", jstr(task_id));
+        json_object_set_new(view, "status", json_string("SUCCESS"));
+        json_t *data = json_object_get(immediate.get(), "data");
+        if (data == nullptr) {
+            data = json_object_get(submit.get(), "taskData");
+        }
+        json_object_set_new(view, "data", data ? json_incref(data)
+                                               : json_null());
+        json_t *a = json_array();
+        json_array_append_new(a, view);
+        json_array_append(a, immediate.get());
+        json_array_append_new(a, data ? json_incref(data) : json_null());
+        return call("extractUsageOnComplete", a, FINAL_USAGE);
+    }
+
+    return create_task();
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::create_task()
+{
+    json_t *r = submit.get();
+    Json t(json_object());
+
+    std::string status = "SUBMITTED";
+    json_t *data = json_object_get(r, "taskData");
+    json_t *state = json_object_get(r, "state");
+    std::string progress, reason;
+
+    if (immediate) {
+        status = std::string(json_str(immediate.get(), "status"));
+        progress = status == "SUCCESS" ? "100%" : "";
+        reason = std::string(json_str(immediate.get(), "reason"));
+        json_t *d = json_object_get(immediate.get(), "data");
+        if (d != nullptr) {
+            data = d;
+        }
+        json_t *s = json_object_get(immediate.get(), "state");
+        if (s != nullptr) {
+            state = s;
+        }
+        if (status == "FAILURE" && reason.empty()) {
+            reason = "the task failed";
+        }
+    }
+
+    std::string_view upstream_id = json_str(r, "taskId");
+
+    json_object_set_new(t.get(), "task_id", jstr(task_id));
+    json_object_set_new(t.get(), "upstream_task_id", jstr(upstream_id));
+    json_object_set_new(t.get(), "plugin_key", jstr(pinfo.key));
+    json_object_set_new(t.get(), "plugin_version", jstr(pinfo.version));
+    json_object_set_new(t.get(), "channel_id",
+                        json_integer(channels[current]->id));
+    json_object_set_new(t.get(), "user_id",
+                        json_integer(llmgw_token_user_id(token)));
+    json_object_set_new(t.get(), "token_id",
+                        json_integer(llmgw_token_id(token)));
+    json_object_set_new(t.get(), "request_id", jstr(request_id));
+    json_object_set_new(t.get(), "action", jstr(action));
+    json_object_set_new(t.get(), "model", jstr(model));
+    json_object_set_new(t.get(), "upstream_model", jstr(upstream_model));
+    json_object_set_new(t.get(), "status", jstr(status));
+    json_object_set_new(t.get(), "progress", jstr(progress));
+    json_object_set_new(t.get(), "fail_reason",
+                        jstr(utf8_prefix(reason, 1024)));
+    json_object_set_new(t.get(), "data", data ? json_incref(data)
+                                              : json_null());
+    json_object_set_new(t.get(), "state", state ? json_incref(state)
+                                                : json_null());
+
+    bool retain = !json_is_false(route ? json_object_get(route, "retainResult")
+                                       : nullptr);
+    json_object_set_new(t.get(), "retain_result", json_boolean(retain));
+    json_object_set_new(t.get(), "quota_reserve", json_integer(quota_reserve));
+    json_object_set_new(t.get(), "quota_submit",
+                        quota_submit >= 0 ? json_integer(quota_submit)
+                                          : json_null());
+    json_object_set_new(t.get(), "final_quota",
+                        final_quota >= 0 ? json_integer(final_quota)
+                                         : json_null());
+    json_object_set(t.get(), "usage", usage ? usage.get() : json_null());
+    json_object_set_new(t.get(), "group_ratio", json_real(group_ratio));
+    json_object_set(t.get(), "price", const_cast<json_t *>(price));
+    json_object_set_new(t.get(), "poll_interval_ms",
+                        json_integer(conf.poll_interval_ms));
+    json_object_set_new(t.get(), "timeout_ms", json_integer(conf.timeout_ms));
+
+    if (json_dumpb(t.get(), nullptr, 0, JSON_COMPACT) > 4 * kMaxTaskBody) {
+        return fail(502, "gateway_error", "task_data_too_large",
+                    "the task data is larger than the host keeps");
+    }
+
+    param[0] = json_dump(t.get());
+    return sql("select llmgw_task_create($1::jsonb)", CREATED, 1, 1);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::render_created()
+{
+    json_t *row = json_object_get(created.get(), "task");
+
+    if (route_kind == LLMGW_TROUTE_NATIVE) {
+        std::string renderer(json_str(route, "render"));
+        json_t *a = json_array();
+        json_array_append(a, decode_ctx.get());
+        json_array_append_new(a, task_view(row));
+        return call(("native." + renderer).c_str(), a, RENDERED);
+    }
+
+    Json v(api_view(row));
+    return respond_json(200, v.get());
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::answer_query(json_t *rows)
+{
+    if (multi_query) {
+        json_t *views = json_array();
+        size_t i;
+        json_t *row;
+        json_array_foreach(rows, i, row) {
+            json_array_append_new(views, task_view(row));
+        }
+        std::string renderer(json_str(route, "render"));
+        json_t *a = json_array();
+        json_array_append(a, decode_ctx.get());
+        json_array_append_new(a, views);
+        return call(("native." + renderer).c_str(), a, RENDERED);
+    }
+
+    json_t *row = json_array_get(rows, 0);
+
+    if (row == nullptr
+        || std::string_view(json_str(row, "task_id")) != query_id)
+    {
+        return fail(404, "invalid_request_error", "task_not_found",
+                    "task " + std::string(utf8_prefix(query_id, 100))
+                    + " not found");
+    }
+
+    if (route_kind == LLMGW_TROUTE_NATIVE) {
+        long p = snap_plugin_find(snap, json_str(row, "plugin_key"));
+        if (p != plugin) {
+            return fail(404, "invalid_request_error", "task_not_found",
+                        "task " + std::string(utf8_prefix(query_id, 100))
+                        + " not found");
+        }
+        std::string renderer(json_str(route, "render"));
+        json_t *a = json_array();
+        json_array_append(a, decode_ctx.get());
+        json_array_append_new(a, task_view(row));
+        return call(("native." + renderer).c_str(), a, RENDERED);
+    }
+
+    Json v(api_view(row));
+    return respond_json(200, v.get());
+}
+
+
+/* The next SSE event to give the plugin, or what ends the stream. */
+const llmgw_tstep_t *
+llmgw_tjob_s::stream_next()
+{
+    if (!stream_error.empty()) {
+        return fail(502, "upstream_error", "bad_response_status_code",
+                    "the submit event stream failed: " + stream_error);
+    }
+
+    if (!events.empty()) {
+        std::string ev = std::move(events.front());
+        events.pop_front();
+
+        json_t *a = json_array();
+        json_array_append(a, driver_ctx.get());
+        Json e = json_parse(ev.data(), ev.size());
+        json_array_append_new(a, e ? json_incref(e.get()) : json_null());
+        json_array_append(a, sse_state ? sse_state.get() : json_null());
+        return call(sse_delta ? "parseSubmitEventDelta" : "parseSubmitEvent",
+                    a, EVENT);
+    }
+
+    if (stream_ended) {
+        if (!stream_ok) {
+            /* a non-2xx answer to an SSE submit: its body is the error */
+            return fail_upstream(http_status, http_body);
+        }
+        return fail(502, "upstream_error", "bad_response_status_code",
+                    "the submit event stream ended before the plugin "
+                    "reported done");
+    }
+
+    phase = STREAMING;
+    return emit(LLMGW_TSTEP_WAIT);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::next_request()
+{
+    char e[512];
+    std::string err;
+
+    switch (phase) {
+
+    case START:
+        return start_request();
+
+    case DECODED:
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        intent = Json(json_incref(hook.result.get()));
+        return after_intent();
+
+    case LOOKED_UP_QUERY:
+        return answer_query(sql_result.get());
+
+    case ORIGINS: {
+        /* each id the caller's, of this plugin, all on one enabled channel */
+        json_t *rows = sql_result.get();
+        size_t i;
+        json_t *id;
+        Json list(json_array());
+
+        json_array_foreach(origin_ids.get(), i, id) {
+            json_t *found = nullptr;
+            size_t k;
+            json_t *row;
+            json_array_foreach(rows, k, row) {
+                if (json_str(row, "task_id") == json_string_value(id)) {
+                    found = row;
+                }
+            }
+
+            if (found == nullptr
+                || json_str(found, "plugin_key") != pinfo.key)
+            {
+                return fail(400, "invalid_request_error",
+                            "invalid_origin_task",
+                            "origin task "
+                            + std::string(utf8_prefix(json_string_value(id),
+                                                      100))
+                            + " not found");
+            }
+
+            int64_t ch = json_int(found, "channel_id", 0);
+            if (pinned_channel != 0 && ch != pinned_channel) {
+                return fail(400, "invalid_request_error",
+                            "invalid_origin_task",
+                            "origin tasks were made on different channels");
+            }
+            pinned_channel = ch;
+
+            json_t *o = json_object();
+            json_object_set_new(o, "taskId", jstr(json_str(found, "task_id")));
+            json_object_set_new(o, "upstreamTaskId",
+                                jstr(json_str(found, "upstream_task_id")));
+            json_object_set_new(o, "action", jstr(json_str(found, "action")));
+            json_object_set_new(o, "status", jstr(json_str(found, "status")));
+            json_t *d = json_object_get(found, "data");
+            json_object_set_new(o, "data", d ? json_incref(d) : json_null());
+            json_array_append_new(list.get(), o);
+        }
+
+        if (snap_channel(snap, pinned_channel, nullptr, nullptr) == nullptr) {
+            return fail(400, "invalid_request_error", "invalid_origin_task",
+                        "the channel of the origin tasks is not available");
+        }
+
+        origins = std::move(list);
+        return choose_channel();
+    }
+
+    case USAGE: {
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        int64_t q = 0;
+        if (!usage_quota(hook.result.get(), &q, err)) {
+            return fail(500, "gateway_error", "plugin_error",
+                        "extractUsage: " + err);
+        }
+        if (reserved) {
+            /* another channel: the reservation stands */
+            return build_submit();
+        }
+        quota_reserve = q;
+        step = llmgw_tstep_t {};
+        step.amount = q;
+        phase = RESERVED;
+        return emit(LLMGW_TSTEP_RESERVE);
+    }
+
+    case RESERVED:
+        if (reserve_refusal.status != 0) {
+            return fail(reserve_refusal.status, reserve_refusal.type,
+                        reserve_refusal.code, reserve_refusal.message);
+        }
+        reserved = true;
+        return build_submit();
+
+    case BUILT: {
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        phase = SENT;
+        const llmgw_tstep_t *s = send("buildSubmitRequest");
+        if (s == nullptr) {
+            return fail(500, "gateway_error", "invalid_descriptor",
+                        send_error);
+        }
+        if (sse) {
+            phase = STREAMING;
+        }
+        return s;
+    }
+
+    case SENT:
+        if (!transport_error.empty()) {
+            if (current + 1 < nchannels && pinned_channel == 0) {
+                transport_error.clear();
+                current++;
+                return extract_usage();
+            }
+            return fail(transport_timeout ? 504 : 502, "upstream_error",
+                        "do_request_failed",
+                        "the task upstream could not be reached: "
+                        + transport_error);
+        }
+        return after_send();
+
+    case STREAMING:
+        return stream_next();
+
+    case EVENT: {
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        std::string r = json_dump(hook.result.get());
+        llmgw_buf_t state {};
+        int done = 0;
+        int rc = sse_delta
+                 ? llmgw_sse_acc_apply(acc, r.data(), r.size(), &done, &state,
+                                       e, sizeof(e))
+                 : llmgw_sse_snapshot_result(r.data(), r.size(), &done,
+                                             &state, e, sizeof(e));
+        if (rc != 0) {
+            return fail(502, "gateway_error", "plugin_error",
+                        hook_name_ + ": " + e);
+        }
+        sse_state = json_any(state.data, state.len);
+        llmgw_buf_free(&state);
+
+        if (!done) {
+            return stream_next();
+        }
+
+        /* the plugin has what it needs: stop reading */
+        if (sse_delta) {
+            llmgw_buf_t b = llmgw_sse_acc_body(acc);
+            sse_body = json_any(b.data, b.len);
+            llmgw_buf_free(&b);
+        } else {
+            sse_body = Json(json_incref(sse_state.get()));
+        }
+
+        if (!stream_ended && !stream_cancelled) {
+            stream_cancelled = true;
+            phase = PARSED;          /* set below by parse_submit */
+            step = llmgw_tstep_t {};
+            phase_after_cancel = true;
+            return emit(LLMGW_TSTEP_HTTP_CANCEL);
+        }
+
+        return parse_submit(json_incref(sse_body.get()));
+    }
+
+    case PARSED:
+        if (phase_after_cancel) {
+            phase_after_cancel = false;
+            return parse_submit(json_incref(sse_body.get()));
+        }
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        return after_parse();
+
+    case SUBMIT_USAGE: {
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        int64_t q = 0;
+        if (!usage_quota(hook.result.get(), &q, err)) {
+            return fail(500, "gateway_error", "plugin_error",
+                        "extractUsageOnSubmit: " + err);
+        }
+        if (!json_is_null(hook.result.get())) {
+            quota_submit = q;
+        }
+        return after_submit_usage();
+    }
+
+    case FINAL_USAGE: {
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        int64_t q = 0;
+        if (!usage_quota(hook.result.get(), &q, err)) {
+            return fail(500, "gateway_error", "plugin_error",
+                        "extractUsageOnComplete: " + err);
+        }
+        if (!json_is_null(hook.result.get())) {
+            final_quota = q;
+        }
+        return create_task();
+    }
+
+    case CREATED:
+        if (!sql_error.empty()) {
+            return fail(500, "gateway_error", "task_store_failed",
+                        "the task could not be saved; it was not charged");
+        }
+        charged = true;
+        created = Json(json_incref(sql_result.get()));
+        if (!json_is_object(json_object_get(created.get(), "task"))) {
+            return fail(500, "gateway_error", "task_store_failed",
+                        "the task store answered without the task");
+        }
+        return render_created();
+
+    case RENDERED:
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        return respond_json(200, hook.result.get());
+
+    case ERROR_RENDERED:
+        if (!hook.ok || !json_is_object(hook.result.get())) {
+            return contract_error();
+        }
+        return respond_json(err_status, hook.result.get());
+
+    default:
+        return respond(500, "{}");
+    }
+}
+
+
+/* ------------------------------------------------------------------ */
+/* polling                                                             */
+
+json_t *
+llmgw_tjob_s::query_ctx(const TaskRow &t)
+{
+    json_t *ctx = json_object();
+    const json_t *row = t.row.get();
+
+    json_object_set_new(ctx, "taskId", jstr(t.upstream_id));
+    json_object_set_new(ctx, "publicTaskId", jstr(t.task_id));
+    json_object_set_new(ctx, "model", jstr(t.model));
+    json_object_set_new(ctx, "upstreamModel", jstr(t.upstream_model));
+    json_object_set_new(ctx, "action", jstr(t.action));
+
+    json_t *d = json_object_get(row, "data");
+    json_object_set_new(ctx, "data", d ? json_incref(d) : json_null());
+    json_t *s = json_object_get(row, "state");
+    json_object_set_new(ctx, "state", s ? json_incref(s) : json_null());
+
+    std::string_view url;
+    const json_t *settings = nullptr;
+    const llmgw_channel_t *c = snap_channel(snap, t.channel_id, &url,
+                                            &settings);
+    return channel_ctx(c, url, settings, ctx);
+}
+
+
+void
+llmgw_tjob_s::poll_terminal(size_t i, const char *status,
+    const std::string &reason)
+{
+    json_t *u = json_array_get(updates.get(), i);
+
+    json_object_set_new(u, "status", json_string(status));
+    if (!reason.empty()) {
+        json_object_set_new(u, "fail_reason",
+                            jstr(utf8_prefix(reason, 1024)));
+    }
+}
+
+
+/* One more failed poll; the task fails when they reach the limit. */
+void
+llmgw_tjob_s::poll_failure(size_t i, const std::string &reason)
+{
+    json_t *u = json_array_get(updates.get(), i);
+    int64_t n = tasks[i].failures + 1;
+
+    json_object_set_new(u, "poll_failures", json_integer(n));
+
+    if (n >= conf.max_failures) {
+        poll_terminal(i, "FAILURE",
+                      "polling failed " + std::to_string(n)
+                      + " times in a row: " + reason);
+    }
+}
+
+
+/* A parse hook's answer for one task. */
+void
+llmgw_tjob_s::poll_result(size_t i, const json_t *r, bool parse_2xx)
+{
+    json_t *u = json_array_get(updates.get(), i);
+
+    if (!json_is_object(r)) {
+        poll_failure(i, "the parse hook returned no result object");
+        return;
+    }
+
+    std::string_view status = json_str(r, "status");
+
+    if (!known_status(status) || status == "UNKNOWN") {
+        poll_failure(i, status.empty()
+                        ? std::string("the parse hook returned no status")
+                        : "the upstream status is "
+                          + std::string(utf8_prefix(status, 64)));
+        return;
+    }
+
+    /* the state changes only when the hook returns one */
+    json_t *state = json_object_get(r, "state");
+    if (state != nullptr) {
+        json_object_set(u, "state", state);
+    }
+
+    json_t *progress = json_object_get(r, "progress");
+    if (json_is_string(progress)) {
+        json_object_set(u, "progress", progress);
+    } else if (json_is_number(progress)) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%g%%", json_number_value(progress));
+        json_object_set_new(u, "progress", json_string(buf));
+    }
+
+    /* the result's data: its "data" member, else its other members */
+    json_t *data = json_object_get(r, "data");
+    if (data != nullptr) {
+        json_object_set(u, "data", data);
+    } else {
+        Json rest(json_object());
+        const char *k;
+        json_t *v;
+        json_object_foreach(const_cast<json_t *>(r), k, v) {
+            std::string_view key(k);
+            if (key != "status" && key != "progress" && key != "reason"
+                && key != "state" && key != "taskId")
+            {
+                json_object_set(rest.get(), k, v);
+            }
+        }
+        if (json_object_size(rest.get()) > 0) {
+            json_t *old = json_object_get(tasks[i].row.get(), "data");
+            Json merged(json_is_object(old) ? json_deep_copy(old)
+                                            : json_object());
+            json_object_update(merged.get(), rest.get());
+            json_object_set(u, "data", merged.get());
+        }
+    }
+
+    if (status == "FAILURE") {
+        std::string reason(json_str(r, "reason"));
+        poll_terminal(i, "FAILURE", reason.empty() ? "the task failed"
+                                                   : reason);
+        return;
+    }
+
+    if (status == "SUCCESS") {
+        poll_terminal(i, "SUCCESS", "");
+        json_object_set_new(u, "progress", json_string("100%"));
+        json_array_set(results.get(), i, const_cast<json_t *>(r));
+        return;
+    }
+
+    json_object_set_new(u, "status", jstr(status));
+
+    if (parse_2xx) {
+        json_object_set_new(u, "poll_failures", json_integer(0));
+    } else {
+        poll_failure(i, "the upstream answered HTTP "
+                        + std::to_string(http_status));
+    }
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::poll_build()
+{
+    updates = Json(json_array());
+    results = Json(json_array());
+
+    for (const TaskRow &t : tasks) {
+        json_t *u = json_object();
+        json_object_set_new(u, "task_id", jstr(t.task_id));
+        json_object_set_new(u, "poll_failures", json_integer(t.failures));
+        json_object_set_new(u, "next_poll_ms",
+                            json_integer(conf.poll_interval_ms));
+        json_array_append_new(updates.get(), u);
+        json_array_append_new(results.get(), json_null());
+    }
+
+    plugin = snap_plugin_find(snap, tasks[0].plugin);
+    manifest = snap_plugin(snap, static_cast<size_t>(std::max(plugin, 0L)),
+                           &pinfo);
+    const llmgw_channel_t *c = snap_channel(snap, tasks[0].channel_id,
+                                            &base_url, &channel_settings);
+
+    if (plugin < 0 || c == nullptr) {
+        std::string why = plugin < 0
+                          ? "the plugin " + tasks[0].plugin
+                            + " is not enabled"
+                          : std::string("the channel is not available");
+        for (size_t i = 0; i < tasks.size(); i++) {
+            poll_failure(i, why);
+        }
+        return poll_save();
+    }
+
+    sha = pinfo.sha;
+
+    if (batch) {
+        json_t *list = json_array();
+        for (const TaskRow &t : tasks) {
+            json_array_append_new(list, query_ctx(t));
+        }
+        json_t *bctx = channel_ctx(c, base_url, channel_settings,
+                                   json_object());
+        json_t *a = json_array();
+        json_array_append_new(a, bctx);
+        json_array_append_new(a, list);
+        return call("buildBatchQueryRequest", a, POLL_BUILT);
+    }
+
+    json_t *a = json_array();
+    json_array_append_new(a, query_ctx(tasks[0]));
+    return call("buildQueryRequest", a, POLL_BUILT);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::poll_sent()
+{
+    if (!transport_error.empty()) {
+        for (size_t i = 0; i < tasks.size(); i++) {
+            poll_failure(i, transport_error);
+        }
+        return poll_save();
+    }
+
+    if (http_status >= 301 && http_status <= 308 && http_status != 304) {
+        json_t *l = json_object_get(http_headers.get(), "location");
+        const char *loc = json_is_array(l)
+                          ? json_string_value(json_array_get(l, 0)) : nullptr;
+
+        if (loc != nullptr && redirects < conf.max_redirects) {
+            llmgw_desc_policy_t p;
+            std::vector<llmgw_str_t> hosts;
+            std::vector<llmgw_file_t> f;
+            llmgw_outbound_t nxt {};
+            char e[512];
+
+            policy(p, hosts, f, false, false);
+
+            if (llmgw_descriptor_redirect(&out, http_status,
+                                          llmgw_str_t { loc, strlen(loc) },
+                                          &p, &nxt, e, sizeof(e)) == 0)
+            {
+                llmgw_outbound_free(&out);
+                out = nxt;
+                redirects++;
+                step = llmgw_tstep_t {};
+                step.out = &out;
+                step.channel_id = channel_id();
+                phase = POLL_SENT;
+                return emit(LLMGW_TSTEP_HTTP);
+            }
+
+            for (size_t i = 0; i < tasks.size(); i++) {
+                poll_failure(i, std::string("redirect refused: ") + e);
+            }
+            return poll_save();
+        }
+    }
+
+    int s = http_status;
+
+    if (s == 404 || s == 410) {
+        for (size_t i = 0; i < tasks.size(); i++) {
+            poll_terminal(i, "FAILURE", "the upstream no longer knows the "
+                          "task (HTTP " + std::to_string(s) + ")");
+        }
+        return poll_save();
+    }
+
+    if (s == 401 || s == 403 || s == 429 || s >= 500 || s < 200
+        || (s >= 300 && s < 400))
+    {
+        if (s == 401 || s == 403) {
+            auth_warning = true;
+        }
+        for (size_t i = 0; i < tasks.size(); i++) {
+            poll_failure(i, "the upstream answered HTTP " + std::to_string(s));
+        }
+        return poll_save();
+    }
+
+    /* 2xx and other 4xx go to the parse hook */
+    json_t *info = json_object();
+    json_object_set_new(info, "status", json_integer(s));
+    json_object_set(info, "headers",
+                    http_headers ? http_headers.get() : json_object());
+
+    json_t *a = json_array();
+
+    if (batch) {
+        json_array_append_new(a, channel_ctx(
+            snap_channel(snap, tasks[0].channel_id, nullptr, nullptr),
+            base_url, channel_settings, json_object()));
+    } else {
+        json_array_append_new(a, query_ctx(tasks[0]));
+    }
+
+    json_array_append_new(a, body_value(http_body));
+    json_array_append_new(a, info);
+    return call(batch ? "parseBatchResult" : "parseTaskResult", a,
+                POLL_PARSED);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::poll_parsed()
+{
+    bool ok2xx = http_status >= 200 && http_status <= 299;
+
+    if (!hook.ok) {
+        std::string why = hook_name_ + " failed: "
+                          + (hook.kind == "plugin" ? hook.message : hook.kind);
+        for (size_t i = 0; i < tasks.size(); i++) {
+            poll_failure(i, why);
+        }
+        return poll_save();
+    }
+
+    if (!batch) {
+        poll_result(0, hook.result.get(), ok2xx);
+        return poll_usage();
+    }
+
+    json_t *list = hook.result.get();
+
+    if (!json_is_array(list)) {
+        for (size_t i = 0; i < tasks.size(); i++) {
+            poll_failure(i, "parseBatchResult must return an array");
+        }
+        return poll_save();
+    }
+
+    std::vector<bool> seen(tasks.size(), false);
+    size_t k;
+    json_t *r;
+
+    json_array_foreach(list, k, r) {
+        std::string_view id = json_str(r, "taskId");
+        for (size_t i = 0; i < tasks.size(); i++) {
+            if (!seen[i] && tasks[i].upstream_id == id) {
+                seen[i] = true;
+                poll_result(i, r, ok2xx);
+                break;
+            }
+        }
+    }
+
+    for (size_t i = 0; i < tasks.size(); i++) {
+        if (!seen[i]) {
+            poll_failure(i, "the batch answer did not mention the task");
+        }
+    }
+
+    return poll_usage();
+}
+
+
+/* extractUsageOnComplete for each task that just succeeded, in turn. */
+const llmgw_tstep_t *
+llmgw_tjob_s::poll_usage()
+{
+    bool has = exports_has(manifest, "extractUsageOnComplete");
+
+    while (usage_at < tasks.size()) {
+        size_t i = usage_at;
+        json_t *u = json_array_get(updates.get(), i);
+
+        if (std::string_view(json_str(u, "status")) != "SUCCESS" || !has) {
+            usage_at++;
+            continue;
+        }
+
+        json_t *res = json_array_get(results.get(), i);
+        json_t *row = tasks[i].row.get();
+        Json view(task_view(row));
+        json_object_set_new(view.get(), "status", json_string("SUCCESS"));
+        json_t *data = json_object_get(u, "data");
+        if (data == nullptr) {
+            data = json_object_get(row, "data");
+        }
+        json_object_set(view.get(), "data", data ? data : json_null());
+
+        json_t *a = json_array();
+        json_array_append(a, view.get());
+        json_array_append(a, res ? res : json_null());
+        json_array_append_new(a, data ? json_incref(data) : json_null());
+        return call("extractUsageOnComplete", a, POLL_USAGE);
+    }
+
+    return poll_save();
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::poll_save()
+{
+    param[0] = owner;
+    param[1] = json_dump(updates.get());
+    return sql("select llmgw_task_update($1, $2::jsonb)", POLL_SAVED, 2, 1);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::next_poll()
+{
+    switch (phase) {
+
+    case START:
+    case POLL_BUILD:
+        return poll_build();
+
+    case POLL_BUILT: {
+        if (!hook.ok) {
+            std::string why = hook_name_ + " failed: "
+                              + (hook.kind == "plugin" ? hook.message
+                                                       : hook.kind);
+            for (size_t i = 0; i < tasks.size(); i++) {
+                poll_failure(i, why);
+            }
+            return poll_save();
+        }
+        phase = POLL_SENT;
+        const llmgw_tstep_t *s = send(batch ? "buildBatchQueryRequest"
+                                            : "buildQueryRequest");
+        if (s == nullptr) {
+            for (size_t i = 0; i < tasks.size(); i++) {
+                poll_failure(i, send_error);
+            }
+            return poll_save();
+        }
+        return s;
+    }
+
+    case POLL_SENT:
+        return poll_sent();
+
+    case POLL_PARSED:
+        return poll_parsed();
+
+    case POLL_USAGE: {
+        size_t i = usage_at++;
+        json_t *u = json_array_get(updates.get(), i);
+        std::string err;
+
+        if (hook.ok && !json_is_null(hook.result.get())) {
+            /* the stored price and schema of the task decide */
+            price = json_object_get(tasks[i].row.get(), "price");
+            group_ratio = tasks[i].group_ratio;
+            std::string mtext = json_dump(manifest);
+            llmgw_buf_t sch {};
+            llmgw_task_usage_schema(mtext.data(), mtext.size(),
+                                    str(tasks[i].upstream_model),
+                                    str(tasks[i].model), &sch);
+            schema = json_parse(sch.data, sch.len);
+            llmgw_buf_free(&sch);
+
+            int64_t q = 0;
+            if (price != nullptr && usage_quota(hook.result.get(), &q, err)) {
+                json_object_set_new(u, "final_quota", json_integer(q));
+                json_object_set(u, "usage", hook.result.get());
+            } else {
+                poll_log.push_back(tasks[i].task_id
+                                   + ": extractUsageOnComplete: "
+                                   + (err.empty() ? "no price" : err));
+            }
+        } else if (!hook.ok) {
+            poll_log.push_back(tasks[i].task_id
+                               + ": extractUsageOnComplete failed: "
+                               + hook.message);
+        }
+        return poll_usage();
+    }
+
+    case POLL_SAVED:
+        phase = FINISHED;
+        step = llmgw_tstep_t {};
+        return emit(LLMGW_TSTEP_DONE);
+
+    default:
+        step = llmgw_tstep_t {};
+        return emit(LLMGW_TSTEP_DONE);
+    }
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::next()
+{
+    if (phase == FINISHED) {
+        step = llmgw_tstep_t {};
+        return emit(mode == POLL ? LLMGW_TSTEP_DONE : LLMGW_TSTEP_RESPOND);
+    }
+
+    return mode == POLL ? next_poll() : next_request();
+}
+
+
+/* ------------------------------------------------------------------ */
+/* the C API                                                           */
+
+extern "C" void
+llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
+    llmgw_str_t path, llmgw_troute_t *out)
+{
+    *out = llmgw_troute_t { LLMGW_TROUTE_NONE, -1, -1, 0 };
+
+    try {
+        std::string_view p = sv(path);
+        std::string m = upper(sv(method));
+        auto seg = segments(p);
+
+        if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "tasks") {
+            if (m == "POST") {
+                out->kind = LLMGW_TROUTE_SUBMIT;
+                out->plugin = snap_plugin_find(s, seg[2]);
+                out->method_ok = 1;
+            } else {
+                out->kind = LLMGW_TROUTE_GET;
+                out->method_ok = m == "GET";
+            }
+            return;
+        }
+
+        size_t n = snap_plugin_count(s);
+        bool path_seen = false;
+
+        for (size_t i = 0; i < n; i++) {
+            const json_t *manifest = snap_plugin(s, i, nullptr);
+            size_t   k;
+            json_t  *r;
+
+            json_array_foreach(json_object_get(manifest, "routes"), k, r) {
+                if (!path_match(json_str(r, "path"), p, nullptr)) {
+                    continue;
+                }
+                path_seen = true;
+                std::string rm = upper(json_str(r, "method"));
+                if (rm.empty()) {
+                    rm = "GET";
+                }
+                if (rm == m) {
+                    out->kind = LLMGW_TROUTE_NATIVE;
+                    out->plugin = static_cast<long>(i);
+                    out->route = static_cast<long>(k);
+                    out->method_ok = 1;
+                    return;
+                }
+            }
+        }
+
+        if (path_seen) {
+            out->kind = LLMGW_TROUTE_NATIVE;
+            out->method_ok = 0;
+        }
+
+    } catch (...) {
+        out->kind = LLMGW_TROUTE_NONE;
+    }
+}
+
+
+extern "C" llmgw_tjob_t *
+llmgw_tjob_request(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
+    const llmgw_troute_t *route, const llmgw_treq_t *req)
+{
+    try {
+        auto j = std::make_unique<llmgw_tjob_s>();
+
+        j->mode = llmgw_tjob_s::REQUEST;
+        j->snap = s;
+        j->conf = *conf;
+        j->route_kind = route->kind;
+        j->plugin = route->plugin;
+        j->method = upper(sv(req->method));
+        j->path = std::string(sv(req->path));
+        j->args = std::string(sv(req->args));
+        j->content_type = std::string(sv(req->content_type));
+        j->body = std::string(sv(req->body));
+        j->headers_json = std::string(sv(req->headers_json));
+        j->request_id = std::string(sv(req->request_id));
+        j->token = req->token;
+        j->group = std::string(sv(req->group));
+        j->group_ratio = req->group_ratio;
+        j->seed = req->seed;
+
+        if (j->plugin >= 0) {
+            j->manifest = snap_plugin(s, static_cast<size_t>(j->plugin),
+                                      &j->pinfo);
+            j->sha = j->pinfo.sha;
+            if (route->route >= 0) {
+                j->route = json_array_get(json_object_get(j->manifest,
+                                                          "routes"),
+                                          static_cast<size_t>(route->route));
+            }
+        }
+
+        return j.release();
+
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+
+extern "C" llmgw_tjob_t *
+llmgw_tjob_poll(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
+    const char *tasks_json, size_t len, llmgw_str_t owner)
+{
+    try {
+        Json list = json_parse(tasks_json, len);
+
+        if (!json_is_array(list.get()) || json_array_size(list.get()) == 0) {
+            return nullptr;
+        }
+
+        auto j = std::make_unique<llmgw_tjob_s>();
+
+        j->mode = llmgw_tjob_s::POLL;
+        j->snap = s;
+        j->conf = *conf;
+        j->owner = std::string(sv(owner));
+
+        size_t   i;
+        json_t  *row;
+
+        json_array_foreach(list.get(), i, row) {
+            j->tasks.push_back(task_row(row));
+        }
+
+        long p = snap_plugin_find(s, j->tasks[0].plugin);
+        const json_t *m = p >= 0 ? snap_plugin(s, static_cast<size_t>(p),
+                                               nullptr)
+                                 : nullptr;
+        j->batch = json_str(m, "fetchMode") == "batch";
+
+        return j.release();
+
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+
+extern "C" size_t
+llmgw_task_poll_jobs(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
+    const char *claim_json, size_t len, llmgw_str_t owner,
+    llmgw_tjob_t ***jobs, size_t *ntasks)
+{
+    *ntasks = 0;
+    *jobs = nullptr;
+
+    std::vector<llmgw_tjob_t *> out;
+
+    try {
+        Json claim = json_parse(claim_json, len);
+        json_t *tasks = json_object_get(claim.get(), "tasks");
+        Json plan(json_array());
+
+        /* batch plugins: one open group per plugin and channel */
+        std::vector<std::pair<std::string, json_t *>> open;
+
+        size_t   i;
+        json_t  *row;
+
+        json_array_foreach(tasks, i, row) {
+            (*ntasks)++;
+
+            std::string_view key = json_str(row, "plugin_key");
+            long p = snap_plugin_find(s, key);
+            const json_t *m = p >= 0 ? snap_plugin(s, static_cast<size_t>(p),
+                                                   nullptr)
+                                     : nullptr;
+
+            if (json_str(m, "fetchMode") != "batch") {
+                json_t *one = json_array();
+                json_array_append(one, row);
+                json_array_append_new(plan.get(), one);
+                continue;
+            }
+
+            std::string group = std::string(key) + "\n"
+                                + std::to_string(json_int(row, "channel_id",
+                                                          0));
+            json_t *g = nullptr;
+
+            for (auto &o : open) {
+                if (o.first == group
+                    && json_array_size(o.second) < conf->batch_size)
+                {
+                    g = o.second;
+                }
+            }
+
+            if (g == nullptr) {
+                g = json_array();
+                json_array_append_new(plan.get(), g);
+                open.emplace_back(group, g);
+            }
+
+            json_array_append(g, row);
+        }
+
+        json_t *list;
+
+        json_array_foreach(plan.get(), i, list) {
+            std::string text = json_dump(list);
+            llmgw_tjob_t *j = llmgw_tjob_poll(s, conf, text.data(),
+                                              text.size(), owner);
+            if (j != nullptr) {
+                out.push_back(j);
+            }
+        }
+
+        llmgw_tjob_t **arr = static_cast<llmgw_tjob_t **>(
+                         std::malloc((out.size() + 1) * sizeof(*arr)));
+        if (arr == nullptr) {
+            throw std::bad_alloc();
+        }
+
+        std::copy(out.begin(), out.end(), arr);
+        *jobs = arr;
+        return out.size();
+
+    } catch (...) {
+        for (llmgw_tjob_t *j : out) {
+            delete j;
+        }
+        return 0;
+    }
+}
+
+
+extern "C" int64_t
+llmgw_tjob_channel(const llmgw_tjob_t *j)
+{
+    return j->channel_id();
+}
+
+
+extern "C" llmgw_buf_t
+llmgw_task_headers_json(const llmgw_str_t *names, const llmgw_str_t *values,
+    size_t n)
+{
+    try {
+        Json out(json_object());
+
+        for (size_t i = 0; i < n; i++) {
+            std::string name(sv(names[i]));
+            std::transform(name.begin(), name.end(), name.begin(),
+                           [](unsigned char c) {
+                               return static_cast<char>(std::tolower(c));
+                           });
+
+            /* the client's credentials are not the plugin's business */
+            if (name == "authorization" || name == "x-api-key"
+                || name == "cookie" || name == "x-goog-api-key"
+                || name == "proxy-authorization")
+            {
+                continue;
+            }
+
+            json_t *old = json_object_getn(out.get(), name.data(),
+                                           name.size());
+            std::string v(utf8_prefix(sv(values[i]), 8192));
+
+            if (old != nullptr) {
+                v = std::string(json_string_value(old)) + ", " + v;
+            }
+
+            json_object_setn_new(out.get(), name.data(), name.size(), jstr(v));
+        }
+
+        return make_buf(json_dump(out.get()));
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}
+
+
+extern "C" void
+llmgw_tjob_free(llmgw_tjob_t *j)
+{
+    delete j;
+}
+
+
+extern "C" const llmgw_tstep_t *
+llmgw_tjob_next(llmgw_tjob_t *j)
+{
+    static llmgw_tstep_t  broken;
+
+    try {
+        return j->next();
+
+    } catch (const std::exception &e) {
+        try {
+            return j->fail(500, "gateway_error", "internal_error",
+                           std::string("the task engine failed: ")
+                           + e.what());
+        } catch (...) {
+        }
+    } catch (...) {
+    }
+
+    broken = llmgw_tstep_t {};
+    broken.kind = j->mode == llmgw_tjob_s::POLL ? LLMGW_TSTEP_DONE
+                                                 : LLMGW_TSTEP_RESPOND;
+    broken.status = 500;
+    broken.body = LLMGW_STR("{\"error\":{\"message\":\"internal error\","
+                            "\"type\":\"gateway_error\",\"code\":"
+                            "\"internal_error\"}}");
+    return &broken;
+}
+
+
+extern "C" void
+llmgw_tjob_hook_done(llmgw_tjob_t *j, int rc, const char *reply, size_t len)
+{
+    j->busy = false;
+
+    try {
+        j->hook = hook_reply(rc, reply, len);
+    } catch (...) {
+        j->hook = HookReply {};
+        j->hook.kind = "internal";
+    }
+}
+
+
+extern "C" void
+llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
+    const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders,
+    const char *body, size_t len, const char *err)
+{
+    j->busy = false;
+
+    try {
+        if (j->sse_mode_step) {
+            /* the end of a stream (its header came through stream calls) */
+            j->stream_ended = true;
+            if (rc != 0 && !j->stream_cancelled) {
+                j->stream_error = timed_out ? "no event within the idle "
+                                              "timeout"
+                                            : std::string(err ? err
+                                                              : "read failed");
+            }
+            return;
+        }
+
+        j->transport_error.clear();
+        j->transport_timeout = timed_out != 0;
+
+        if (rc != 0) {
+            j->transport_error = err ? err : "the request failed";
+            return;
+        }
+
+        j->http_status = status;
+        llmgw_buf_t h = llmgw_headers_json(names, values, nheaders);
+        j->http_headers = json_parse(h.data, h.len);
+        llmgw_buf_free(&h);
+        j->http_body.assign(body ? body : "", len);
+
+    } catch (...) {
+        j->transport_error = "out of memory";
+    }
+}
+
+
+namespace {
+
+void
+queue_event(void *arg, const llmgw_sse_event_t *ev)
+{
+    auto *j = static_cast<llmgw_tjob_t *>(arg);
+    llmgw_buf_t b = llmgw_sse_event_json(ev);
+
+    if (b.data != nullptr) {
+        j->events.emplace_back(b.data, b.len);
+    }
+    llmgw_buf_free(&b);
+}
+
+} /* namespace */
+
+
+extern "C" int
+llmgw_tjob_stream_headers(llmgw_tjob_t *j, int status,
+    const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders)
+{
+    try {
+        j->http_status = status;
+        llmgw_buf_t h = llmgw_headers_json(names, values, nheaders);
+        j->http_headers = json_parse(h.data, h.len);
+        llmgw_buf_free(&h);
+
+        if (status < 200 || status > 299) {
+            j->stream_ok = false;
+            return 0;                       /* read the error body */
+        }
+
+        bool es = false;
+        for (size_t i = 0; i < nheaders; i++) {
+            if (sv(names[i]) == "content-type"
+                && sv(values[i]).find("text/event-stream")
+                   != std::string_view::npos)
+            {
+                es = true;
+            }
+        }
+
+        if (!es) {
+            j->stream_error = "the upstream did not answer with an event "
+                              "stream";
+            return j->busy ? -1 : 1;
+        }
+
+        j->stream_ok = true;
+        return 0;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_tjob_stream_data(llmgw_tjob_t *j, const char *data, size_t len)
+{
+    try {
+        if (!j->stream_ok) {
+            if (j->http_body.size() < kErrBody) {
+                j->http_body.append(data, std::min(len, kErrBody
+                                                   - j->http_body.size()));
+            }
+            return 0;
+        }
+
+        if (j->stream_cancelled) {
+            return -1;
+        }
+
+        if (llmgw_sse_feed(j->sse_parser, data, len, queue_event, j) != 0) {
+            j->stream_error = "an event is larger than 1 MiB";
+            return j->busy ? -1 : 1;
+        }
+
+        return (!j->busy && j->phase == llmgw_tjob_s::STREAMING
+                && !j->events.empty()) ? 1 : 0;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" void
+llmgw_tjob_sql_done(llmgw_tjob_t *j, const char *json, size_t len,
+    const char *err)
+{
+    j->busy = false;
+    j->sql_error.clear();
+    j->sql_result.reset();
+
+    try {
+        if (err != nullptr) {
+            j->sql_error = err;
+            j->sql_result = Json(json_array());
+            return;
+        }
+
+        j->sql_result = json_parse(json, len);
+        if (!j->sql_result) {
+            j->sql_error = "unreadable answer";
+            j->sql_result = Json(json_array());
+        }
+
+    } catch (...) {
+        j->sql_error = "out of memory";
+    }
+}
+
+
+extern "C" void
+llmgw_tjob_reserve_done(llmgw_tjob_t *j, const llmgw_verdict_t *v)
+{
+    j->busy = false;
+    j->reserve_refusal = v ? *v : llmgw_verdict_t {};
+}
+
+
+extern "C" int
+llmgw_tjob_charged(const llmgw_tjob_t *j)
+{
+    return j->charged;
+}
+
+
+extern "C" int
+llmgw_tjob_busy(const llmgw_tjob_t *j)
+{
+    return j->busy;
+}
+
+
+extern "C" void
+llmgw_tjob_set_sse_idle(llmgw_tjob_t *j, int64_t ms)
+{
+    j->sse_idle_ms = ms;
+}
+
+
+extern "C" size_t
+llmgw_tjob_poll_notes(const llmgw_tjob_t *j, int *auth_warning,
+    const char **first)
+{
+    *auth_warning = j->auth_warning;
+    *first = j->poll_log.empty() ? nullptr : j->poll_log[0].c_str();
+    return j->poll_log.size();
+}

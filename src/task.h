@@ -1,1 +1,177 @@
-/* placeholder */
+/*
+ * The task engine: submit, query and poll flows of task plugins.
+ *
+ * The engine makes every decision and does no I/O.  A job is a small state
+ * machine: the caller asks it for the next step (call a hook in v8_host,
+ * send an HTTP request, run a SQL statement, reserve quota, answer the
+ * client), performs that step however it likes (nginx does it on its event
+ * loop), and hands the result back.  Unit tests drive the same machine with
+ * canned results.
+ */
+
+#ifndef LLMGW_TASK_H
+#define LLMGW_TASK_H
+
+#include "llmgw.h"
+#include "descriptor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+
+/* Limits and intervals (nginx directives). */
+typedef struct {
+    int64_t   poll_interval_ms;
+    int64_t   timeout_ms;          /* outer deadline of a task */
+    int64_t   max_failures;        /* TASK_POLL_MAX_FAILURES */
+    size_t    batch_size;          /* tasks per batch query */
+    size_t    max_file_bytes;
+    size_t    max_total_bytes;
+    int       max_redirects;
+    int       max_tries;           /* channels tried by one submit */
+} llmgw_task_conf_t;
+
+
+/* ---- what a request asks for ---- */
+
+typedef enum {
+    LLMGW_TROUTE_NONE = 0,
+    LLMGW_TROUTE_SUBMIT,           /* POST /v1/tasks/{pluginKey} */
+    LLMGW_TROUTE_GET,              /* GET /v1/tasks/{taskId} */
+    LLMGW_TROUTE_NATIVE            /* a plugin's meta.routes entry */
+} llmgw_troute_e;
+
+typedef struct {
+    llmgw_troute_e  kind;
+    long            plugin;        /* index in the snapshot, -1 */
+    long            route;         /* index in meta.routes, -1 */
+    int             method_ok;
+} llmgw_troute_t;
+
+/* Which task route, if any, serves a request (no body needed yet). */
+void llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
+    llmgw_str_t path, llmgw_troute_t *out);
+
+
+/* ---- jobs ---- */
+
+typedef struct llmgw_tjob_s  llmgw_tjob_t;
+
+typedef enum {
+    LLMGW_TSTEP_HOOK = 1,          /* sha + body: llmgw_tjob_hook_done */
+    LLMGW_TSTEP_HTTP,              /* out: llmgw_tjob_http_done, or the
+                                      stream calls when out->sse */
+    LLMGW_TSTEP_HTTP_CANCEL,       /* stop the stream, then go on */
+    LLMGW_TSTEP_SQL,               /* sql + params: llmgw_tjob_sql_done */
+    LLMGW_TSTEP_RESERVE,           /* amount: llmgw_tjob_reserve_done */
+    LLMGW_TSTEP_WAIT,              /* nothing to do until a stream call */
+    LLMGW_TSTEP_RESPOND,           /* status + body; the job is finished */
+    LLMGW_TSTEP_DONE               /* a poll job is finished */
+} llmgw_tstep_e;
+
+typedef struct {
+    llmgw_tstep_e            kind;
+    const char              *sha;
+    llmgw_str_t              body;       /* HOOK frame body, RESPOND body */
+    const llmgw_outbound_t  *out;
+    int64_t                  timeout_ms; /* HTTP: idle timeout of a stream */
+    const char              *sql;
+    const char              *params[4];
+    int                      nparams;
+    int                      learn;      /* SQL answer carries balances */
+    int64_t                  amount;
+    int                      status;
+    int64_t                  channel_id; /* the channel a step is for */
+} llmgw_tstep_t;
+
+/* The client request a submit or query job serves. */
+typedef struct {
+    llmgw_str_t               method;
+    llmgw_str_t               path;
+    llmgw_str_t               args;          /* query string */
+    llmgw_str_t               content_type;
+    llmgw_str_t               body;          /* stays valid for the job */
+    llmgw_str_t               headers_json;  /* {"name": "value"} */
+    llmgw_str_t               request_id;
+    const llmgw_token_t      *token;
+    llmgw_str_t               group;
+    double                    group_ratio;
+    uint64_t                  seed;
+} llmgw_treq_t;
+
+/* NULL only when out of memory.  The snapshot must outlive the job. */
+llmgw_tjob_t *llmgw_tjob_request(const llmgw_snapshot_t *s,
+    const llmgw_task_conf_t *conf, const llmgw_troute_t *route,
+    const llmgw_treq_t *req);
+
+/*
+ * A poll job over tasks claimed by llmgw_task_claim() (their JSON rows), all
+ * of one plugin and channel when the plugin polls in batches, else one task.
+ */
+llmgw_tjob_t *llmgw_tjob_poll(const llmgw_snapshot_t *s,
+    const llmgw_task_conf_t *conf, const char *tasks_json, size_t len,
+    llmgw_str_t owner);
+
+/*
+ * The poll jobs for an llmgw_task_claim() answer: one per task, or one per
+ * batch of up to batch_size tasks of a batch plugin on one channel.  *jobs
+ * is malloc'ed (free() it after taking the jobs); returns their number.
+ */
+size_t llmgw_task_poll_jobs(const llmgw_snapshot_t *s,
+    const llmgw_task_conf_t *conf, const char *claim_json, size_t len,
+    llmgw_str_t owner, llmgw_tjob_t ***jobs, size_t *ntasks);
+
+/* The channel a job's current step is for. */
+int64_t llmgw_tjob_channel(const llmgw_tjob_t *j);
+
+/* A client's request headers as {name: value} for DriverContext, without
+ * the client's credentials. */
+llmgw_buf_t llmgw_task_headers_json(const llmgw_str_t *names,
+    const llmgw_str_t *values, size_t n);
+
+void llmgw_tjob_free(llmgw_tjob_t *j);
+
+const llmgw_tstep_t *llmgw_tjob_next(llmgw_tjob_t *j);
+
+/* rc 0: reply is the helper's JSON reply; else reply is the reason. */
+void llmgw_tjob_hook_done(llmgw_tjob_t *j, int rc, const char *reply,
+    size_t len);
+
+/* rc 0 and the response; else err says why (timeout: timed_out = 1). */
+void llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
+    const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders,
+    const char *body, size_t len, const char *err);
+
+/*
+ * A streamed (SSE) response: the header and body bytes as they come; the
+ * end (or a failure) through llmgw_tjob_http_done.  Each returns -1 to stop
+ * the stream, 0 to go on reading, 1 to go on and call llmgw_tjob_next now.
+ */
+int llmgw_tjob_stream_headers(llmgw_tjob_t *j, int status,
+    const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders);
+int llmgw_tjob_stream_data(llmgw_tjob_t *j, const char *data, size_t len);
+
+/* err NULL: the statement's single JSON value. */
+void llmgw_tjob_sql_done(llmgw_tjob_t *j, const char *json, size_t len,
+    const char *err);
+
+/* v NULL: reserved. */
+void llmgw_tjob_reserve_done(llmgw_tjob_t *j, const llmgw_verdict_t *v);
+
+/* Whether the job has charged the reservation into the database. */
+int llmgw_tjob_charged(const llmgw_tjob_t *j);
+/* Whether a step is in flight (its result not handed back yet). */
+int llmgw_tjob_busy(const llmgw_tjob_t *j);
+void llmgw_tjob_set_sse_idle(llmgw_tjob_t *j, int64_t ms);
+/* After a poll job: whether the vendor refused the channel's credentials
+ * (401/403, worth a warning), and notes worth logging. */
+size_t llmgw_tjob_poll_notes(const llmgw_tjob_t *j, int *auth_warning,
+    const char **first);
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LLMGW_TASK_H */

@@ -454,6 +454,7 @@ export function nginxConf({ dir, port, dbConninfo, http: httpExtra = '',
     return `load_module ${MODULE};
 daemon off; master_process on; worker_processes ${workers};
 error_log ${dir}/error.log info; pid ${dir}/nginx.pid;
+${process.env.LLMGW_CORE_DIR ? `worker_rlimit_core 2g; working_directory ${process.env.LLMGW_CORE_DIR};` : ''}
 events { worker_connections 1024; }
 http {
   access_log ${dir}/access.log;

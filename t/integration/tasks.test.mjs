@@ -1,0 +1,716 @@
+// The task engine end to end, through the real nginx, PostgreSQL and the
+// plugin runtime helper, against the mock vendor of t/lib/vendor.mjs:
+// the generic task API (/v1/tasks), native plugin routes, descriptor
+// validation (nothing is sent when a descriptor breaks a rule), reserve /
+// adjust / settle / refund in the ledger, immediate results, retainResult,
+// originTaskIds, multipart files and placeholders, SSE submits in snapshot
+// and delta mode, and the task timeout.  Polling classification, batch
+// plugins, two nodes and a killed worker are in tasks_poll.test.mjs.
+//
+// Every test uploads its own variant of a fixture (fixtures/plugins/task-*.js)
+// with its own key, models and channel on a vendor of its own.
+// Prices: 0.01 USD per task (5000 quota) or 0.01 USD per second of usage.
+
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { after, afterEach, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, hex, psql, settle, sleep, startGateway,
+    stopAll,
+} from '../lib/harness.mjs';
+import {
+    account, assertErrorShape, bareMessage, expectUsed, getTask, ledgerSum,
+    multipartBody, parseMultipart, sseFrame, startVendor, submitTask, taskSetup,
+    TERMINAL, VIEW_KEYS, waitFor, waitLedger, waitStatus,
+} from '../lib/vendor.mjs';
+
+const PER_TASK = 5000;      /* 0.01 USD */
+const PER_SECOND = 5000;    /* 0.01 USD per second of usage */
+const POLL_MS = 200;
+const SSE_IDLE_MS = 2000;
+/* Under the total cap: one file of TWICE_FILE bytes; inlined twice: over it. */
+const FILES_TOTAL = 256 * 1024;
+const TWICE_FILE = 160 * 1024;
+
+const HTTP = [
+    `llmgw_task_poll_interval ${POLL_MS}ms;`,
+    'llmgw_task_poll_max_failures 3;',
+    `llmgw_task_sse_idle_timeout ${SSE_IDLE_MS}ms;`,
+    `llmgw_task_max_files_total ${FILES_TOTAL};`,
+].join('\n  ');
+
+const bytes = (n) => randomBytes(n);
+
+describe('task engine: submit, native routes, descriptors, billing', { timeout: 600000 }, () => {
+    let db, gw, foreign, allowed;
+    const vendors = [];
+
+    /* A vendor of this test; retired after it (its tasks end), closed with
+       the file. */
+    async function newVendor() {
+        const v = await startVendor();
+        vendors.push(v);
+        return v;
+    }
+
+    async function setup(opts = {}) {
+        const vendor = opts.vendor || await newVendor();
+        return taskSetup(gw, { vendors: [vendor], ...opts });
+    }
+
+    const submit = (env, body, opts) => submitTask(gw, env, body, opts);
+    const native = (env, method, p, { key = env.acct.key, body, headers } = {}) =>
+        gw.req(method, `/${env.key}/v1${p}`, { key, body, headers, timeoutMs: 30000 });
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true, http: HTTP });
+        foreign = await startVendor();
+        allowed = await startVendor();
+    });
+
+    afterEach(() => {
+        vendors.forEach((v) => v.retire());
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await Promise.all([foreign, allowed, ...vendors].map((v) => v?.close()));
+            await dropDb(db);
+        }
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* the generic task API                                                */
+    /* ------------------------------------------------------------------ */
+
+    test('POST /v1/tasks/{key}: the driver context, the task view, a reserve', async () => {
+        const env = await setup({ mapping: true });
+        const up = `up-${hex(4)}`;
+        const body = { model: env.model, prompt: 'a cat on a sofa', nested: { n: [1, 2] }, up_id: up };
+        const r = assertOk(await submit(env, body), 'submit');
+        const view = r.json;
+        assert.match(view.task_id, /^task_/, r.text);
+        for (const k of VIEW_KEYS) {
+            assert.ok(k in view, `task view has ${k}: ${r.text}`);
+        }
+        assert.equal(view.model, env.model);
+        assert.equal(view.plugin, env.key);
+        assert.ok(!TERMINAL.includes(view.status), r.text);
+        assert.equal(view.data.submit_status, 200, 'data is what parseSubmitResponse returned');
+
+        const subs = env.vendor.submits();
+        assert.equal(subs.length, 1);
+        assert.equal(subs[0].headers.authorization, `Bearer ${env.channelKey}`);
+        const c = subs[0].json.ctx;
+        assert.deepEqual(c.requestBody, body, 'requestBody is the client body');
+        assert.equal(c.model, env.model);
+        assert.equal(c.upstreamModel, env.upstreamModel, 'after the channel model_mapping');
+        assert.equal(c.baseUrl, env.vendor.url);
+        assert.equal(c.apiKey, env.channelKey);
+        assert.equal(c.authHeader, `Bearer ${env.channelKey}`);
+        assert.deepEqual(c.upstream, { kind: 'vendor' });
+        assert.equal(c.publicTaskId, view.task_id);
+        assert.deepEqual(c.files, []);
+        assert.equal(c.originTasks, '<undefined>');
+        assert.equal(typeof c.action, 'string');
+
+        const g = assertOk(await getTask(gw, env.acct.key, view.task_id), 'GET task');
+        assert.equal(g.json.task_id, view.task_id);
+        assert.equal(g.json.model, env.model);
+        assert.equal(g.json.plugin, env.key);
+        for (const k of VIEW_KEYS) {
+            assert.ok(k in g.json, `GET view has ${k}: ${g.text}`);
+        }
+
+        const led = await waitLedger(db, view.task_id, ['reserve']);
+        assert.equal(led.reserve, PER_TASK);
+        await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+
+    test('POST /v1/tasks: no key 401, unknown plugin 404, no model 400, unserved model 503', async () => {
+        const env = await setup({ wait: false });
+        const other = await setup();
+        const base = { prompt: 'x' };
+        assertError(await submit(env, { model: env.model, ...base }, { key: null }), 401);
+        assertError(await submit(env, { model: env.model, ...base }, { plugin: `nope-${hex(4)}` }), 404);
+        assertError(await submit(env, base), 400, { message: 'Model name not specified' });
+        /* served, but by a channel bound to another plugin */
+        assertError(await submit(env, { model: other.model, ...base }), 503, { code: 'model_not_found' });
+        assertError(await submit(env, { model: `unknown-${hex(4)}`, ...base }), 503,
+            { code: 'model_not_found' });
+        await sleep(300);
+        assert.equal(env.vendor.requests.length, 0, 'nothing reached the vendor');
+        assert.equal(other.vendor.requests.length, 0, 'nothing reached the other vendor');
+        await expectUsed(gw, db, env.acct, 0);
+    });
+
+    test('GET /v1/tasks/{id}: another user\'s task and an unknown id are the same 404', async () => {
+        const env = await setup();
+        const r = assertOk(await submit(env, { model: env.model }));
+        const id = r.json.task_id;
+        const stranger = await account(gw);
+        const theirs = await getTask(gw, stranger.key, id);
+        assertError(theirs, 404, { code: 'task_not_found' });
+        const unknownId = `task_${hex(12)}`;
+        const none = await getTask(gw, env.acct.key, unknownId);
+        assertError(none, 404, { code: 'task_not_found' });
+        assert.equal(theirs.json.error.type, none.json.error.type);
+        assert.equal(bareMessage(theirs).replace(id, '<id>'), bareMessage(none).replace(unknownId, '<id>'),
+            'the answers cannot tell the two apart');
+        assertOk(await getTask(gw, env.acct.key, id), 'the owner still sees it');
+    });
+
+    test('a non-2xx submit answer: that status, upstream_error, the vendor message; nothing charged', async () => {
+        const env = await setup();
+        for (const [status, msg] of [[429, 'vendor is busy, slow down'], [400, 'prompt too long for vendor']]) {
+            env.vendor.onSubmit = () => ({ status, body: { error: { message: msg, type: 'vendor' } } });
+            const r = await submit(env, { model: env.model, prompt: 'x' });
+            const e = assertError(r, status, { type: 'upstream_error' });
+            assert.ok(e.message.includes(msg), `the vendor's message: ${e.message}`);
+        }
+        assert.ok(env.vendor.submits().length >= 2);
+        await settle();
+        await expectUsed(gw, db, env.acct, 0);
+        const rows = JSON.parse(await psql(db.conninfo,
+            `select coalesce(json_agg(type), '[]') from logs where token_id = ${env.acct.token.id}`));
+        for (const t of rows) {
+            assert.ok(['reserve', 'refund', 'error'].includes(t), `unexpected ledger row ${t}`);
+        }
+        assert.equal(rows.filter((t) => t === 'reserve').length, rows.filter((t) => t === 'refund').length,
+            `each reserve refunded: ${rows}`);
+        assert.equal(env.vendor.polls().length, 0, 'no task to poll');
+    });
+
+    test('any 2xx submit status goes to parseSubmitResponse (202 Accepted)', async () => {
+        const env = await setup();
+        env.vendor.onSubmit = (rec) => ({ status: 202, body: { id: rec.json.up_id } });
+        const r = assertOk(await submit(env, { model: env.model, up_id: `up-${hex(4)}` }));
+        assert.equal(r.json.data.submit_status, 202, r.text);
+    });
+
+    test('a throwing hook: 500 plugin_error, its message with the key redacted; nothing sent or charged', async () => {
+        const env = await setup();
+        const r = await submit(env, { model: env.model, behave: 'throw' });
+        const e = assertError(r, 500, { code: 'plugin_error' });
+        assert.match(e.message, /vendor refused key/);
+        assert.ok(!e.message.includes(env.channelKey), e.message);
+        assert.ok(!e.message.includes(env.channelKey.slice(3)), e.message);
+        assert.equal(env.vendor.requests.length, 0);
+        await settle();
+        await expectUsed(gw, db, env.acct, 0);
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* descriptors                                                         */
+    /* ------------------------------------------------------------------ */
+
+    test('descriptor violations: 500 invalid_descriptor naming the rule, nothing sent, nothing charged', async () => {
+        const env = await setup({ allowedHosts: [`127.0.0.1:${allowed.port}`] });
+        foreign.reset();
+        allowed.reset();
+        const cases = [
+            ['a host outside allowedHosts', { behave: 'foreign', target: foreign.url },
+                new RegExp(`host|127\\.0\\.0\\.1:${foreign.port}`, 'i')],
+            ['the channel key to another host', { behave: 'leak', target: foreign.url },
+                new RegExp(`host|127\\.0\\.0\\.1:${foreign.port}`, 'i')],
+            ['credentialless with a body', { behave: 'credentialless' }, /credentialless/i],
+            ['responseType sse not declared', { behave: 'sse' }, /sse/i],
+        ];
+        for (const [what, extra, re] of cases) {
+            const r = await submit(env, { model: env.model, up_id: `up-${hex(4)}`, ...extra });
+            const e = assertError(r, 500, { code: 'invalid_descriptor' });
+            assert.match(e.message, re, `${what}: ${e.message}`);
+            assert.ok(!e.message.includes(env.channelKey.slice(3)), `${what}: the key in ${e.message}`);
+        }
+        await sleep(300);
+        assert.deepEqual(foreign.requests.map((q) => q.url), [], 'the foreign host received nothing');
+        assert.deepEqual(env.vendor.requests.map((q) => q.url), [], 'the vendor received nothing');
+        await expectUsed(gw, db, env.acct, 0);
+
+        /* the same descriptor to a host in allowedHosts is sent, credentials and all */
+        const up = `up-${hex(4)}`;
+        const ok = assertOk(await submit(env, { model: env.model, up_id: up, behave: 'foreign', target: allowed.url }));
+        assert.match(ok.json.task_id, /^task_/);
+        assert.equal(allowed.submits().length, 1);
+        assert.equal(allowed.submits()[0].headers.authorization, `Bearer ${env.channelKey}`);
+        assert.equal(foreign.requests.length, 0);
+    });
+
+    test('redirects are re-checked: same host followed, a foreign host never contacted', async () => {
+        const env = await setup();
+        foreign.reset();
+        env.vendor.onSubmit = (rec) => (rec.path === '/submit'
+            ? { status: 307, headers: { Location: rec.json.up_id === 'away' ? `${foreign.url}/submit` : '/moved/submit' } }
+            : { status: 200, body: { id: `up-${hex(4)}` } });
+        const ok = assertOk(await submit(env, { model: env.model, up_id: 'here' }), 'same-host redirect');
+        assert.match(ok.json.task_id, /^task_/);
+        assert.deepEqual(env.vendor.submits().map((q) => q.path), ['/submit', '/moved/submit']);
+
+        const r = await submit(env, { model: env.model, up_id: 'away' });
+        assert.ok(r.status >= 400, `a redirect to a foreign host is refused: ${r.status} ${r.text}`);
+        assertErrorShape(r);
+        await sleep(300);
+        assert.equal(foreign.requests.length, 0, 'the foreign host received nothing');
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* native routes                                                       */
+    /* ------------------------------------------------------------------ */
+
+    test('native submit and query routes answer what render returned', async () => {
+        const env = await setup();
+        const up = `up-${hex(4)}`;
+        const body = { model: env.model, prompt: 'a dog', up_id: up };
+        const r = assertOk(await native(env, 'POST', '/generate?x=1&x=2', { body }), 'native submit');
+        const id = r.json.vendor_id;
+        assert.match(id, /^task_/, r.text);
+        assert.equal(r.json.route, `/${env.key}/v1/generate`);
+        assert.deepEqual(r.json.query, { x: ['1', '2'] });
+        assert.ok(!TERMINAL.includes(r.json.state), r.text);
+        const c = env.vendor.submits()[0].json.ctx;
+        assert.deepEqual(c.requestBody, body, 'the decoder\'s requestBody');
+        assert.equal(c.action, 'generate');
+        assert.equal(c.publicTaskId, id);
+
+        const q = assertOk(await native(env, 'GET', `/tasks/${id}`), 'native query');
+        assert.equal(q.json.vendor_id, id);
+        assert.deepEqual(q.json.params, { task_id: id });
+        assert.equal(typeof q.json.state, 'string');
+        const j = assertOk(await native(env, 'GET', `/jobs/${id}`), 'query route with taskIdParam');
+        assert.deepEqual(j.json.params, { job: id });
+
+        /* the generic view of the same task */
+        const g = assertOk(await getTask(gw, env.acct.key, id));
+        assert.equal(g.json.action, 'generate');
+
+        const stranger = await account(gw);
+        assertError(await native(env, 'GET', `/tasks/${id}`, { key: stranger.key }), 404,
+            { code: 'task_not_found' });
+        assertError(await native(env, 'GET', `/tasks/${id}`, { key: null }), 401);
+        assert.equal(env.vendor.submits().length, 1);
+    });
+
+    test('route models: a missing, non-string or unlisted model is 400 and sends nothing', async () => {
+        const env = await setup();
+        for (const [what, model] of [['missing', undefined], ['a number', 42],
+            ['a model of the plugin not listed on the route', env.models[1]], ['unknown', `zz-${hex(3)}`]]) {
+            const r = await native(env, 'POST', '/generate', { body: { model, prompt: 'x' } });
+            assert.equal(r.status, 400, `${what}: ${r.status} ${r.text}`);
+            assertError(r, 400);
+        }
+        assert.equal(env.vendor.requests.length, 0);
+        assertOk(await native(env, 'POST', '/generate', { body: { model: env.model } }), 'a listed model');
+        /* the generic API is not a route: the plugin's other model is served there */
+        assertOk(await submit(env, { model: env.models[1] }), 'generic API, second model');
+    });
+
+    test('native.error shapes the errors of that plugin\'s routes, and only those', async () => {
+        const env = await setup({ errorRenderer: true });
+        const shaped = (r, status) => {
+            assert.equal(r.status, status, r.text);
+            const e = r.json && r.json.vendor_error;
+            assert.ok(e, `shaped by native.error: ${r.text}`);
+            assert.equal(e.status, status);
+            assert.equal(typeof e.code, 'string');
+            assert.equal(typeof e.message, 'string');
+            assert.equal(typeof e.retryable, 'boolean');
+            assert.equal(r.json.error, undefined, r.text);
+            return e;
+        };
+        shaped(await native(env, 'POST', '/generate', { body: { model: env.models[1] } }), 400);
+        const e404 = shaped(await native(env, 'GET', `/tasks/task_${hex(12)}`), 404);
+        assert.equal(e404.code, 'task_not_found');
+        env.vendor.onSubmit = () => ({ status: 429, body: { error: { message: 'vendor quota hit' } } });
+        const e429 = shaped(await native(env, 'POST', '/generate', { body: { model: env.model } }), 429);
+        assert.match(e429.message, /vendor quota hit/);
+        /* not the plugin's route: the gateway's contract */
+        assertError(await submit(env, { prompt: 'no model' }), 400, { message: 'Model name not specified' });
+        assertError(await getTask(gw, env.acct.key, `task_${hex(12)}`), 404, { code: 'task_not_found' });
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* billing                                                             */
+    /* ------------------------------------------------------------------ */
+
+    test('per-unit price: reserve from extractUsage, adjust at submit, settle at SUCCESS', async () => {
+        const env = await setup({ price: 'unit' });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({ body: { id: up, data: { seconds: 5 } } });
+        env.vendor.queuePoll(up, { body: { status: 'running', progress: '40%' } },
+            { body: { status: 'done', seconds: 6, result: 'https://cdn.example/v.mp4' } });
+        const r = assertOk(await submit(env, { model: env.model, duration: 4 }));
+        const id = r.json.task_id;
+        const done = await waitStatus(gw, env.acct.key, id, 'SUCCESS');
+        assert.ok(done.finished_at, JSON.stringify(done));
+        const led = await waitLedger(db, id, ['reserve', 'adjust', 'settle']);
+        assert.deepEqual(led, { reserve: 4 * PER_SECOND, adjust: PER_SECOND, settle: PER_SECOND },
+            'reserve 4 s, adjust to 5 s, settle at 6 s');
+        await expectUsed(gw, db, env.acct, 6 * PER_SECOND);
+        /* nothing polls a finished task */
+        const n = env.vendor.polls(up).length;
+        await sleep(4 * POLL_MS);
+        assert.equal(env.vendor.polls(up).length, n);
+    });
+
+    test('FAILURE refunds everything charged for the task', async () => {
+        const env = await setup({ price: 'unit' });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({ body: { id: up, data: { seconds: 3 } } });
+        env.vendor.queuePoll(up, { body: { status: 'failed', error: 'vendor gave up' } });
+        const r = assertOk(await submit(env, { model: env.model, duration: 2 }));
+        const v = await waitStatus(gw, env.acct.key, r.json.task_id, 'FAILURE');
+        assert.match(v.fail_reason, /vendor gave up/);
+        const led = await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        assert.equal(led.reserve, 2 * PER_SECOND);
+        assert.equal(led.refund, led.reserve + (led.adjust || 0));
+        assert.ok(!('settle' in led), JSON.stringify(led));
+        await expectUsed(gw, db, env.acct, 0);
+    });
+
+    test('immediate SUCCESS: settled at submit, never polled', async () => {
+        const env = await setup({ price: 'unit' });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({
+            body: { id: up, immediate: { status: 'SUCCESS', seconds: 3, result: 'inline' } },
+        });
+        const r = assertOk(await submit(env, { model: env.model, duration: 2 }));
+        assert.equal(r.json.status, 'SUCCESS', r.text);
+        const led = await waitLedger(db, r.json.task_id, ['reserve', 'settle']);
+        assert.equal(led.reserve + (led.adjust || 0) + led.settle, 3 * PER_SECOND, JSON.stringify(led));
+        await expectUsed(gw, db, env.acct, 3 * PER_SECOND);
+        await sleep(5 * POLL_MS);
+        assert.equal(env.vendor.polls().length, 0, 'the vendor got no poll');
+        assert.equal((await getTask(gw, env.acct.key, r.json.task_id)).json.status, 'SUCCESS');
+    });
+
+    test('immediate FAILURE: refunded at submit, never polled', async () => {
+        const env = await setup();
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({
+            body: { id: up, immediate: { status: 'FAILURE', reason: 'content policy refused it' } },
+        });
+        const r = assertOk(await submit(env, { model: env.model }));
+        assert.equal(r.json.status, 'FAILURE', r.text);
+        assert.match(r.json.fail_reason, /content policy/);
+        await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        await expectUsed(gw, db, env.acct, 0);
+        await sleep(5 * POLL_MS);
+        assert.equal(env.vendor.polls().length, 0, 'the vendor got no poll');
+    });
+
+    test('retainResult false: the task exists and is billed, its data is not kept', async () => {
+        const env = await setup();
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({
+            body: { id: up, data: { secret_result: 'b64-image-bytes' },
+                    immediate: { status: 'SUCCESS', result: 'b64-image-bytes' } },
+        });
+        const r = assertOk(await native(env, 'POST', '/instant', { body: { model: env.model } }));
+        const id = r.json.vendor_id;
+        assert.match(id, /^task_/, r.text);
+        assert.equal(r.json.state, 'SUCCESS', r.text);
+        const g = assertOk(await getTask(gw, env.acct.key, id));
+        assert.equal(g.json.status, 'SUCCESS');
+        assert.equal(g.json.data, null, `data not persisted: ${g.text}`);
+        const led = await waitLedger(db, id, ['reserve', 'settle']);
+        assert.equal(ledgerSum(Object.entries(led).map(([type, quota]) => ({ type, quota }))), PER_TASK);
+        await expectUsed(gw, db, env.acct, PER_TASK);
+        await sleep(3 * POLL_MS);
+        assert.equal(env.vendor.polls().length, 0);
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* originTaskIds                                                       */
+    /* ------------------------------------------------------------------ */
+
+    test('originTaskIds: the caller\'s task reaches the driver as originTasks; another user\'s is refused', async () => {
+        const env = await setup();
+        const up1 = `up-${hex(4)}`;
+        const first = assertOk(await native(env, 'POST', '/generate',
+            { body: { model: env.model, up_id: up1 } }));
+        const origin = first.json.vendor_id;
+
+        const up2 = `up-${hex(4)}`;
+        const r = assertOk(await native(env, 'POST', '/remix',
+            { body: { model: env.model, up_id: up2, origin: [origin] } }), 'remix');
+        assert.ok(!r.text.includes(up1), `the upstream id is not rendered: ${r.text}`);
+        const sub = env.vendor.submits().find((q) => q.upId === up2);
+        assert.ok(sub, 'the remix was submitted');
+        const ot = sub.json.ctx.originTasks;
+        assert.ok(Array.isArray(ot) && ot.length === 1, JSON.stringify(ot));
+        assert.equal(ot[0].taskId, origin);
+        assert.equal(ot[0].upstreamTaskId, up1);
+        assert.equal(ot[0].action, 'generate');
+        assert.equal(typeof ot[0].status, 'string');
+        assert.ok('data' in ot[0], JSON.stringify(ot[0]));
+        assert.equal(sub.json.ctx.action, 'remix');
+
+        const n = env.vendor.submits().length;
+        const stranger = await account(gw);
+        const theirs = await native(env, 'POST', '/remix',
+            { key: stranger.key, body: { model: env.model, origin: [origin] } });
+        assertError(theirs, 400, { code: 'invalid_origin_task' });
+        const unknownId = `task_${hex(12)}`;
+        const none = await native(env, 'POST', '/remix',
+            { key: stranger.key, body: { model: env.model, origin: [unknownId] } });
+        assertError(none, 400, { code: 'invalid_origin_task' });
+        assert.equal(bareMessage(theirs).replace(origin, '<id>'), bareMessage(none).replace(unknownId, '<id>'),
+            'another user\'s task answers like a nonexistent one');
+        assert.equal(env.vendor.submits().length, n, 'refused remixes sent nothing');
+        await expectUsed(gw, db, stranger, 0);
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* files                                                               */
+    /* ------------------------------------------------------------------ */
+
+    const twoImages = () => [
+        { name: 'image[]', filename: 'first.png', type: 'image/png',
+          data: Buffer.concat([Buffer.from('\r\n--\0\xff'), bytes(3000)]) },
+        { name: 'image[]', filename: 'second.jpg', type: 'image/jpeg', data: bytes(2048) },
+    ];
+
+    function postMultipart(env, p, fields, files) {
+        const mp = multipartBody(fields, files);
+        return native(env, 'POST', p, { body: mp.body, headers: { 'Content-Type': mp.contentType } });
+    }
+
+    test('multipart: repeated file fields get #index refs and reach the vendor byte-identical', async () => {
+        const env = await setup();
+        const files = twoImages();
+        const r = assertOk(await postMultipart(env, '/edit',
+            [['model', env.model], ['prompt', 'make it blue'], ['behave', 'multipart']], files), 'multipart submit');
+        assert.match(r.json.vendor_id, /^task_/);
+
+        const sub = env.vendor.submits()[0];
+        assert.match(sub.headers['content-type'], /^multipart\/form-data; boundary=/);
+        assert.equal(sub.headers.authorization, `Bearer ${env.channelKey}`);
+        const parts = parseMultipart(sub.body, sub.headers['content-type']);
+        const byName = (n) => parts.filter((p) => p.name === n);
+        assert.equal(byName('prompt')[0].data.toString(), 'make it blue');
+
+        const decoded = JSON.parse(byName('decoded')[0].data.toString());
+        assert.equal(decoded.kind, 'multipart');
+        assert.deepEqual(decoded.fields, { model: [env.model], prompt: ['make it blue'], behave: ['multipart'] });
+        assert.deepEqual(decoded.files, [
+            { ref: 'request_file:image[]', field: 'image[]', filename: 'first.png',
+              mimeType: 'image/png', size: files[0].data.length },
+            { ref: 'request_file:image[]#1', field: 'image[]', filename: 'second.jpg',
+              mimeType: 'image/jpeg', size: files[1].data.length },
+        ]);
+        assert.deepEqual(JSON.parse(byName('ctx_files')[0].data.toString()), decoded.files,
+            'ctx.files lists the same references');
+
+        const images = byName('image');
+        assert.equal(images.length, 2);
+        assert.ok(images[0].data.equals(files[0].data), 'first file byte-identical');
+        assert.ok(images[1].data.equals(files[1].data), 'second file byte-identical');
+        assert.equal(images[0].filename, 'first.png');
+        assert.equal(images[1].filename, 'second.jpg');
+        assert.equal(images[0].type, 'image/png');
+    });
+
+    test('JSON file placeholders arrive as base64 and as a data URL', async () => {
+        const env = await setup();
+        const files = twoImages();
+        assertOk(await postMultipart(env, '/edit',
+            [['model', env.model], ['behave', 'inline'], ['up_id', `up-${hex(4)}`]], files));
+        const j = env.vendor.submits()[0].json;
+        assert.ok(j, 'a JSON body');
+        assert.equal(j.first, files[0].data.toString('base64'));
+        assert.equal(j.nested[0].second, `data:image/png;base64,${files[1].data.toString('base64')}`);
+    });
+
+    test('placeholders over maxBytes or over the total cap: invalid_descriptor, nothing sent', async () => {
+        const env = await setup();
+        const r1 = await postMultipart(env, '/edit', [['model', env.model], ['behave', 'oversize']], twoImages());
+        assertError(r1, 500, { code: 'invalid_descriptor' });
+        const big = [{ name: 'image[]', filename: 'big.png', type: 'image/png', data: bytes(TWICE_FILE) }];
+        const r2 = await postMultipart(env, '/edit', [['model', env.model], ['behave', 'twice']], big);
+        assertError(r2, 500, { code: 'invalid_descriptor' });
+        await sleep(300);
+        assert.equal(env.vendor.requests.length, 0, 'the vendor received nothing');
+        await expectUsed(gw, db, env.acct, 0);
+        /* the same file once is under the cap */
+        assertOk(await postMultipart(env, '/edit', [['model', env.model], ['behave', 'multipart']], big));
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* SSE submit                                                          */
+    /* ------------------------------------------------------------------ */
+
+    test('SSE snapshot: host framing, the final state is the submit body, one submit', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({
+            upId: up, frameDelayMs: 20,
+            sse: [
+                sseFrame({ comment: 'hello', event: 'accepted', id: '1', data: { id: up }, crlf: true }),
+                sseFrame({ event: 'progress', id: '2', data: '{"progress":\n50}' }),
+                ': a comment line alone\n\n',
+                sseFrame({ data: { progress: 90 } }),
+                sseFrame({ event: 'done', id: '4', data: {} }),
+            ],
+        });
+        env.vendor.queuePoll(up, { body: { status: 'done' } });
+        const r = assertOk(await submit(env, { model: env.model }), 'SSE submit');
+        const s = r.json.data.stream;
+        assert.ok(s, r.text);
+        assert.equal(s.id, up);
+        assert.equal(s.progress, 90);
+        assert.deepEqual(s.events, ['accepted', 'progress', 'message', 'done']);
+        assert.equal(s.ids[0], '1');
+        assert.equal(s.ids[1], '2');
+        assert.equal(s.ids[3], '4');
+        assert.equal(s.datas[1], '{"progress":\n50}', 'data lines joined with \\n');
+        await waitStatus(gw, env.acct.key, r.json.task_id, 'SUCCESS');
+        assert.equal(env.vendor.submits().length, 1);
+        await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+
+    test('SSE delta: set, append and appendText build the submit body', async () => {
+        const env = await setup({ fixture: 'task-sse-delta.js', models: 1 });
+        const up = `up-${hex(4)}`;
+        const ev = (changes, event) => sseFrame({ event, data: { changes } });
+        env.vendor.onSubmit = () => ({
+            upId: up, frameDelayMs: 10,
+            sse: [
+                ev([{ op: 'set', path: [], value: { id: up, text: '', items: [], meta: { a: 1 } } }]),
+                ev([{ op: 'appendText', path: ['text'], value: 'Hel' },
+                    { op: 'append', path: ['items'], value: { k: 1 } }]),
+                ev([{ op: 'appendText', path: ['text'], value: 'lo' },
+                    { op: 'set', path: ['meta', 'a'], value: 2 },
+                    { op: 'set', path: ['items', 0, 'k'], value: 5 }]),
+                ev([{ op: 'append', path: ['items'], value: 'last' }], 'done'),
+            ],
+        });
+        env.vendor.queuePoll(up, { body: { status: 'done' } });
+        const r = assertOk(await submit(env, { model: env.model }), 'SSE delta submit');
+        assert.deepEqual(r.json.data.stream,
+            { id: up, text: 'Hello', items: [{ k: 5 }, 'last'], meta: { a: 2 } });
+        await waitStatus(gw, env.acct.key, r.json.task_id, 'SUCCESS');
+        assert.equal(env.vendor.submits().length, 1);
+    });
+
+    test('SSE: EOF without done fails the submit (502), refunded, never retried', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({
+            upId: up, sse: [sseFrame({ event: 'accepted', id: '1', data: { id: up } })], sseEnd: 'end',
+        });
+        assertErrorShape(await submit(env, { model: env.model }), 502);
+        await sleep(1000);
+        assert.equal(env.vendor.submits().length, 1, 'never retried');
+        assert.equal(env.vendor.polls().length, 0);
+        await expectUsed(gw, db, env.acct, 0);
+    });
+
+    test('SSE delta limits: 256 changes pass; 257, a bad path, a bad append or a big state fail once', async () => {
+        const env = await setup({ fixture: 'task-sse-delta.js', models: 1 });
+        const root = (up) => sseFrame({ data: { changes: [{ op: 'set', path: [], value: { id: up, items: [], s: 'x' } }] } });
+        const appends = (n) => Array.from({ length: n }, (_, i) => ({ op: 'append', path: ['items'], value: i }));
+        const done = sseFrame({ event: 'done', data: { changes: [] } });
+        const cases = {
+            'exactly 256 changes': [sseFrame({ data: { changes: appends(256) } })],
+            '257 changes': [sseFrame({ data: { changes: appends(257) } })],
+            'set under a missing parent': [sseFrame({ data: { changes: [{ op: 'set', path: ['no', 'such'], value: 1 }] } })],
+            'append to a string': [sseFrame({ data: { changes: [{ op: 'append', path: ['s'], value: 1 }] } })],
+            'appendText to an array': [sseFrame({ data: { changes: [{ op: 'appendText', path: ['items'], value: 'x' }] } })],
+            'a state over 64 KiB': [sseFrame({ data: { changes: [], big_state: 70 * 1024 } })],
+        };
+        for (const [what, frames] of Object.entries(cases)) {
+            const up = `up-${hex(4)}`;
+            env.vendor.reset();
+            env.vendor.onSubmit = () => ({ upId: up, sse: [root(up), ...frames, done] });
+            const r = await submit(env, { model: env.model });
+            if (what === 'exactly 256 changes') {
+                assertOk(r, what);
+                assert.equal(r.json.data.stream.items.length, 256);
+                continue;
+            }
+            assert.ok(r.status >= 500, `${what}: ${r.status} ${r.text}`);
+            assertErrorShape(r);
+            await sleep(200);
+            assert.equal(env.vendor.submits().length, 1, `${what}: never retried`);
+        }
+        await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+
+    test('SSE: an idle stream fails after the idle timeout, once', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({
+            upId: up, sse: [sseFrame({ event: 'accepted', id: '1', data: { id: up } })], sseEnd: 'hold',
+        });
+        const t0 = Date.now();
+        const r = await submit(env, { model: env.model });
+        const took = Date.now() - t0;
+        assert.ok(r.status >= 500, `${r.status} ${r.text}`);
+        assertErrorShape(r);
+        assert.ok(took >= SSE_IDLE_MS - 200 && took < SSE_IDLE_MS + 5000, `failed after ${took} ms`);
+        await sleep(500);
+        assert.equal(env.vendor.submits().length, 1, 'never retried');
+        await expectUsed(gw, db, env.acct, 0);
+    });
+});
+
+describe('task timeout: the outer deadline fails and refunds', { timeout: 120000 }, () => {
+    let db, gw, vendor;
+    const TIMEOUT_S = 3;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({
+            db, v8host: true,
+            http: `llmgw_task_poll_interval ${POLL_MS}ms;\n  llmgw_task_poll_max_failures 3;\n  ` +
+                `llmgw_task_timeout ${TIMEOUT_S}s;`,
+        });
+        vendor = await startVendor();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('a task still IN_PROGRESS after llmgw_task_timeout is FAILURE and refunded', async () => {
+        const env = await taskSetup(gw, { vendors: [vendor] });
+        const t0 = Date.now();
+        const r = assertOk(await submitTask(gw, env, { model: env.model }));
+        const id = r.json.task_id;
+        await waitFor(async () => vendor.polls().length >= 2, 3000, { what: 'polled' });
+        const seen = await waitTask2(gw, env.acct.key, id, t0);
+        assert.ok(seen.at >= TIMEOUT_S * 1000 - 500, `FAILURE after ${seen.at} ms, before the timeout`);
+        assert.ok(seen.at < TIMEOUT_S * 1000 + 6000, `FAILURE only after ${seen.at} ms`);
+        assert.ok(seen.view.fail_reason, JSON.stringify(seen.view));
+        await waitLedger(db, id, ['reserve', 'refund']);
+        await expectUsed(gw, db, env.acct, 0);
+        const n = vendor.polls().length;
+        await sleep(4 * POLL_MS);
+        assert.equal(vendor.polls().length, n, 'no poll after the timeout');
+    });
+});
+
+/* Watches a task until FAILURE: -> {view, at: ms after t0}; it must not
+   be SUCCESS on the way. */
+async function waitTask2(gw, key, id, t0, ms = 15000) {
+    const end = Date.now() + ms;
+    for (;;) {
+        const r = await getTask(gw, key, id);
+        assert.equal(r.status, 200, r.text);
+        assert.notEqual(r.json.status, 'SUCCESS', r.text);
+        if (r.json.status === 'FAILURE') {
+            return { view: r.json, at: Date.now() - t0 };
+        }
+        assert.ok(Date.now() < end, `task ${id} not FAILURE within ${ms} ms: ${r.text}`);
+        await sleep(100);
+    }
+}

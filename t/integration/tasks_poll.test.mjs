@@ -1,0 +1,446 @@
+// Task polling end to end, through the real nginx, PostgreSQL and the plugin
+// runtime helper, against the mock vendor of t/lib/vendor.mjs:
+//   - the poll classification table of the contract facts, row by row
+//     (2xx parse; 404/410 fail at once; 401/403/429/5xx/transport counted;
+//     other 4xx parsed with their status; UNKNOWN, empty status and a
+//     throwing hook counted; a valid non-terminal 2xx resets the counter;
+//     llmgw_task_poll_max_failures consecutive failures fail and refund);
+//   - the query context and the plugin state kept across polls;
+//   - a batch plugin polled with one request per channel for several tasks;
+//   - two nodes on one database polling 1,000 tasks, each settled once;
+//   - a worker killed with SIGKILL mid-poll: the lease expires and the task
+//     still finishes.
+//
+// Gateways poll every 200 ms and fail a task after 3 consecutive failures.
+// Gates (t/lib/vendor.mjs gate()) hold a chosen poll answer, so that the
+// test can read the task between two polls without racing the poller.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertOk, createDb, dropDb, psql, sleep, startGateway, stopAll, times,
+    uniq,
+} from '../lib/harness.mjs';
+import {
+    account, expectUsed, gate, getTask, ledgerRows, mapLimit, pidOwningPort,
+    pollFailures, startVendor, stopAfterKill, submitTask, taskSetup, TERMINAL,
+    waitFor, waitLedger, waitStatus, waitTask,
+} from '../lib/vendor.mjs';
+
+const POLL_MS = 200;
+const MAX_FAILURES = 3;
+const PER_TASK = 5000;      /* 0.01 USD */
+const PER_SECOND = 5000;    /* 0.01 USD per second of usage */
+const HTTP = `llmgw_task_poll_interval ${POLL_MS}ms;\n  ` +
+    `llmgw_task_poll_max_failures ${MAX_FAILURES};`;
+
+const running = (extra = {}) => ({ status: 200, body: { status: 'running', ...extra } });
+const held = (g, answer) => ({ ...answer, before: () => g.promise });
+
+/* The X-Ctx echo of buildQueryRequest in a poll the vendor received. */
+const queryCtx = (rec) => JSON.parse(rec.headers['x-ctx']);
+
+describe('poll classification', { timeout: 300000 }, () => {
+    let db, gw, vendor, env;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true, http: HTTP });
+        vendor = await startVendor();
+        env = await taskSetup(gw, { vendors: [vendor], mapping: true });
+        vendor.onSubmit = (rec) => {
+            const up = rec.json && rec.json.up_id;
+            return submitExtra.has(up) ? { body: { id: up, ...submitExtra.get(up) } } : undefined;
+        };
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    /* Extra fields of the submit answer, by upstream id. */
+    const submitExtra = new Map();
+
+    /* A task of a fresh account whose polls get `answers` first; `submit`
+       adds fields (state, data) to the vendor's submit answer. */
+    async function startTask(answers, { acct, body = {}, submit } = {}) {
+        acct = acct || await account(gw);
+        const up = uniq('up');
+        vendor.queuePoll(up, ...answers);
+        if (submit) {
+            submitExtra.set(up, submit);
+        }
+        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up, ...body },
+            { key: acct.key }), 'submit');
+        return { id: r.json.task_id, up, acct, view: r.json };
+    }
+
+    const polls = (t) => vendor.polls(t.up).length;
+
+    /* Waits until the task has `n` recorded failures while its poll number
+       `polled` is held at the vendor; -> the view then. */
+    async function heldAt(t, n, polled) {
+        await waitFor(() => polls(t) >= polled, 8000, { what: `poll ${polled} of ${t.id}` });
+        await waitFor(async () => (await pollFailures(db, t.id)) === n, 5000,
+            { what: `poll_failures = ${n} for ${t.id}` });
+        const r = assertOk(await getTask(gw, t.acct.key, t.id));
+        return r.json;
+    }
+
+    /* FAILURE, every charge refunded, and no poll after it. */
+    async function expectFailedAndRefunded(t, { polled } = {}) {
+        const v = await waitStatus(gw, t.acct.key, t.id, 'FAILURE', { ms: 8000 });
+        const led = await waitLedger(db, t.id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+        await expectUsed(gw, db, t.acct, 0);
+        const n = polls(t);
+        await sleep(3 * POLL_MS);
+        assert.equal(polls(t), n, 'no poll after FAILURE');
+        if (polled !== undefined) {
+            assert.equal(n, polled, `polls of ${t.id}`);
+        }
+        return v;
+    }
+
+    test('2xx: statuses and progress move; the query context; state kept until replaced', async () => {
+        const g = Array.from({ length: 5 }, () => gate());
+        const t = await startTask([
+            held(g[0], { body: { status: 'queued' } }),
+            held(g[1], { body: { status: 'running', progress: '30%', state: { n: 1 } } }),
+            held(g[2], { body: { status: 'running', progress: '60%' } }),
+            held(g[3], { body: { status: 'running', progress: '80%', state: { n: 3 } } }),
+            held(g[4], { body: { status: 'done', progress: '100%' } }),
+        ], { submit: { state: { n: 0 }, data: { kind: 'clip' } } });
+        const steps = [
+            ['QUEUED', undefined], ['IN_PROGRESS', '30%'], ['IN_PROGRESS', '60%'],
+            ['IN_PROGRESS', '80%'], ['SUCCESS', '100%'],
+        ];
+        for (let i = 0; i < steps.length; i++) {
+            await waitFor(() => polls(t) >= i + 1, 5000, { what: `poll ${i + 1}` });
+            g[i].open();
+            const [status, progress] = steps[i];
+            const v = await waitTask(gw, t.acct.key, t.id, (x) => x.status === status &&
+                (progress === undefined || x.progress === progress), { ms: 5000 });
+            if (status === 'SUCCESS') {
+                assert.ok(v.finished_at, JSON.stringify(v));
+            } else {
+                assert.ok(!v.finished_at, `not finished yet: ${JSON.stringify(v)}`);
+            }
+        }
+        const ctxs = vendor.polls(t.up).map(queryCtx);
+        assert.equal(ctxs.length, 5);
+        for (const c of ctxs) {
+            assert.equal(c.taskId, t.up, 'ctx.taskId is the upstream id');
+            assert.equal(c.publicTaskId, t.id);
+            assert.equal(c.model, env.model);
+            assert.equal(c.upstreamModel, env.upstreamModel);
+            assert.equal(typeof c.action, 'string');
+            assert.equal(c.requestBody, '<undefined>', 'no requestBody when polling');
+            assert.deepEqual(c.upstream, { kind: 'vendor' });
+            assert.equal(c.baseUrl, vendor.url);
+        }
+        assert.equal(vendor.polls(t.up)[0].headers.authorization, `Bearer ${env.channelKey}`);
+        assert.equal(ctxs[0].data.kind, 'clip', 'data from parseSubmitResponse');
+        assert.deepEqual(ctxs.map((c) => c.state), [{ n: 0 }, { n: 0 }, { n: 1 }, { n: 1 }, { n: 3 }],
+            'the state changes only when a hook returns one');
+        await waitLedger(db, t.id, ['reserve', 'settle']);
+        await expectUsed(gw, db, t.acct, PER_TASK);
+    });
+
+    for (const code of [404, 410]) {
+        test(`${code}: FAILURE at once, refunded`, async () => {
+            const t = await startTask([running(), { status: code, body: { error: 'no such task' } }]);
+            await expectFailedAndRefunded(t, { polled: 2 });
+        });
+    }
+
+    const COUNTED = [
+        [401, { status: 401, body: { error: 'bad key' } }],
+        [403, { status: 403, body: { error: 'forbidden' } }],
+        [429, { status: 429, body: { error: 'slow down' } }],
+        [500, { status: 500, body: { error: 'oops' } }],
+        [502, { status: 502, body: 'bad gateway' }],
+        [503, { status: 503, body: { error: 'unavailable' } }],
+        [504, { status: 504, body: 'timeout' }],
+        ['a transport error', { close: true }],
+    ];
+    for (const [what, fail] of COUNTED) {
+        test(`${what}: status unchanged, counted; ${MAX_FAILURES} in a row fail and refund`, async () => {
+            const g = gate();
+            const t = await startTask([running({ progress: '10%' }), fail, fail, held(g, fail)]);
+            const v = await heldAt(t, 2, 4);
+            assert.equal(v.status, 'IN_PROGRESS', `unchanged: ${JSON.stringify(v)}`);
+            assert.equal(v.progress, '10%');
+            g.open();
+            await expectFailedAndRefunded(t, { polled: 4 });
+        });
+    }
+
+    test('other 4xx: the parse hook gets the status; non-terminal answers count as failures', async () => {
+        const g = gate();
+        const a = await startTask([running(),
+            { status: 400, body: { status: 'running' } },
+            { status: 422, body: { status: 'running' } },
+            held(g, { status: 400, body: { status: 'queued' } })]);
+        const v = await heldAt(a, 2, 4);
+        assert.equal(v.status, 'IN_PROGRESS', JSON.stringify(v));
+        g.open();
+        await expectFailedAndRefunded(a, { polled: 4 });
+
+        /* a terminal answer under 422 ends the task through the hook */
+        const b = await startTask([running(), { status: 422, body: { status: 'failed', error: 'bad prompt' } }]);
+        const fb = await expectFailedAndRefunded(b, { polled: 2 });
+        assert.match(fb.fail_reason, /bad prompt \(http 422\)/, 'the hook saw HTTP 422');
+    });
+
+    test('UNKNOWN, an empty status and a throwing parse hook count; UNKNOWN is not in progress', async () => {
+        const g = gate();
+        const t = await startTask([{ body: { status: 'queued' } },
+            { body: { status: 'mystery' } },
+            { body: { status: '' } },
+            held(g, { body: { throw: 'cannot read this answer' } })]);
+        const v = await heldAt(t, 2, 4);
+        assert.equal(v.status, 'QUEUED', `UNKNOWN is not taken as progress: ${JSON.stringify(v)}`);
+        g.open();
+        await expectFailedAndRefunded(t, { polled: 4 });
+    });
+
+    test('a valid non-terminal 2xx resets the failure counter', async () => {
+        const g = [gate(), gate(), gate()];
+        const fail = { status: 500, body: { error: 'oops' } };
+        const t = await startTask([fail, fail,
+            held(g[0], running({ progress: '50%' })),
+            held(g[1], fail),
+            held(g[2], fail),
+            { body: { status: 'done' } }]);
+        await heldAt(t, 2, 3);
+        g[0].open();
+        await heldAt(t, 0, 4);
+        g[1].open();
+        await heldAt(t, 1, 5);
+        g[2].open();
+        /* without the reset the counter would have reached 3 at poll 5 */
+        await waitStatus(gw, t.acct.key, t.id, 'SUCCESS', { ms: 5000 });
+        assert.equal(polls(t), 6);
+        await waitLedger(db, t.id, ['reserve', 'settle']);
+        await expectUsed(gw, db, t.acct, PER_TASK);
+    });
+
+    test('SUCCESS settles with extractUsageOnComplete\'s facts', async () => {
+        const unit = await taskSetup(gw, { vendors: [vendor], price: 'unit' });
+        const up = uniq('up');
+        vendor.queuePoll(up, running(), { body: { status: 'done', seconds: 7 } });
+        const r = assertOk(await submitTask(gw, unit, { model: unit.model, up_id: up, duration: 2 }));
+        await waitStatus(gw, unit.acct.key, r.json.task_id, 'SUCCESS');
+        const led = await waitLedger(db, r.json.task_id, ['reserve', 'settle']);
+        assert.equal(led.reserve, 2 * PER_SECOND);
+        assert.equal(led.reserve + (led.adjust || 0) + led.settle, 7 * PER_SECOND, JSON.stringify(led));
+        await expectUsed(gw, db, unit.acct, 7 * PER_SECOND);
+    });
+});
+
+describe('batch plugin', { timeout: 120000 }, () => {
+    let db, gw, v1, v2;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true, http: HTTP });
+        v1 = await startVendor();
+        v2 = await startVendor();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await Promise.all([v1, v2].map((v) => v?.close()));
+            await dropDb(db);
+        }
+    });
+
+    test('one batch request per channel covers several tasks; each reaches SUCCESS', async () => {
+        /* two channels of one plugin and model: the tasks spread over both */
+        const env = await taskSetup(gw, { fixture: 'task-batch.js', vendors: [v1, v2], models: 1 });
+        for (const v of [v1, v2]) {
+            v.pollAnswer = (id, n) => (n >= 2 ? { body: { status: 'done' } } : running());
+        }
+        const N = 12;
+        const rs = await times(N, () => submitTask(gw, env, { model: env.model }));
+        rs.forEach((r) => assertOk(r, 'submit'));
+        const ids = rs.map((r) => r.json.task_id);
+        for (const id of ids) {
+            await waitStatus(gw, env.acct.key, id, 'SUCCESS', { ms: 10000 });
+        }
+        const submitted = new Map();    /* vendor -> upstream ids it created */
+        for (const v of [v1, v2]) {
+            submitted.set(v, new Set(v.submits().map((s) => s.upId)));
+            assert.equal(v.polls().length, 0, 'no per-task poll for a batch plugin');
+        }
+        assert.equal(submitted.get(v1).size + submitted.get(v2).size, N);
+        let largest = 0;
+        const covered = new Set();
+        for (const v of [v1, v2]) {
+            for (const b of v.batches()) {
+                const bids = b.json.ids;
+                assert.equal(b.json.public.length, bids.length);
+                for (const id of bids) {
+                    assert.ok(submitted.get(v).has(id),
+                        `a batch to one channel holds only that channel's tasks: ${id}`);
+                    covered.add(id);
+                }
+                assert.equal(new Set(bids).size, bids.length, 'no task twice in a batch');
+                largest = Math.max(largest, bids.length);
+            }
+        }
+        assert.equal(covered.size, N, 'every task was polled');
+        assert.ok(largest >= 2, `some batch request covered several tasks (largest ${largest})`);
+        for (const id of ids) {
+            await waitLedger(db, id, ['reserve', 'settle']);
+        }
+        await expectUsed(gw, db, env.acct, N * PER_TASK);
+    });
+});
+
+describe('two nodes on one database poll 1,000 tasks', { timeout: 180000 }, () => {
+    let db, a, b, vendor;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        a = await startGateway({ db, v8host: true, http: HTTP });
+        b = await startGateway({ db, v8host: true, http: HTTP, rootToken: a.rootToken });
+    });
+
+    after(async () => {
+        try {
+            await stopAll(a, b);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('every task SUCCESS, settled exactly once, the ledger balanced to the unit', async () => {
+        const N = 1000;
+        const env = await taskSetup(a, { vendors: [vendor], price: 'unit', models: 1 });
+        /* a small delay makes two overlapping polls of one task visible */
+        vendor.pollAnswer = (id, n) => (n >= 2
+            ? { delayMs: 10, body: { status: 'done', seconds: 2 } }
+            : { delayMs: 10, body: { status: 'running' } });
+
+        const t0 = Date.now();
+        const rs = await mapLimit(Array.from({ length: N }, (_, i) => i), 32, (i) =>
+            submitTask(i % 2 ? b : a, env, { model: env.model, duration: 1 }));
+        const bad = rs.filter((r) => r.status !== 200);
+        assert.equal(bad.length, 0, `failed submits: ${bad.slice(0, 3).map((r) => r.text)}`);
+        const ids = rs.map((r) => r.json.task_id);
+        assert.equal(new Set(ids).size, N, 'distinct task ids');
+        const tSubmitted = Date.now() - t0;
+
+        const tok = Number(env.acct.token.id);
+        await waitFor(async () => Number(await psql(db.conninfo,
+            `select count(*) from logs where token_id = ${tok} and type = 'settle'`)) === N,
+        45000, { what: `${N} settle rows`, intervalMs: 500 });
+        const tAll = Date.now() - t0;
+
+        const views = await mapLimit(ids, 32, (id, i) => getTask(i % 2 ? a : b, env.acct.key, id));
+        const notDone = views.filter((r) => r.status !== 200 || r.json.status !== 'SUCCESS');
+        assert.equal(notDone.length, 0, `not SUCCESS: ${notDone.slice(0, 3).map((r) => r.text)}`);
+
+        const twice = await psql(db.conninfo,
+            `select count(*) from (select request_id, type from logs where token_id = ${tok}
+              group by request_id, type having count(*) > 1) d`);
+        assert.equal(twice, '0', 'one row per task and type');
+        const perType = JSON.parse(await psql(db.conninfo,
+            `select json_object_agg(type, n) from (select type, count(distinct request_id) n
+               from logs where token_id = ${tok} group by type) x`));
+        assert.equal(perType.reserve, N, JSON.stringify(perType));
+        assert.equal(perType.settle, N, JSON.stringify(perType));
+        assert.equal(perType.refund, undefined, JSON.stringify(perType));
+        const sample = await ledgerRows(db, ids[0]);
+        assert.deepEqual(sample.map((r) => r.type).sort(), ['reserve', 'settle']);
+        await expectUsed(a, db, env.acct, N * 2 * PER_SECOND, { ms: 15000 });
+
+        /* never two polls of one task at a time, and none after SUCCESS */
+        const byId = new Map();
+        for (const p of vendor.polls()) {
+            if (!byId.has(p.upId)) {
+                byId.set(p.upId, []);
+            }
+            byId.get(p.upId).push(p);
+        }
+        assert.equal(byId.size, N);
+        for (const [id, ps] of byId) {
+            ps.sort((x, y) => x.t - y.t);
+            for (let i = 1; i < ps.length; i++) {
+                assert.ok(ps[i].t >= ps[i - 1].tEnd,
+                    `overlapping polls of ${id}: ${ps.map((p) => [p.t, p.tEnd])}`);
+            }
+            assert.equal(ps.length, 2, `${id} polled ${ps.length} times`);
+        }
+        console.log(`# ${N} tasks: submitted in ${tSubmitted} ms, all settled after ${tAll} ms`);
+    });
+});
+
+describe('a worker killed mid-poll', { timeout: 120000 }, () => {
+    let db, gw, vendor;
+    const LEASE_MS = 2000;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        gw = await startGateway({
+            db, v8host: true, http: `${HTTP}\n  llmgw_task_lease ${LEASE_MS}ms;`,
+        });
+    });
+
+    after(async () => {
+        try {
+            await stopAfterKill(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('SIGKILL of the polling worker: after the lease another worker finishes the task', async () => {
+        const env = await taskSetup(gw, { vendors: [vendor] });
+        const up = uniq('up');
+        /* the first poll never gets an answer; later ones say done and
+           note which worker asked */
+        vendor.queuePoll(up, { before: () => new Promise(() => {}) });
+        vendor.pollAnswer = (i, n, rec) => {
+            rec.pid = pidOwningPort(rec.remotePort, gw.workerPids());
+            return { body: { status: 'done' } };
+        };
+        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up }));
+        const id = r.json.task_id;
+
+        await waitFor(() => vendor.polls(up).length >= 1, 5000, { what: 'the first poll' });
+        const first = vendor.polls(up)[0];
+        const workers = gw.workerPids();
+        const pid = pidOwningPort(first.remotePort, workers);
+        assert.ok(pid, `no worker of ${workers} holds the poll connection (port ${first.remotePort})`);
+        const tKill = Date.now();
+        process.kill(pid, 'SIGKILL');
+        await waitFor(() => first.closed, 3000, { what: 'the held poll closed by the kill' });
+
+        const v = await waitStatus(gw, env.acct.key, id, 'SUCCESS', { ms: LEASE_MS + 10000 });
+        assert.ok(!TERMINAL.includes(r.json.status));
+        const later = vendor.polls(up).slice(1);
+        assert.ok(later.length >= 1, 'polled again');
+        assert.ok(later[0].t >= tKill, 'the next poll came after the kill');
+        assert.ok(later[0].pid, 'a live worker of this gateway polled again');
+        assert.notEqual(later[0].pid, pid);
+        assert.ok(v.finished_at, JSON.stringify(v));
+        const led = await waitLedger(db, id, ['reserve', 'settle']);
+        assert.equal(led.reserve, PER_TASK);
+        await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+});
