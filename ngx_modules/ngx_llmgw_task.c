@@ -34,7 +34,8 @@ struct ngx_llmgw_runner_s {
 
 
 static void ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn);
-static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn,
+    ngx_http_request_t *r, const llmgw_tstep_t *st);
 static void ngx_llmgw_poll_tick(ngx_event_t *ev);
 static void ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
@@ -337,8 +338,9 @@ ngx_llmgw_task_stream_headers(void *data, ngx_llmgw_http_resp_t *resp)
     ngx_destroy_pool(pool);
 
     if (rc == 1) {
+        /* the runner may be gone afterwards (and the call cancelled) */
         ngx_llmgw_task_resume(rn);
-        return rn->http == NULL ? NGX_DONE : NGX_OK;
+        return NGX_OK;
     }
 
     return rc < 0 ? NGX_ERROR : NGX_OK;
@@ -407,6 +409,7 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
     ngx_int_t             rc;
     llmgw_verdict_t       v;
     ngx_llmgw_ctx_t      *ctx;
+    ngx_http_request_t   *r;
     const llmgw_tstep_t  *st;
 
     rn->driving = 1;
@@ -499,11 +502,9 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
                 ngx_llmgw_http_cancel(rn->http);
                 rn->http = NULL;
             }
-            rn->driving = 0;
-            if (rn->request != NULL) {
-                ngx_llmgw_task_respond(rn->request, st);
-            }
-            ngx_llmgw_task_finish(rn);
+            /* detached first: finalizing may free the request's pool */
+            r = rn->request;
+            ngx_llmgw_task_finish(rn, r, st);
             return;
 
         case LLMGW_TSTEP_DONE:
@@ -528,13 +529,15 @@ ngx_llmgw_task_respond(ngx_http_request_t *r, const llmgw_tstep_t *st)
 }
 
 
+/* Answers the client (if still there) and frees the runner. */
 static void
-ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn)
+ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
+    const llmgw_tstep_t *st)
 {
     ngx_llmgw_ctx_t  *ctx;
 
-    if (rn->request != NULL) {
-        ctx = ngx_llmgw_get_ctx(rn->request);
+    if (r != NULL) {
+        ctx = ngx_llmgw_get_ctx(r);
         if (ctx != NULL && ctx->task == rn) {
             ctx->task = NULL;
         }
@@ -542,6 +545,13 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn)
 
     if (rn->cleanup != NULL) {
         rn->cleanup->handler = NULL;
+        rn->cleanup = NULL;
+    }
+
+    rn->request = NULL;
+
+    if (r != NULL) {
+        ngx_llmgw_task_respond(r, st);    /* copies the body */
     }
 
     ngx_llmgw_runner_free(rn);

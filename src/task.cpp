@@ -1501,11 +1501,19 @@ llmgw_tjob_s::next_request()
         return after_intent();
 
     case LOOKED_UP_QUERY:
-        return answer_query(sql_result.get());
+        if (!sql_error.empty()) {
+            return fail(503, "gateway_error", "service_unavailable",
+                        "tasks cannot be read right now; retry shortly");
+        }
+        return answer_query(json_object_get(sql_result.get(), "tasks"));
 
     case ORIGINS: {
         /* each id the caller's, of this plugin, all on one enabled channel */
-        json_t *rows = sql_result.get();
+        if (!sql_error.empty()) {
+            return fail(503, "gateway_error", "service_unavailable",
+                        "tasks cannot be read right now; retry shortly");
+        }
+        json_t *rows = json_object_get(sql_result.get(), "tasks");
         size_t i;
         json_t *id;
         Json list(json_array());
@@ -2554,8 +2562,6 @@ llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
     const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders,
     const char *body, size_t len, const char *err)
 {
-    j->busy = false;
-
     try {
         if (j->sse_mode_step) {
             /* the end of a stream (its header came through stream calls) */
@@ -2569,6 +2575,7 @@ llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
             return;
         }
 
+        j->busy = false;
         j->transport_error.clear();
         j->transport_timeout = timed_out != 0;
 
