@@ -303,7 +303,7 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
         if (ctx->troute.kind == LLMGW_TROUTE_SUBMIT
             && ctx->troute.plugin < 0)
         {
-            llmgw_verdict_set(&v, NGX_HTTP_NOT_FOUND, "invalid_request_error",
+            llmgw_verdict_set(&v, NGX_HTTP_NOT_FOUND, "gateway_error",
                               "plugin_not_found", "no enabled task plugin "
                               "is named by %.*s",
                               (int) ngx_min(r->uri.len, 128), r->uri.data);

@@ -946,12 +946,12 @@ llmgw_tjob_s::after_intent()
     if (m == nullptr || json_is_null(m)
         || (json_is_string(m) && json_string_length(m) == 0))
     {
-        return fail(400, "invalid_request_error", "invalid_request",
+        return fail(400, "gateway_error", "model_not_specified",
                     "Model name not specified");
     }
 
     if (!json_is_string(m)) {
-        return fail(400, "invalid_request_error", "invalid_request",
+        return fail(400, "gateway_error", "invalid_request",
                     "model must be a string");
     }
 
@@ -961,7 +961,7 @@ llmgw_tjob_s::after_intent()
     if (route != nullptr) {
         json_t *allowed = json_object_get(route, "models");
         if (json_is_array(allowed) && !str_in(allowed, model)) {
-            return fail(400, "invalid_request_error", "invalid_request",
+            return fail(400, "gateway_error", "invalid_request",
                         "model " + std::string(utf8_prefix(model, 200))
                         + " is not served by this route");
         }
@@ -986,12 +986,12 @@ llmgw_tjob_s::after_intent()
         json_t  *id;
 
         if (!json_is_array(ids)) {
-            return fail(400, "invalid_request_error", "invalid_origin_task",
+            return fail(400, "gateway_error", "invalid_origin_task",
                         "originTaskIds must be an array of task ids");
         }
         json_array_foreach(ids, i, id) {
             if (!json_is_string(id)) {
-                return fail(400, "invalid_request_error",
+                return fail(400, "gateway_error",
                             "invalid_origin_task",
                             "originTaskIds must be an array of task ids");
             }
@@ -1421,7 +1421,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
     if (row == nullptr
         || std::string_view(json_str(row, "task_id")) != query_id)
     {
-        return fail(404, "invalid_request_error", "task_not_found",
+        return fail(404, "gateway_error", "task_not_found",
                     "task " + std::string(utf8_prefix(query_id, 100))
                     + " not found");
     }
@@ -1429,7 +1429,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
     if (route_kind == LLMGW_TROUTE_NATIVE) {
         long p = snap_plugin_find(snap, json_str(row, "plugin_key"));
         if (p != plugin) {
-            return fail(404, "invalid_request_error", "task_not_found",
+            return fail(404, "gateway_error", "task_not_found",
                         "task " + std::string(utf8_prefix(query_id, 100))
                         + " not found");
         }
@@ -1531,7 +1531,7 @@ llmgw_tjob_s::next_request()
             if (found == nullptr
                 || json_str(found, "plugin_key") != pinfo.key)
             {
-                return fail(400, "invalid_request_error",
+                return fail(400, "gateway_error",
                             "invalid_origin_task",
                             "origin task "
                             + std::string(utf8_prefix(json_string_value(id),
@@ -1541,7 +1541,7 @@ llmgw_tjob_s::next_request()
 
             int64_t ch = json_int(found, "channel_id", 0);
             if (pinned_channel != 0 && ch != pinned_channel) {
-                return fail(400, "invalid_request_error",
+                return fail(400, "gateway_error",
                             "invalid_origin_task",
                             "origin tasks were made on different channels");
             }
@@ -1559,7 +1559,7 @@ llmgw_tjob_s::next_request()
         }
 
         if (snap_channel(snap, pinned_channel, nullptr, nullptr) == nullptr) {
-            return fail(400, "invalid_request_error", "invalid_origin_task",
+            return fail(400, "gateway_error", "invalid_origin_task",
                         "the channel of the origin tasks is not available");
         }
 
