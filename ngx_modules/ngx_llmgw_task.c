@@ -109,6 +109,16 @@ ngx_llmgw_task_exit_process(ngx_cycle_t *cycle)
         ngx_del_timer(&ngx_llmgw_poll_ev);
     }
 
+    /* tasks claimed but not finished are due again at once elsewhere */
+    if (ngx_llmgw_poll_running > 0
+        || (ngx_llmgw_poll_waiting.next != NULL
+            && !ngx_queue_empty(&ngx_llmgw_poll_waiting)))
+    {
+        (void) ngx_llmgw_pg_exec_at_exit(
+                   "select llmgw_task_release_owner($1)",
+                   (const char *) ngx_llmgw_poll_owner);
+    }
+
     ngx_llmgw_http_exit_process(cycle);
 }
 
