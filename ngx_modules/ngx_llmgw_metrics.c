@@ -23,7 +23,8 @@ typedef struct {
 
 
 static const char *ngx_llmgw_ep_names[] = {
-    "other", "chat", "messages", "gemini", "rerank", "models", "invalid_url"
+    "other", "chat", "messages", "gemini", "rerank", "models", "invalid_url",
+    "task"
 };
 
 /* upper bounds of the latency buckets, in milliseconds */

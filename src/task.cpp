@@ -855,15 +855,25 @@ llmgw_tjob_s::start_request()
 
         intent = Json(json_object());
         json_object_set_new(intent.get(), "kind", json_string("submit"));
-        json_t *m = json_object_get(value, "model");
+
+        /* a form or multipart body names the model in its fields */
+        json_t *fields = json_object_get(dbody.get(), "fields");
+        auto member = [&](const char *k) -> json_t * {
+            if (value != nullptr) {
+                return json_object_get(value, k);
+            }
+            return json_array_get(json_object_get(fields, k), 0);
+        };
+
+        json_t *m = member("model");
         if (m != nullptr) {
             json_object_set(intent.get(), "model", m);
         }
-        json_t *a = json_object_get(value, "action");
+        json_t *a = member("action");
         if (json_is_string(a)) {
             json_object_set(intent.get(), "action", a);
         }
-        json_t *o = json_object_get(value, "originTaskIds");
+        json_t *o = value ? json_object_get(value, "originTaskIds") : nullptr;
         if (o != nullptr) {
             json_object_set(intent.get(), "originTaskIds", o);
         }
