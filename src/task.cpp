@@ -1417,7 +1417,10 @@ llmgw_tjob_s::answer_query(json_t *rows)
         size_t i;
         json_t *row;
         json_array_foreach(rows, i, row) {
-            json_array_append_new(views, task_view(row));
+            /* a route sees only its own plugin's tasks */
+            if (json_str(row, "plugin_key") == pinfo.key) {
+                json_array_append_new(views, task_view(row));
+            }
         }
         std::string renderer(json_str(route, "render"));
         json_t *a = json_array();
