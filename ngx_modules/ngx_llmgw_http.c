@@ -88,6 +88,7 @@ struct ngx_llmgw_http_s {
                                      ngx_llmgw_http_resp_t *resp,
                                      const char *err);
     void                      *data;
+    ngx_uint_t                *sent;         /* set when all was written */
 
     ngx_resolver_ctx_t        *rctx;
     ngx_addr_t                *addrs;
@@ -287,6 +288,7 @@ ngx_llmgw_http_start(ngx_llmgw_http_opts_t *opts, ngx_log_t *log)
     h->max_body = ngx_min(h->max_body, NGX_MAX_SIZE_T_VALUE / 2);
     h->on_headers = opts->on_headers;
     h->on_data = opts->on_data;
+    h->sent = opts->sent;
     h->done = opts->done;
     h->data = opts->data;
     h->content_length = -1;
@@ -1104,6 +1106,10 @@ ngx_llmgw_http_send(ngx_llmgw_http_t *h)
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, &h->log, 0,
                    "llmgw http: request of %uz bytes sent to %V",
                    (size_t) (b->last - b->start), &h->name);
+
+    if (h->sent != NULL) {
+        *h->sent = 1;
+    }
 
     ngx_llmgw_http_set_phase(h, NGX_LLMGW_HTTP_READ);
 

@@ -82,6 +82,9 @@ typedef struct {
                                      ngx_llmgw_http_resp_t *resp,
                                      const char *err);
     void                      *data;
+    /* Optional: set to 1 once the whole request was written (after that a
+     * failure is ambiguous: the server may have acted on it). */
+    ngx_uint_t                *sent;
 } ngx_llmgw_http_opts_t;
 
 

@@ -23,6 +23,7 @@ struct ngx_llmgw_runner_s {
     ngx_http_request_t        *request;     /* NULL for a poll job */
     ngx_llmgw_http_t          *http;        /* an HTTP call in flight */
     int64_t                    channel_id;
+    ngx_uint_t                 sent;        /* the HTTP request is out */
     ngx_queue_t                queue;       /* the poller's lists */
     ngx_pool_cleanup_t        *cleanup;     /* on the request's pool */
     unsigned                   inflight:1;  /* a step's callback pending */
@@ -309,8 +310,11 @@ ngx_llmgw_task_http_done(void *data, ngx_int_t rc,
                              n, (char *) resp->body.data, resp->body.len,
                              NULL);
     } else {
-        llmgw_tjob_http_done(rn->job, -1, rc == NGX_ETIMEDOUT, 0, NULL, NULL,
-                             0, NULL, 0, err ? err : "the request failed");
+        llmgw_tjob_http_done(rn->job, -1,
+                             (rc == NGX_ETIMEDOUT ? LLMGW_THTTP_TIMED_OUT : 0)
+                             | (rn->sent ? LLMGW_THTTP_SENT : 0),
+                             0, NULL, NULL, 0, NULL, 0,
+                             err ? err : "the request failed");
     }
 
     ngx_destroy_pool(pool);
@@ -398,6 +402,8 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st)
     opts.body.len = o->body.len;
     opts.done = ngx_llmgw_task_http_done;
     opts.data = rn;
+    opts.sent = &rn->sent;
+    rn->sent = 0;
 
     if (o->sse) {
         opts.timeout = (ngx_msec_t) st->timeout_ms;

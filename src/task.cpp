@@ -439,6 +439,7 @@ struct llmgw_tjob_s {
     std::string              send_error;
     std::string              transport_error;
     bool                     transport_timeout = false;
+    bool                     transport_sent = false;
     llmgw_verdict_t          reserve_refusal {};
     bool                     multi_query = false;
     Json                     origin_ids;
@@ -1626,7 +1627,11 @@ llmgw_tjob_s::next_request()
 
     case SENT:
         if (!transport_error.empty()) {
-            if (current + 1 < nchannels && pinned_channel == 0) {
+            /* once the vendor may have the submit, trying elsewhere could
+             * make a second billed task */
+            if (!transport_sent && !transport_timeout
+                && current + 1 < nchannels && pinned_channel == 0)
+            {
                 transport_error.clear();
                 current++;
                 return extract_usage();
@@ -1964,7 +1969,9 @@ llmgw_tjob_s::poll_sent()
         return poll_save();
     }
 
-    if (http_status >= 301 && http_status <= 308 && http_status != 304) {
+    if (http_status >= 301 && http_status <= 308 && http_status != 304
+        && http_status != 305 && http_status != 306)
+    {
         json_t *l = json_object_get(http_headers.get(), "location");
         const char *loc = json_is_array(l)
                           ? json_string_value(json_array_get(l, 0)) : nullptr;
@@ -2571,7 +2578,7 @@ llmgw_tjob_hook_done(llmgw_tjob_t *j, int rc, const char *reply, size_t len)
 
 
 extern "C" void
-llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
+llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int flags, int status,
     const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders,
     const char *body, size_t len, const char *err)
 {
@@ -2580,7 +2587,8 @@ llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
             /* the end of a stream (its header came through stream calls) */
             j->stream_ended = true;
             if (rc != 0 && !j->stream_cancelled) {
-                j->stream_error = timed_out ? "no event within the idle "
+                j->stream_error = (flags & LLMGW_THTTP_TIMED_OUT)
+                                  ? "no event within the idle "
                                               "timeout"
                                             : std::string(err ? err
                                                               : "read failed");
@@ -2590,7 +2598,8 @@ llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
 
         j->busy = false;
         j->transport_error.clear();
-        j->transport_timeout = timed_out != 0;
+        j->transport_timeout = (flags & LLMGW_THTTP_TIMED_OUT) != 0;
+        j->transport_sent = (flags & LLMGW_THTTP_SENT) != 0;
 
         if (rc != 0) {
             j->transport_error = err ? err : "the request failed";

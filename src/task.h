@@ -138,8 +138,12 @@ const llmgw_tstep_t *llmgw_tjob_next(llmgw_tjob_t *j);
 void llmgw_tjob_hook_done(llmgw_tjob_t *j, int rc, const char *reply,
     size_t len);
 
-/* rc 0 and the response; else err says why (timeout: timed_out = 1). */
-void llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int timed_out, int status,
+/* What is known of a failed call. */
+#define LLMGW_THTTP_TIMED_OUT  1
+#define LLMGW_THTTP_SENT       2      /* the request was written whole */
+
+/* rc 0 and the response; else err says why and flags what happened. */
+void llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int flags, int status,
     const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders,
     const char *body, size_t len, const char *err);
 
