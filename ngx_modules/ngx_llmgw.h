@@ -173,6 +173,8 @@ struct ngx_llmgw_ctx_s {
     int64_t                    user_id;
     int64_t                    token_id;
     ngx_str_t                  body;         /* the client's body */
+    ngx_str_t                  market_key;   /* a marketplace install's */
+    ngx_str_t                  market_version;
     unsigned                   responded:1;  /* a body was sent by us */
     unsigned                   upstream_header:1;
     unsigned                   error_mode:1;
@@ -258,6 +260,11 @@ ngx_int_t ngx_llmgw_metrics_handler(ngx_http_request_t *r);
 
 /* ngx_llmgw_admin.c */
 ngx_int_t ngx_llmgw_admin_handler(ngx_http_request_t *r);
+ngx_int_t ngx_llmgw_admin_upload(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    const char *key, const char *version);
+
+/* ngx_llmgw_market.c */
+void ngx_llmgw_market_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 
 /* ngx_llmgw_billing.c */
 ngx_int_t ngx_llmgw_billing_init_process(ngx_cycle_t *cycle);

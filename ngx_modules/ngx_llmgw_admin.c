@@ -7,6 +7,7 @@
  */
 
 #include "ngx_llmgw.h"
+#include "market.h"
 
 
 static void ngx_llmgw_admin_body(ngx_http_request_t *r);
@@ -291,6 +292,8 @@ static void ngx_llmgw_admin_loaded(void *data, ngx_int_t rc, u_char *body,
     size_t len);
 static void ngx_llmgw_admin_ran(void *data, ngx_int_t rc, u_char *body,
     size_t len);
+static ngx_int_t ngx_llmgw_admin_icon(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, ngx_str_t *path);
 static void ngx_llmgw_admin_status(void *data, ngx_int_t rc, u_char *body,
     size_t len);
 
@@ -332,16 +335,28 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
     if (r->method == NGX_HTTP_POST && ngx_llmgw_is(path, "/plugin/task")) {
 
-        if (llmgw_plugin_load_request((char *) ctx->body.data, ctx->body.len,
-                                      &frame, &v)
-            != 0)
-        {
-            rc = ngx_llmgw_send_error(r, ctx, &v);
-            goto done;
+        rc = ngx_llmgw_admin_upload(r, ctx, NULL, NULL);
+        if (rc != NGX_OK) {
+            ngx_http_finalize_request(r, rc);
         }
+        return NGX_OK;
 
-        rc = ngx_llmgw_v8_call(LLMGW_FRAME_LOAD, (u_char *) frame.data,
-                               frame.len, ngx_llmgw_admin_loaded, r);
+    } else if (r->method == NGX_HTTP_POST
+               && ngx_llmgw_is(path, "/plugin/task/marketplace"))
+    {
+        ngx_llmgw_market_start(r, ctx);
+        return NGX_OK;
+
+    } else if (r->method == NGX_HTTP_GET
+               && path->len > sizeof("/plugin/task//icon") - 1
+               && ngx_strncmp(path->data, "/plugin/task/", 13) == 0
+               && ngx_strncmp(path->data + path->len - 5, "/icon", 5) == 0)
+    {
+        rc = ngx_llmgw_admin_icon(r, ctx, path);
+        if (rc != NGX_OK) {
+            ngx_http_finalize_request(r, rc);
+        }
+        return NGX_OK;
 
     } else if (r->method == NGX_HTTP_POST
                && ngx_llmgw_is(path, "/plugin/task/dryrun"))
@@ -482,7 +497,14 @@ ngx_llmgw_admin_loaded(void *data, ngx_int_t rc, u_char *body, size_t len)
         goto done;
     }
 
-    if (llmgw_plugin_load_reply((char *) body, len, sha, &v) != 0) {
+    if (llmgw_plugin_load_reply((char *) body, len, sha, &v) != 0
+        || (ctx->market_key.len > 0
+            && llmgw_market_check_manifest((char *) body, len,
+                                           (char *) ctx->market_key.data,
+                                           (char *) ctx->market_version.data,
+                                           &v)
+               != 0))
+    {
         ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
         goto done;
     }
@@ -511,6 +533,156 @@ ngx_llmgw_admin_loaded(void *data, ngx_int_t rc, u_char *body, size_t len)
 done:
 
     ngx_http_run_posted_requests(c);
+}
+
+
+/*
+ * An upload of ctx->body ({source, remark, enabled, force}); a marketplace
+ * install also names the key and version the compiled manifest must have.
+ * NGX_OK when the runtime was asked, else the status to finalize with.
+ */
+ngx_int_t
+ngx_llmgw_admin_upload(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    const char *key, const char *version)
+{
+    ngx_int_t        rc;
+    llmgw_buf_t      frame;
+    llmgw_verdict_t  v;
+
+    if (key != NULL && version != NULL) {
+        ctx->market_key.len = ngx_strlen(key);
+        ctx->market_key.data = ngx_pnalloc(r->pool, ctx->market_key.len + 1);
+        ctx->market_version.len = ngx_strlen(version);
+        ctx->market_version.data = ngx_pnalloc(r->pool,
+                                               ctx->market_version.len + 1);
+        if (ctx->market_key.data == NULL || ctx->market_version.data == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+        ngx_cpystrn(ctx->market_key.data, (u_char *) key,
+                    ctx->market_key.len + 1);
+        ngx_cpystrn(ctx->market_version.data, (u_char *) version,
+                    ctx->market_version.len + 1);
+    }
+
+    if (llmgw_plugin_load_request((char *) ctx->body.data, ctx->body.len,
+                                  &frame, &v)
+        != 0)
+    {
+        return ngx_llmgw_send_error(r, ctx, &v);
+    }
+
+    rc = ngx_llmgw_v8_call(LLMGW_FRAME_LOAD, (u_char *) frame.data,
+                           frame.len, ngx_llmgw_admin_loaded, r);
+    llmgw_buf_free(&frame);
+
+    if (rc != NGX_OK) {
+        return ngx_llmgw_admin_v8_refused(r, ctx, rc);
+    }
+
+    return NGX_OK;
+}
+
+
+/* GET /api/plugin/task/{key}/icon: the plugin's icon as an SVG image. */
+static void
+ngx_llmgw_admin_icon_found(void *data, PGresult *res, const char *err)
+{
+    ngx_http_request_t *r = data;
+
+    ngx_int_t          rc;
+    llmgw_buf_t        svg;
+    ngx_buf_t         *b;
+    ngx_chain_t        out;
+    ngx_connection_t  *c;
+    ngx_llmgw_ctx_t   *ctx;
+
+    c = r->connection;
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (err != NULL) {
+        rc = ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                    "service_unavailable", "the plugin store "
+                                    "cannot be read right now");
+        goto done;
+    }
+
+    if (PQntuples(res) != 1) {
+        rc = ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_NOT_FOUND, "not_found",
+                                    "no plugin has that key");
+        goto done;
+    }
+
+    svg = llmgw_plugin_icon_svg(PQgetvalue(res, 0, 0), PQgetvalue(res, 0, 1));
+    if (svg.data == NULL) {
+        rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        goto done;
+    }
+
+    b = ngx_create_temp_buf(r->pool, svg.len);
+    if (b == NULL) {
+        llmgw_buf_free(&svg);
+        rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        goto done;
+    }
+
+    b->last = ngx_cpymem(b->pos, svg.data, svg.len);
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+    llmgw_buf_free(&svg);
+
+    ctx->responded = 1;
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = b->last - b->pos;
+    ngx_str_set(&r->headers_out.content_type, "image/svg+xml");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc != NGX_ERROR && rc <= NGX_OK && !r->header_only) {
+        out.buf = b;
+        out.next = NULL;
+        rc = ngx_http_output_filter(r, &out);
+    }
+
+done:
+
+    ngx_http_finalize_request(r, rc);
+    ngx_http_run_posted_requests(c);
+}
+
+
+static ngx_int_t
+ngx_llmgw_admin_icon(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_str_t *path)
+{
+    u_char      *key;
+    size_t       len;
+    const char  *params[1];
+
+    len = path->len - 13 - 5;
+    key = ngx_pnalloc(r->pool, len + 1);
+    if (key == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_cpystrn(key, path->data + 13, len + 1);
+    params[0] = (char *) key;
+
+    if (ngx_llmgw_pg_query("select v.manifest ->> 'icon', "
+                           "coalesce(v.manifest ->> 'name', p.key) "
+                           "from task_plugins p join task_plugin_versions v "
+                           "on v.key = p.key and v.version = p.active_version "
+                           "where p.key = $1", 1, params, NULL,
+                           ngx_llmgw_admin_icon_found, r)
+        != NGX_OK)
+    {
+        return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                      "service_unavailable",
+                                      "the database queue is full");
+    }
+
+    return NGX_OK;
 }
 
 

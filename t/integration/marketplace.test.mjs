@@ -1,0 +1,215 @@
+// Marketplace sources (POST /api/plugin/task/marketplace) from a local
+// index file and over HTTP, with their checks (sha256, the manifest's key
+// and version, where an index may point), and plugin icons.
+
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import {
+    assertError, assertOk, createDb, dropDb, startGateway, stopAll,
+} from '../lib/harness.mjs';
+
+const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)),
+    'fixtures', 'plugins');
+const VIDEO = fs.readFileSync(path.join(FIXTURES, 'video-task.js'), 'utf8');
+
+function variant(key, version) {
+    return VIDEO
+        .replace("key: 'itest-video'", `key: '${key}'`)
+        .replaceAll('/itest/v1/', `/${key}/v1/`)
+        .replace("const VERSION = '1.0.0';", `const VERSION = '${version}';`);
+}
+
+const sha = (s) => createHash('sha256').update(s).digest('hex');
+
+/*
+ * A marketplace folder: index.json and <key>/<version>/plugin.js.
+ * entries: [{key, version, source?, digest?, path?}]
+ */
+function writeMarket(dir, entries, extra = {}) {
+    const plugins = new Map();
+    for (const e of entries) {
+        const source = e.source ?? variant(e.key, e.version);
+        const rel = e.path ?? `${e.key}/${e.version}/plugin.js`;
+        if (!e.path) {
+            fs.mkdirSync(path.join(dir, e.key, e.version), { recursive: true });
+            fs.writeFileSync(path.join(dir, rel), source);
+        }
+        const p = plugins.get(e.key) || {
+            key: e.key, name: `Plugin ${e.key}`, channelTypes: [], models: ['m'],
+            latest: e.version, versions: [],
+        };
+        p.latest = e.version;
+        p.versions.push({ version: e.version, path: rel,
+            sha256: e.digest ?? sha(source), minApiVersion: 1, kind: 'task' });
+        plugins.set(e.key, p);
+    }
+    const index = { indexVersion: 1, name: 'test market', ...extra,
+                    plugins: [...plugins.values()] };
+    fs.writeFileSync(path.join(dir, 'index.json'), JSON.stringify(index));
+    return index;
+}
+
+/* Serves a folder over HTTP; counts requests. */
+function serveDir(dir) {
+    const seen = { paths: [] };
+    const server = http.createServer((req, res) => {
+        seen.paths.push(req.url);
+        const file = path.join(dir, decodeURIComponent(req.url.split('?')[0]));
+        if (!file.startsWith(dir) || !fs.existsSync(file)
+            || !fs.statSync(file).isFile()) {
+            res.writeHead(404).end('no');
+            return;
+        }
+        res.writeHead(200, { 'content-type': 'application/octet-stream' });
+        res.end(fs.readFileSync(file));
+    });
+    return new Promise((resolve) => server.listen(0, '127.0.0.1', () => {
+        seen.url = `http://127.0.0.1:${server.address().port}`;
+        seen.close = () => new Promise((r) => server.close(r));
+        resolve(seen);
+    }));
+}
+
+const market = (gw, body) => gw.admin('POST', '/api/plugin/task/marketplace', body);
+
+describe('marketplace sources', () => {
+    let db, gw, dir, web;
+
+    before(async () => {
+        dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-market-'));
+        fs.chmodSync(dir, 0o755);
+        writeMarket(dir, [
+            { key: 'mk-local', version: '1.0.0' },
+            { key: 'mk-local', version: '1.1.0' },
+            { key: 'mk-web', version: '2.0.0' },
+            { key: 'mk-badsum', version: '1.0.0', digest: 'a'.repeat(64) },
+            { key: 'mk-liar', version: '1.0.0', source: variant('mk-other', '1.0.0') },
+        ]);
+        // the node running nginx reads the folder: make it world-readable
+        for (const f of fs.readdirSync(dir, { recursive: true })) {
+            fs.chmodSync(path.join(dir, f), fs.statSync(path.join(dir, f)).isDirectory()
+                ? 0o755 : 0o644);
+        }
+        web = await serveDir(dir);
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true });
+    });
+
+    after(async () => {
+        await stopAll(gw);
+        await web?.close();
+        if (db) {
+            await dropDb(db);
+        }
+        fs.rmSync(dir, { recursive: true, force: true });
+    });
+
+    test('a local index is listed with what is installed', async () => {
+        const r = await market(gw, { url: `file://${dir}/index.json` });
+        assertOk(r, 'listing');
+        assert.equal(r.json.name, 'test market');
+        const local = r.json.plugins.find((p) => p.key === 'mk-local');
+        assert.equal(local.latest, '1.1.0');
+        assert.deepEqual(local.versions.map((v) => v.version), ['1.0.0', '1.1.0']);
+        assert.equal(local.installed, null);
+    });
+
+    test('installing from a local index: the latest, or a named version', async () => {
+        let r = await market(gw, { url: `${dir}/index.json`, key: 'mk-local',
+                                    version: '1.0.0', enabled: true });
+        assertOk(r, 'install 1.0.0');
+        r = await market(gw, { url: `file://${dir}/index.json`, key: 'mk-local',
+                               enabled: true });
+        assertOk(r, 'install latest');
+
+        const p = await gw.admin('GET', '/api/plugin/task/mk-local');
+        assertOk(p, 'GET plugin');
+        const text = JSON.stringify(p.json);
+        assert.match(text, /1\.0\.0/);
+        assert.match(text, /1\.1\.0/);
+
+        const l = await market(gw, { url: `file://${dir}/index.json` });
+        await new Promise((res) => setTimeout(res, 1200));
+        const again = await market(gw, { url: `file://${dir}/index.json` });
+        assert.equal(again.json.plugins.find((x) => x.key === 'mk-local').installed,
+            '1.1.0', JSON.stringify(l.json));
+    });
+
+    test('installing over HTTP reads the index and the source from the server', async () => {
+        const before = web.paths.length;
+        const r = await market(gw, { url: `${web.url}/index.json`, key: 'mk-web',
+                                     enabled: true });
+        assertOk(r, 'install over http');
+        const asked = web.paths.slice(before);
+        assert.deepEqual(asked, ['/index.json', '/mk-web/2.0.0/plugin.js']);
+        const p = await gw.admin('GET', '/api/plugin/task/mk-web');
+        assertOk(p, 'GET plugin');
+    });
+
+    test('a source whose sha256 differs from the index is refused', async () => {
+        const r = await market(gw, { url: `${web.url}/index.json`, key: 'mk-badsum' });
+        assertError(r, 502, { code: 'checksum_mismatch' });
+        const p = await gw.admin('GET', '/api/plugin/task/mk-badsum');
+        assert.equal(p.status, 404);
+    });
+
+    test('a plugin whose manifest names another key than the index is refused', async () => {
+        const r = await market(gw, { url: `file://${dir}/index.json`, key: 'mk-liar' });
+        assertError(r, 502, { code: 'invalid_marketplace' });
+        assert.match(r.json.error.message, /mk-other/);
+    });
+
+    test('unknown plugins and versions are 404; bad bodies 400', async () => {
+        assertError(await market(gw, { url: `file://${dir}/index.json`, key: 'nope' }),
+            404, { code: 'not_found' });
+        assertError(await market(gw, { url: `file://${dir}/index.json`, key: 'mk-local',
+                                       version: '9.9.9' }), 404, { code: 'not_found' });
+        assertError(await market(gw, {}), 400, { code: 'invalid_request' });
+        assertError(await market(gw, { url: 'ftp://x/index.json' }), 400,
+            { code: 'invalid_request' });
+    });
+
+    test('an unreadable index is 502 marketplace_unavailable', async () => {
+        assertError(await market(gw, { url: `${dir}/missing.json` }), 502,
+            { code: 'marketplace_unavailable' });
+        assertError(await market(gw, { url: `${web.url}/missing.json` }), 502,
+            { code: 'marketplace_unavailable' });
+    });
+
+    test('an index may not point outside its folder or from the web to the disk', async () => {
+        const sub = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-market-evil-'));
+        fs.chmodSync(sub, 0o755);
+        writeMarket(sub, [
+            { key: 'mk-up', version: '1.0.0', path: '../etc/passwd', digest: 'b'.repeat(64) },
+            { key: 'mk-abs', version: '1.0.0', path: 'file:///etc/passwd', digest: 'b'.repeat(64) },
+        ]);
+        fs.chmodSync(path.join(sub, 'index.json'), 0o644);
+        try {
+            for (const key of ['mk-up', 'mk-abs']) {
+                const r = await market(gw, { url: `file://${sub}/index.json`, key });
+                assertError(r, 502, { code: 'invalid_marketplace' });
+            }
+        } finally {
+            fs.rmSync(sub, { recursive: true, force: true });
+        }
+    });
+
+    test('the icon of a plugin is an SVG image', async () => {
+        const r = await gw.req('GET', '/api/plugin/task/mk-web/icon',
+            { key: gw.rootToken });
+        assert.equal(r.status, 200, r.text);
+        assert.match(r.headers['content-type'], /image\/svg\+xml/);
+        assert.match(r.text, /^<svg /);
+        assert.match(r.text, />IT</, 'the fixture icon is text:IT');
+        const none = await gw.req('GET', '/api/plugin/task/nope/icon',
+            { key: gw.rootToken });
+        assertError(none, 404, { code: 'not_found' });
+    });
+});
