@@ -24,6 +24,7 @@ struct ngx_llmgw_runner_s {
     ngx_llmgw_http_t          *http;        /* an HTTP call in flight */
     int64_t                    channel_id;
     ngx_uint_t                 sent;        /* the HTTP request is out */
+    void                      *busy;        /* its channel's poll count */
     ngx_queue_t                queue;       /* the poller's lists */
     ngx_pool_cleanup_t        *cleanup;     /* on the request's pool */
     unsigned                   inflight:1;  /* a step's callback pending */
@@ -705,27 +706,46 @@ ngx_llmgw_poll_schedule(ngx_msec_t delay)
 }
 
 
-static ngx_uint_t
-ngx_llmgw_poll_channel_busy(int64_t channel_id)
+/* Poll jobs running per channel: channels are few, a short array serves. */
+typedef struct {
+    int64_t     channel_id;
+    ngx_uint_t  running;
+} ngx_llmgw_poll_busy_t;
+
+static ngx_llmgw_poll_busy_t  ngx_llmgw_poll_busy[64];
+static ngx_uint_t             ngx_llmgw_poll_nbusy;
+
+
+static ngx_llmgw_poll_busy_t *
+ngx_llmgw_poll_channel(int64_t channel_id)
 {
-    ngx_uint_t    n;
-    ngx_queue_t  *q;
+    ngx_uint_t  i;
 
-    n = 0;
-
-    /* running jobs are few (bounded by concurrency x channels) */
-    for (q = ngx_queue_head(&ngx_llmgw_poll_active);
-         q != ngx_queue_sentinel(&ngx_llmgw_poll_active);
-         q = ngx_queue_next(q))
-    {
-        if ((ngx_queue_data(q, ngx_llmgw_runner_t, queue))->channel_id
-            == channel_id)
-        {
-            n++;
+    for (i = 0; i < ngx_llmgw_poll_nbusy; i++) {
+        if (ngx_llmgw_poll_busy[i].channel_id == channel_id) {
+            return &ngx_llmgw_poll_busy[i];
         }
     }
 
-    return n;
+    /* reuse an idle entry, else take a new one; past 64 busy channels
+     * they share the last entry (a tighter bound, never a looser one) */
+    for (i = 0; i < ngx_llmgw_poll_nbusy; i++) {
+        if (ngx_llmgw_poll_busy[i].running == 0) {
+            ngx_llmgw_poll_busy[i].channel_id = channel_id;
+            return &ngx_llmgw_poll_busy[i];
+        }
+    }
+
+    if (ngx_llmgw_poll_nbusy
+        < sizeof(ngx_llmgw_poll_busy) / sizeof(ngx_llmgw_poll_busy[0]))
+    {
+        i = ngx_llmgw_poll_nbusy++;
+        ngx_llmgw_poll_busy[i].channel_id = channel_id;
+        ngx_llmgw_poll_busy[i].running = 0;
+        return &ngx_llmgw_poll_busy[i];
+    }
+
+    return &ngx_llmgw_poll_busy[ngx_llmgw_poll_nbusy - 1];
 }
 
 
@@ -733,8 +753,9 @@ ngx_llmgw_poll_channel_busy(int64_t channel_id)
 static void
 ngx_llmgw_poll_start_more(void)
 {
-    ngx_queue_t         *q, *next;
-    ngx_llmgw_runner_t  *rn;
+    ngx_queue_t            *q, *next;
+    ngx_llmgw_runner_t     *rn;
+    ngx_llmgw_poll_busy_t  *b;
 
     for (q = ngx_queue_head(&ngx_llmgw_poll_waiting);
          q != ngx_queue_sentinel(&ngx_llmgw_poll_waiting);
@@ -743,12 +764,13 @@ ngx_llmgw_poll_start_more(void)
         next = ngx_queue_next(q);
         rn = ngx_queue_data(q, ngx_llmgw_runner_t, queue);
 
-        if (ngx_llmgw_poll_channel_busy(rn->channel_id)
-            >= ngx_llmgw_task_mcf->task_poll_concurrency)
-        {
+        b = ngx_llmgw_poll_channel(rn->channel_id);
+        if (b->running >= ngx_llmgw_task_mcf->task_poll_concurrency) {
             continue;
         }
 
+        b->running++;
+        rn->busy = b;
         ngx_queue_remove(q);
         ngx_queue_insert_tail(&ngx_llmgw_poll_active, q);
         ngx_llmgw_poll_running++;
@@ -781,6 +803,9 @@ ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn)
 
     ngx_queue_remove(&rn->queue);
     ngx_llmgw_poll_running--;
+    if (rn->busy != NULL) {
+        ((ngx_llmgw_poll_busy_t *) rn->busy)->running--;
+    }
     ngx_llmgw_runner_free(rn);
 
     ngx_llmgw_poll_start_more();
