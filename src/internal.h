@@ -62,6 +62,24 @@ void append_json_string(std::string &out, std::string_view s);
 /* At most max bytes of s, never splitting a UTF-8 sequence. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 
+/* Whether a JSON array holds the string v. */
+inline bool
+json_has_string(const json_t *arr, std::string_view v)
+{
+    size_t   i;
+    json_t  *e;
+
+    json_array_foreach(arr, i, e) {
+        if (json_is_string(e)
+            && std::string_view(json_string_value(e), json_string_length(e))
+               == v)
+        {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* The parsed client body of a request (request.cpp). */
 const json_t *req_json(const llmgw_req_t *r);
 llmgw_endpoint_e req_endpoint(const llmgw_req_t *r);

@@ -283,6 +283,36 @@ weighted_order(std::vector<Channel *> &level, uint64_t &seed,
     }
 }
 
+/* The order channels are tried in: highest priority first, weighted random
+ * inside a priority. */
+size_t
+try_order(std::vector<Channel *> &cand, uint64_t seed,
+    const llmgw_channel_t **out, size_t max)
+{
+    std::stable_sort(cand.begin(), cand.end(),
+                     [](const Channel *a, const Channel *b) {
+                         return a->pub.priority > b->pub.priority;
+                     });
+
+    size_t n = 0;
+
+    for (size_t i = 0; i < cand.size() && n < max; ) {
+        size_t j = i;
+        while (j < cand.size()
+               && cand[j]->pub.priority == cand[i]->pub.priority)
+        {
+            j++;
+        }
+
+        std::vector<Channel *> level(cand.begin() + static_cast<long>(i),
+                                     cand.begin() + static_cast<long>(j));
+        weighted_order(level, seed, out, n, max);
+        i = j;
+    }
+
+    return n;
+}
+
 } /* namespace */
 
 
@@ -467,26 +497,7 @@ llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep, llmgw_str_t model,
         cand.push_back(c);
     }
 
-    std::stable_sort(cand.begin(), cand.end(),
-                     [](const Channel *a, const Channel *b) {
-                         return a->pub.priority > b->pub.priority;
-                     });
-
-    size_t n = 0;
-
-    for (size_t i = 0; i < cand.size() && n < max; ) {
-        size_t j = i;
-        while (j < cand.size() && cand[j]->pub.priority == cand[i]->pub.priority) {
-            j++;
-        }
-
-        std::vector<Channel *> level(cand.begin() + static_cast<long>(i),
-                                     cand.begin() + static_cast<long>(j));
-        weighted_order(level, seed, out, n, max);
-        i = j;
-    }
-
-    return n;
+    return try_order(cand, seed, out, max);
 }
 
 
@@ -710,21 +721,6 @@ snap_channel(const llmgw_snapshot_t *s, int64_t id, std::string_view *base_url,
 
 namespace {
 
-bool
-json_array_has(const json_t *arr, std::string_view v)
-{
-    size_t   i;
-    json_t  *e;
-
-    json_array_foreach(arr, i, e) {
-        if (json_is_string(e) && json_string_value(e) == v) {
-            return true;
-        }
-    }
-
-    return false;
-}
-
 /* The upstream kinds a manifest allows ("new_api" is the marketplace's
  * name for a peer gateway). */
 bool
@@ -732,7 +728,7 @@ allows_peer(const json_t *manifest)
 {
     const json_t *ups = json_object_get(manifest, "upstreams");
 
-    return json_array_has(ups, "peer_gateway") || json_array_has(ups, "new_api");
+    return json_has_string(ups, "peer_gateway") || json_has_string(ups, "new_api");
 }
 
 } /* namespace */
@@ -756,7 +752,7 @@ snap_channel_binds(const llmgw_snapshot_t *s, int64_t channel_id,
     if (c->type == 60) {
         return allows_peer(manifest)
                && (json_str(settings, "task_plugin_key") == plugin_key
-                   || json_array_has(json_object_get(settings,
+                   || json_has_string(json_object_get(settings,
                                           "task_extend_plugin_keys"),
                                      plugin_key));
     }
@@ -796,28 +792,7 @@ snap_task_channels(const llmgw_snapshot_t *s, std::string_view plugin_key,
         }
     }
 
-    std::stable_sort(cand.begin(), cand.end(),
-                     [](const Channel *a, const Channel *b) {
-                         return a->pub.priority > b->pub.priority;
-                     });
-
-    size_t n = 0;
-
-    for (size_t i = 0; i < cand.size() && n < max; ) {
-        size_t j = i;
-        while (j < cand.size()
-               && cand[j]->pub.priority == cand[i]->pub.priority)
-        {
-            j++;
-        }
-
-        std::vector<Channel *> level(cand.begin() + static_cast<long>(i),
-                                     cand.begin() + static_cast<long>(j));
-        weighted_order(level, seed, out, n, max);
-        i = j;
-    }
-
-    return n;
+    return try_order(cand, seed, out, max);
 }
 
 

@@ -165,20 +165,6 @@ exports_has(const json_t *manifest, std::string_view name)
     return false;
 }
 
-bool
-str_in(const json_t *arr, std::string_view v)
-{
-    size_t   i;
-    json_t  *e;
-
-    json_array_foreach(arr, i, e) {
-        if (json_is_string(e) && json_string_value(e) == v) {
-            return true;
-        }
-    }
-    return false;
-}
-
 std::string
 upper(std::string_view s)
 {
@@ -638,6 +624,36 @@ struct llmgw_tjob_s {
         return fail(500, "gateway_error", "plugin_error", m);
     }
 
+    /* A usage hook's facts priced into *into (null facts leave it alone
+     * unless always: the reservation prices even no facts); nullptr, or
+     * the refusal to answer. */
+    const llmgw_tstep_t *take_usage(int64_t *into, bool always = false)
+    {
+        std::string err;
+        int64_t q = 0;
+
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        if (!usage_quota(hook.result.get(), &q, err)) {
+            return fail(500, "gateway_error", "plugin_error",
+                        hook_name_ + ": " + err);
+        }
+        if (always || !json_is_null(hook.result.get())) {
+            *into = q;
+        }
+        return nullptr;
+    }
+
+    /* Every task of a poll job failed this time for one reason. */
+    const llmgw_tstep_t *fail_all(const std::string &reason)
+    {
+        for (size_t i = 0; i < tasks.size(); i++) {
+            poll_failure(i, reason);
+        }
+        return poll_save();
+    }
+
     /* ---- the machine ---- */
 
     const llmgw_tstep_t *next();
@@ -766,7 +782,7 @@ llmgw_tjob_s::policy(llmgw_desc_policy_t &p, std::vector<llmgw_str_t> &hosts,
     p.allowed_hosts = hosts.data();
     p.nallowed = hosts.size();
     p.allow_sse = submit
-                  && str_in(json_object_get(manifest, "submitResponseTypes"),
+                  && json_has_string(json_object_get(manifest, "submitResponseTypes"),
                             "sse");
     p.allow_credentialless = content;
 
@@ -971,7 +987,7 @@ llmgw_tjob_s::after_intent()
 
     if (route != nullptr) {
         json_t *allowed = json_object_get(route, "models");
-        if (json_is_array(allowed) && !str_in(allowed, model)) {
+        if (json_is_array(allowed) && !json_has_string(allowed, model)) {
             return fail(400, "gateway_error", "invalid_request",
                         "model " + std::string(utf8_prefix(model, 200))
                         + " is not served by this route");
@@ -1147,7 +1163,7 @@ llmgw_tjob_s::send(const char *what)
 
     if (sse_mode_step) {
         sse = true;
-        sse_delta = str_in(json_object_get(manifest, "requiredCapabilities"),
+        sse_delta = json_has_string(json_object_get(manifest, "requiredCapabilities"),
                            "submit-sse-delta@1");
         sse_parser = llmgw_sse_new(kMaxTaskBody);
         if (sse_delta) {
@@ -1582,13 +1598,10 @@ llmgw_tjob_s::next_request()
     }
 
     case USAGE: {
-        if (!hook.ok) {
-            return plugin_failed(nullptr);
-        }
         int64_t q = 0;
-        if (!usage_quota(hook.result.get(), &q, err)) {
-            return fail(500, "gateway_error", "plugin_error",
-                        "extractUsage: " + err);
+        const llmgw_tstep_t *refused = take_usage(&q, true);
+        if (refused != nullptr) {
+            return refused;
         }
         if (reserved) {
             /* another channel: the reservation stands */
@@ -1700,33 +1713,13 @@ llmgw_tjob_s::next_request()
         return after_parse();
 
     case SUBMIT_USAGE: {
-        if (!hook.ok) {
-            return plugin_failed(nullptr);
-        }
-        int64_t q = 0;
-        if (!usage_quota(hook.result.get(), &q, err)) {
-            return fail(500, "gateway_error", "plugin_error",
-                        "extractUsageOnSubmit: " + err);
-        }
-        if (!json_is_null(hook.result.get())) {
-            quota_submit = q;
-        }
-        return after_submit_usage();
+        const llmgw_tstep_t *refused = take_usage(&quota_submit);
+        return refused ? refused : after_submit_usage();
     }
 
     case FINAL_USAGE: {
-        if (!hook.ok) {
-            return plugin_failed(nullptr);
-        }
-        int64_t q = 0;
-        if (!usage_quota(hook.result.get(), &q, err)) {
-            return fail(500, "gateway_error", "plugin_error",
-                        "extractUsageOnComplete: " + err);
-        }
-        if (!json_is_null(hook.result.get())) {
-            final_quota = q;
-        }
-        return create_task();
+        const llmgw_tstep_t *refused = take_usage(&final_quota);
+        return refused ? refused : create_task();
     }
 
     case CREATED:
@@ -1932,10 +1925,7 @@ llmgw_tjob_s::poll_build()
                           ? "the plugin " + tasks[0].plugin
                             + " is not enabled"
                           : std::string("the channel is not available");
-        for (size_t i = 0; i < tasks.size(); i++) {
-            poll_failure(i, why);
-        }
-        return poll_save();
+        return fail_all(why);
     }
 
     sha = pinfo.sha;
@@ -1963,10 +1953,7 @@ const llmgw_tstep_t *
 llmgw_tjob_s::poll_sent()
 {
     if (!transport_error.empty()) {
-        for (size_t i = 0; i < tasks.size(); i++) {
-            poll_failure(i, transport_error);
-        }
-        return poll_save();
+        return fail_all(transport_error);
     }
 
     if (http_status >= 301 && http_status <= 308 && http_status != 304
@@ -1999,10 +1986,7 @@ llmgw_tjob_s::poll_sent()
                 return emit(LLMGW_TSTEP_HTTP);
             }
 
-            for (size_t i = 0; i < tasks.size(); i++) {
-                poll_failure(i, std::string("redirect refused: ") + e);
-            }
-            return poll_save();
+            return fail_all(std::string("redirect refused: ") + e);
         }
     }
 
@@ -2022,10 +2006,7 @@ llmgw_tjob_s::poll_sent()
         if (s == 401 || s == 403) {
             auth_warning = true;
         }
-        for (size_t i = 0; i < tasks.size(); i++) {
-            poll_failure(i, "the upstream answered HTTP " + std::to_string(s));
-        }
-        return poll_save();
+        return fail_all("the upstream answered HTTP " + std::to_string(s));
     }
 
     /* 2xx and other 4xx go to the parse hook */
@@ -2059,10 +2040,7 @@ llmgw_tjob_s::poll_parsed()
     if (!hook.ok) {
         std::string why = hook_name_ + " failed: "
                           + (hook.kind == "plugin" ? hook.message : hook.kind);
-        for (size_t i = 0; i < tasks.size(); i++) {
-            poll_failure(i, why);
-        }
-        return poll_save();
+        return fail_all(why);
     }
 
     if (!batch) {
@@ -2073,10 +2051,7 @@ llmgw_tjob_s::poll_parsed()
     json_t *list = hook.result.get();
 
     if (!json_is_array(list)) {
-        for (size_t i = 0; i < tasks.size(); i++) {
-            poll_failure(i, "parseBatchResult must return an array");
-        }
-        return poll_save();
+        return fail_all("parseBatchResult must return an array");
     }
 
     std::vector<bool> seen(tasks.size(), false);
@@ -2163,19 +2138,13 @@ llmgw_tjob_s::next_poll()
             std::string why = hook_name_ + " failed: "
                               + (hook.kind == "plugin" ? hook.message
                                                        : hook.kind);
-            for (size_t i = 0; i < tasks.size(); i++) {
-                poll_failure(i, why);
-            }
-            return poll_save();
+            return fail_all(why);
         }
         phase = POLL_SENT;
         const llmgw_tstep_t *s = send(batch ? "buildBatchQueryRequest"
                                             : "buildQueryRequest");
         if (s == nullptr) {
-            for (size_t i = 0; i < tasks.size(); i++) {
-                poll_failure(i, send_error);
-            }
-            return poll_save();
+            return fail_all(send_error);
         }
         return s;
     }
