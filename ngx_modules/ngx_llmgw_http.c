@@ -8,10 +8,15 @@
  * and the response parsed as it arrives.  Every call has its own pool and
  * one timer, re-armed per phase and on every byte of progress.
  *
- * Connections are closed after each call ("Connection: close").  A
- * keep-alive pool would slot in at ngx_llmgw_http_connect() (take an idle
- * connection) and ngx_llmgw_http_close() (give back one whose response was
- * read to its end by length or chunking); the parser already knows which.
+ * Connections are kept alive per worker, as nginx's upstream keepalive
+ * module does: a call first takes an idle connection with the same scheme,
+ * host name (which is also the SNI and the name the certificate was checked
+ * against) and port, with its TLS session as it is; a successful call gives
+ * its connection back when the response ended where its length or chunking
+ * said, with nothing after it, over HTTP/1.1 without "Connection: close".
+ * At most llmgw_keepalive connections wait, the least recently used goes
+ * first, each for llmgw_keepalive_timeout; one the peer closes or writes
+ * to meanwhile is dropped.  llmgw_keepalive 0 sends "Connection: close".
  *
  * Nothing here logs header values, URIs or bodies: they carry credentials.
  */
@@ -28,6 +33,12 @@
 #define NGX_LLMGW_HTTP_READS        32      /* reads per event, then yield */
 #define NGX_LLMGW_HTTP_MAX_ADDRS    16
 #define NGX_LLMGW_HTTP_ERR_LEN      256
+#define NGX_LLMGW_HTTP_CONN_POOL    256     /* a connection's own pool */
+
+/* as nginx's keepalive_time and keepalive_requests: old connections go, so
+ * a changed DNS answer or a leaky server is not held on to for ever */
+#define NGX_LLMGW_HTTP_KA_TIME      3600000
+#define NGX_LLMGW_HTTP_KA_REQUESTS  1000
 
 
 typedef enum {
@@ -66,6 +77,17 @@ typedef enum {
     NGX_LLMGW_CHUNK_TRAILER_LINE,
     NGX_LLMGW_CHUNK_LAST_LF
 } ngx_llmgw_http_chunk_e;
+
+
+/* An idle connection and what it may be reused for. */
+typedef struct {
+    ngx_queue_t                queue;
+    ngx_connection_t          *connection;
+    ngx_uint_t                 tls;
+    in_port_t                  port;
+    size_t                     host_len;
+    u_char                     host[256];
+} ngx_llmgw_http_idle_t;
 
 
 struct ngx_llmgw_http_s {
@@ -127,6 +149,13 @@ struct ngx_llmgw_http_s {
     unsigned                   in_callback:1;
     unsigned                   cancelled:1;
     unsigned                   in_done:1;
+
+    unsigned                   reused:1;     /* the connection was idle */
+    unsigned                   resend:1;     /* may be sent twice */
+    unsigned                   written:1;    /* the request is out whole */
+    unsigned                   answered:1;   /* a response byte came */
+    unsigned                   keepalive:1;  /* HTTP/1.1, no "close" */
+    unsigned                   ended:1;      /* by the framing, exactly */
 };
 
 
@@ -138,6 +167,7 @@ static ngx_int_t ngx_llmgw_http_build(ngx_llmgw_http_t *h,
     ngx_llmgw_http_opts_t *o);
 static void ngx_llmgw_http_kick(ngx_event_t *ev);
 static ngx_int_t ngx_llmgw_http_begin(ngx_llmgw_http_t *h);
+static ngx_int_t ngx_llmgw_http_resolve(ngx_llmgw_http_t *h);
 static ngx_int_t ngx_llmgw_http_add_addr(ngx_llmgw_http_t *h,
     struct sockaddr *sa, socklen_t len);
 static void ngx_llmgw_http_resolved(ngx_resolver_ctx_t *rctx);
@@ -151,6 +181,7 @@ static ngx_int_t ngx_llmgw_http_ssl_init(ngx_cycle_t *cycle,
     ngx_llmgw_main_conf_t *mcf);
 #endif
 static ngx_int_t ngx_llmgw_http_send(ngx_llmgw_http_t *h);
+static ngx_int_t ngx_llmgw_http_retry(ngx_llmgw_http_t *h);
 static void ngx_llmgw_http_write_handler(ngx_event_t *wev);
 static void ngx_llmgw_http_read_handler(ngx_event_t *rev);
 static ngx_int_t ngx_llmgw_http_read(ngx_llmgw_http_t *h);
@@ -161,12 +192,14 @@ static ngx_int_t ngx_llmgw_http_status_line(ngx_llmgw_http_t *h, u_char *p,
     u_char *end);
 static ngx_int_t ngx_llmgw_http_header_line(ngx_llmgw_http_t *h, u_char *p,
     u_char *end);
+static ngx_uint_t ngx_llmgw_http_has_close(u_char *p, u_char *end);
 static ngx_int_t ngx_llmgw_http_header_done(ngx_llmgw_http_t *h);
 static ngx_int_t ngx_llmgw_http_body(ngx_llmgw_http_t *h, u_char *p,
     u_char *last);
 static ngx_int_t ngx_llmgw_http_chunked(ngx_llmgw_http_t *h, u_char *p,
     u_char *last);
 static void ngx_llmgw_http_chunk_size_done(ngx_llmgw_http_t *h);
+static void ngx_llmgw_http_ended(ngx_llmgw_http_t *h, size_t rest);
 static ngx_int_t ngx_llmgw_http_deliver(ngx_llmgw_http_t *h, u_char *p,
     size_t n);
 static ngx_int_t ngx_llmgw_http_eof(ngx_llmgw_http_t *h);
@@ -175,9 +208,14 @@ static void ngx_llmgw_http_set_phase(ngx_llmgw_http_t *h, ngx_uint_t phase);
 static void ngx_llmgw_http_timeout(ngx_event_t *ev);
 static void ngx_llmgw_http_conclude(ngx_llmgw_http_t *h, ngx_int_t rc);
 static void ngx_llmgw_http_finish(ngx_llmgw_http_t *h, ngx_int_t rc);
-static void ngx_llmgw_http_release(ngx_llmgw_http_t *h);
+static void ngx_llmgw_http_release(ngx_llmgw_http_t *h, ngx_uint_t keep);
 static void ngx_llmgw_http_free(ngx_llmgw_http_t *h);
 static void ngx_llmgw_http_close(ngx_llmgw_http_t *h);
+static void ngx_llmgw_http_close_connection(ngx_connection_t *c);
+static ngx_connection_t *ngx_llmgw_http_idle_get(ngx_llmgw_http_t *h);
+static ngx_uint_t ngx_llmgw_http_idle_put(ngx_llmgw_http_t *h);
+static void ngx_llmgw_http_idle_handler(ngx_event_t *ev);
+static void ngx_llmgw_http_idle_dummy(ngx_event_t *ev);
 static u_char *ngx_llmgw_http_log_error(ngx_log_t *log, u_char *buf,
     size_t len);
 
@@ -206,6 +244,18 @@ static ngx_llmgw_main_conf_t  *ngx_llmgw_http_mcf;
 static ngx_queue_t             ngx_llmgw_http_calls = {
     &ngx_llmgw_http_calls, &ngx_llmgw_http_calls
 };
+
+/* idle connections, the most recently used first; unused items; none at
+ * all when keep-alive is off */
+static ngx_queue_t             ngx_llmgw_http_idle = {
+    &ngx_llmgw_http_idle, &ngx_llmgw_http_idle
+};
+static ngx_queue_t             ngx_llmgw_http_spare = {
+    &ngx_llmgw_http_spare, &ngx_llmgw_http_spare
+};
+static ngx_uint_t              ngx_llmgw_http_keepalive;
+static ngx_msec_t              ngx_llmgw_http_idle_timeout;
+
 #if (NGX_SSL)
 static ngx_ssl_t              *ngx_llmgw_http_ssl;
 static ngx_uint_t              ngx_llmgw_http_ssl_verify;
@@ -215,8 +265,30 @@ static ngx_uint_t              ngx_llmgw_http_ssl_verify;
 ngx_int_t
 ngx_llmgw_http_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
 {
+    ngx_uint_t              i;
+    ngx_llmgw_http_idle_t  *items;
+
     ngx_llmgw_http_mcf = mcf;
     ngx_queue_init(&ngx_llmgw_http_calls);
+    ngx_queue_init(&ngx_llmgw_http_idle);
+    ngx_queue_init(&ngx_llmgw_http_spare);
+
+    ngx_llmgw_http_keepalive = 0;
+    ngx_llmgw_http_idle_timeout = mcf->keepalive_timeout;
+
+    if (mcf->keepalive) {
+        items = ngx_pcalloc(cycle->pool,
+                            mcf->keepalive * sizeof(ngx_llmgw_http_idle_t));
+        if (items == NULL) {
+            return NGX_ERROR;
+        }
+
+        for (i = 0; i < mcf->keepalive; i++) {
+            ngx_queue_insert_tail(&ngx_llmgw_http_spare, &items[i].queue);
+        }
+
+        ngx_llmgw_http_keepalive = mcf->keepalive;
+    }
 
 #if (NGX_SSL)
     return ngx_llmgw_http_ssl_init(cycle, mcf);
@@ -229,14 +301,25 @@ ngx_llmgw_http_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
 void
 ngx_llmgw_http_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_queue_t       *q;
-    ngx_llmgw_http_t  *h;
+    ngx_queue_t            *q;
+    ngx_llmgw_http_t       *h;
+    ngx_llmgw_http_idle_t  *item;
 
     while (!ngx_queue_empty(&ngx_llmgw_http_calls)) {
         q = ngx_queue_head(&ngx_llmgw_http_calls);
         h = ngx_queue_data(q, ngx_llmgw_http_t, queue);
         ngx_llmgw_http_free(h);
     }
+
+    while (!ngx_queue_empty(&ngx_llmgw_http_idle)) {
+        q = ngx_queue_head(&ngx_llmgw_http_idle);
+        ngx_queue_remove(q);
+        item = ngx_queue_data(q, ngx_llmgw_http_idle_t, queue);
+        ngx_llmgw_http_close_connection(item->connection);
+    }
+
+    ngx_queue_init(&ngx_llmgw_http_spare);
+    ngx_llmgw_http_keepalive = 0;
 
 #if (NGX_SSL)
     if (ngx_llmgw_http_ssl) {
@@ -289,6 +372,7 @@ ngx_llmgw_http_start(ngx_llmgw_http_opts_t *opts, ngx_log_t *log)
     h->on_headers = opts->on_headers;
     h->on_data = opts->on_data;
     h->sent = opts->sent;
+    h->resend = opts->resend;
     h->done = opts->done;
     h->data = opts->data;
     h->content_length = -1;
@@ -511,7 +595,7 @@ ngx_llmgw_http_build(ngx_llmgw_http_t *h, ngx_llmgw_http_opts_t *o)
           + sizeof(" HTTP/1.1" CRLF "Host: ") - 1
           + (o->host_header.len ? o->host_header.len
                                 : h->host.len + sizeof("[]:65535") - 1)
-          + sizeof(CRLF "Connection: close" CRLF) - 1
+          + sizeof(CRLF "Connection: keep-alive" CRLF) - 1
           + (cl ? sizeof("Content-Length: " CRLF) - 1 + NGX_SIZE_T_LEN : 0)
           + o->headers.len + sizeof(CRLF) - 1 + o->body.len;
 
@@ -542,8 +626,14 @@ ngx_llmgw_http_build(ngx_llmgw_http_t *h, ngx_llmgw_http_opts_t *o)
         }
     }
 
-    p = ngx_cpymem(p, CRLF "Connection: close" CRLF,
-                   sizeof(CRLF "Connection: close" CRLF) - 1);
+    if (ngx_llmgw_http_keepalive) {
+        p = ngx_cpymem(p, CRLF "Connection: keep-alive" CRLF,
+                       sizeof(CRLF "Connection: keep-alive" CRLF) - 1);
+
+    } else {
+        p = ngx_cpymem(p, CRLF "Connection: close" CRLF,
+                       sizeof(CRLF "Connection: close" CRLF) - 1);
+    }
 
     if (cl) {
         p = ngx_sprintf(p, "Content-Length: %uz" CRLF, o->body.len);
@@ -575,6 +665,32 @@ ngx_llmgw_http_kick(ngx_event_t *ev)
 
 static ngx_int_t
 ngx_llmgw_http_begin(ngx_llmgw_http_t *h)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_llmgw_http_idle_get(h);
+
+    if (c == NULL) {
+        return ngx_llmgw_http_resolve(h);
+    }
+
+    h->peer.connection = c;
+    h->peer.name = &h->name;
+    h->peer.log = &h->log;
+    h->reused = 1;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, &h->log, 0,
+                   "llmgw http: reusing connection %p to %V", c, &h->name);
+
+    ngx_llmgw_http_set_phase(h, NGX_LLMGW_HTTP_SEND);
+
+    return ngx_llmgw_http_send(h);
+}
+
+
+/* Finds the addresses of the host, then connects. */
+static ngx_int_t
+ngx_llmgw_http_resolve(ngx_llmgw_http_t *h)
 {
     in_addr_t            inaddr;
     ngx_resolver_t      *resolver;
@@ -802,8 +918,15 @@ ngx_llmgw_http_connect(ngx_llmgw_http_t *h)
         }
 
         c = h->peer.connection;
+
+        /* its own: the TLS state in it may outlive the call when idle */
+        c->pool = ngx_create_pool(NGX_LLMGW_HTTP_CONN_POOL, &h->log);
+        if (c->pool == NULL) {
+            ngx_llmgw_http_close(h);
+            return ngx_llmgw_http_fail(h, NGX_ERROR, "out of memory");
+        }
+
         c->data = h;
-        c->pool = h->pool;     /* ngx_ssl_create_connection() uses it */
         c->read->handler = ngx_llmgw_http_read_handler;
         c->write->handler = ngx_llmgw_http_write_handler;
 
@@ -1086,6 +1209,10 @@ ngx_llmgw_http_send(ngx_llmgw_http_t *h)
         n = c->send(c, b->pos, size);
 
         if (n == NGX_ERROR) {
+            if (h->reused && !h->answered) {
+                return ngx_llmgw_http_retry(h);
+            }
+
             return ngx_llmgw_http_fail(h, NGX_ERROR, "sending the request "
                                        "to %V failed", &h->name);
         }
@@ -1107,7 +1234,10 @@ ngx_llmgw_http_send(ngx_llmgw_http_t *h)
                    "llmgw http: request of %uz bytes sent to %V",
                    (size_t) (b->last - b->start), &h->name);
 
-    if (h->sent != NULL) {
+    h->written = 1;
+
+    /* on a reused connection only once it is known not to be retried */
+    if (h->sent != NULL && !h->reused) {
         *h->sent = 1;
     }
 
@@ -1124,6 +1254,35 @@ ngx_llmgw_http_send(ngx_llmgw_http_t *h)
     }
 
     return NGX_AGAIN;
+}
+
+
+/*
+ * A reused connection that failed before any byte of the response came was
+ * most likely closed by the peer while it sat idle, the classic keep-alive
+ * race: the peer's idle timeout ends as the request goes out.  The call is
+ * tried once more on a new connection when the request was not written
+ * whole (the server cannot have acted on it), or when the caller says it
+ * may be sent twice (opts.resend: polls and downloads).  A submit written
+ * whole is not sent again, as nginx's upstream does not resend a POST
+ * without "non_idempotent"; the engine reports it as sent.  opts.sent is
+ * only set for the attempt that counts.  A timeout is not retried: a peer
+ * that says nothing has not closed the connection.
+ */
+static ngx_int_t
+ngx_llmgw_http_retry(ngx_llmgw_http_t *h)
+{
+    ngx_log_error(NGX_LOG_INFO, &h->log, 0,
+                  "llmgw: kept-alive connection to %V was closed, "
+                  "trying a new one", &h->name);
+
+    ngx_llmgw_http_close(h);
+
+    h->reused = 0;
+    h->written = 0;
+    h->out.pos = h->out.start;
+
+    return ngx_llmgw_http_resolve(h);
 }
 
 
@@ -1227,15 +1386,23 @@ ngx_llmgw_http_read(ngx_llmgw_http_t *h)
             return NGX_AGAIN;
         }
 
-        if (n == NGX_ERROR) {
+        if (n == NGX_ERROR || n == 0) {
+            /* the whole request went out: only a call that may be made
+             * twice is retried (a submit is not: a second task would be
+             * billed) */
+            if (h->reused && !h->answered && h->resend) {
+                return ngx_llmgw_http_retry(h);
+            }
+
+            if (n == 0) {
+                return ngx_llmgw_http_eof(h);
+            }
+
             return ngx_llmgw_http_fail(h, NGX_ERROR, "reading the response "
                                        "from %V failed", &h->name);
         }
 
-        if (n == 0) {
-            return ngx_llmgw_http_eof(h);
-        }
-
+        h->answered = 1;
         b->last += n;
         ngx_add_timer(&h->timer, h->timeout);
 
@@ -1431,6 +1598,9 @@ ngx_llmgw_http_status_line(ngx_llmgw_http_t *h, u_char *p, u_char *end)
         goto invalid;
     }
 
+    /* an HTTP/1.0 server closes unless told otherwise: never reused */
+    h->keepalive = (p[7] != '0');
+
     if (h->resp.headers.elts == NULL
         && ngx_array_init(&h->resp.headers, h->pool, 16,
                           sizeof(ngx_llmgw_http_header_t))
@@ -1542,6 +1712,13 @@ ngx_llmgw_http_header_line(ngx_llmgw_http_t *h, u_char *p, u_char *end)
         h->te = 1;
         h->chunked = (vend - q == 7
                       && ngx_strncasecmp(q, (u_char *) "chunked", 7) == 0);
+
+    } else if (hdr->name.len == sizeof("connection") - 1
+               && ngx_strncmp(hdr->name.data, "connection", hdr->name.len)
+                  == 0
+               && ngx_llmgw_http_has_close(v, vend))
+    {
+        h->keepalive = 0;
     }
 
     return NGX_OK;
@@ -1553,14 +1730,53 @@ invalid:
 }
 
 
+/* Whether a Connection value lists "close". */
+static ngx_uint_t
+ngx_llmgw_http_has_close(u_char *p, u_char *end)
+{
+    u_char  *start, *last;
+
+    while (p < end) {
+        start = p;
+
+        while (p < end && *p != ',') {
+            p++;
+        }
+
+        last = p++;
+
+        while (start < last && (*start == ' ' || *start == '\t')) {
+            start++;
+        }
+
+        while (last > start && (last[-1] == ' ' || last[-1] == '\t')) {
+            last--;
+        }
+
+        if (last - start == 5
+            && ngx_strncasecmp(start, (u_char *) "close", 5) == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
 /* NGX_AGAIN: read the body; NGX_OK: the response is complete. */
 static ngx_int_t
 ngx_llmgw_http_header_done(ngx_llmgw_http_t *h)
 {
     ngx_int_t   rc;
-    ngx_uint_t  status;
+    ngx_uint_t  status, empty;
 
     status = h->resp.status;
+
+    if (status == 101) {
+        /* a switch of protocols never asked for: the connection is lost */
+        h->keepalive = 0;
+    }
 
     if (h->head || status < 200 || status == 204 || status == 304) {
         h->framing = NGX_LLMGW_HTTP_NO_BODY;
@@ -1586,6 +1802,13 @@ ngx_llmgw_http_header_done(ngx_llmgw_http_t *h)
                    "llmgw http: status %ui from %V, framing %ui",
                    status, &h->name, h->framing);
 
+    empty = (h->framing == NGX_LLMGW_HTTP_NO_BODY
+             || (h->framing == NGX_LLMGW_HTTP_LENGTH && h->left == 0));
+
+    if (empty) {
+        ngx_llmgw_http_ended(h, h->in->last - h->in->pos);
+    }
+
     if (h->on_headers) {
         h->in_callback = 1;
         rc = h->on_headers(h->data, &h->resp);
@@ -1605,9 +1828,7 @@ ngx_llmgw_http_header_done(ngx_llmgw_http_t *h)
         }
     }
 
-    if (h->framing == NGX_LLMGW_HTTP_NO_BODY
-        || (h->framing == NGX_LLMGW_HTTP_LENGTH && h->left == 0))
-    {
+    if (empty) {
         return NGX_OK;
     }
 
@@ -1632,7 +1853,7 @@ ngx_llmgw_http_body(ngx_llmgw_http_t *h, u_char *p, u_char *last)
     switch (h->framing) {
 
     case NGX_LLMGW_HTTP_LENGTH:
-        /* bytes past the length are ignored: the connection is closed */
+        /* bytes past the length are ignored (the connection is not kept) */
         n = ngx_min((off_t) (last - p), h->left);
         h->left -= n;
 
@@ -1641,7 +1862,13 @@ ngx_llmgw_http_body(ngx_llmgw_http_t *h, u_char *p, u_char *last)
             return rc;
         }
 
-        return h->left == 0 ? NGX_OK : NGX_AGAIN;
+        if (h->left) {
+            return NGX_AGAIN;
+        }
+
+        ngx_llmgw_http_ended(h, (last - p) - n);
+
+        return NGX_OK;
 
     case NGX_LLMGW_HTTP_CHUNKED:
         return ngx_llmgw_http_chunked(h, p, last);
@@ -1776,6 +2003,7 @@ ngx_llmgw_http_chunked(ngx_llmgw_http_t *h, u_char *p, u_char *last)
         case NGX_LLMGW_CHUNK_TRAILER:
             /* trailer fields are read and dropped */
             if (ch == LF) {
+                ngx_llmgw_http_ended(h, last - p - 1);
                 return NGX_OK;
             }
 
@@ -1800,6 +2028,7 @@ ngx_llmgw_http_chunked(ngx_llmgw_http_t *h, u_char *p, u_char *last)
                 return ngx_llmgw_http_chunk_invalid(h);
             }
 
+            ngx_llmgw_http_ended(h, last - p - 1);
             return NGX_OK;
         }
     }
@@ -1814,6 +2043,18 @@ ngx_llmgw_http_chunk_size_done(ngx_llmgw_http_t *h)
     h->chunk_state = (h->chunk_size == 0) ? NGX_LLMGW_CHUNK_TRAILER
                                           : NGX_LLMGW_CHUNK_DATA;
     h->chunk_digits = 0;
+}
+
+
+/*
+ * The response ended where its framing said.  Bytes after it answer
+ * nothing that was asked: the connection cannot be trusted with another
+ * request then.
+ */
+static void
+ngx_llmgw_http_ended(ngx_llmgw_http_t *h, size_t rest)
+{
+    h->ended = (rest == 0);
 }
 
 
@@ -1970,7 +2211,11 @@ ngx_llmgw_http_finish(ngx_llmgw_http_t *h, ngx_int_t rc)
     ngx_llmgw_http_resp_t  *resp;
 
     /* the connection goes first: done may well start the next call */
-    ngx_llmgw_http_release(h);
+    ngx_llmgw_http_release(h, rc == NGX_OK);
+
+    if (h->written && h->sent != NULL) {
+        *h->sent = 1;
+    }
 
     /* the room for the '\0' was kept in every allocation of the body */
     if (h->resp.body.data) {
@@ -2007,7 +2252,7 @@ ngx_llmgw_http_finish(ngx_llmgw_http_t *h, ngx_int_t rc)
 
 
 static void
-ngx_llmgw_http_release(ngx_llmgw_http_t *h)
+ngx_llmgw_http_release(ngx_llmgw_http_t *h, ngx_uint_t keep)
 {
     if (h->rctx) {
         ngx_resolve_name_done(h->rctx);
@@ -2022,7 +2267,9 @@ ngx_llmgw_http_release(ngx_llmgw_http_t *h)
         ngx_delete_posted_event(&h->kick);
     }
 
-    ngx_llmgw_http_close(h);
+    if (!keep || !ngx_llmgw_http_idle_put(h)) {
+        ngx_llmgw_http_close(h);
+    }
 
     h->log.action = NULL;
 }
@@ -2031,7 +2278,7 @@ ngx_llmgw_http_release(ngx_llmgw_http_t *h)
 static void
 ngx_llmgw_http_free(ngx_llmgw_http_t *h)
 {
-    ngx_llmgw_http_release(h);
+    ngx_llmgw_http_release(h, 0);
 
     ngx_queue_remove(&h->queue);
     ngx_destroy_pool(h->pool);
@@ -2051,6 +2298,17 @@ ngx_llmgw_http_close(ngx_llmgw_http_t *h)
 
     h->peer.connection = NULL;
 
+    ngx_llmgw_http_close_connection(c);
+}
+
+
+static void
+ngx_llmgw_http_close_connection(ngx_connection_t *c)
+{
+    ngx_pool_t  *pool;
+
+    pool = c->pool;
+
 #if (NGX_SSL)
     if (c->ssl) {
         /*
@@ -2065,6 +2323,192 @@ ngx_llmgw_http_close(ngx_llmgw_http_t *h)
 #endif
 
     ngx_close_connection(c);
+
+    if (pool) {
+        ngx_destroy_pool(pool);
+    }
+}
+
+
+/* Takes the most recently used idle connection made for the same peer. */
+static ngx_connection_t *
+ngx_llmgw_http_idle_get(ngx_llmgw_http_t *h)
+{
+    ngx_queue_t            *q;
+    ngx_connection_t       *c;
+    ngx_llmgw_http_idle_t  *item;
+
+    for (q = ngx_queue_head(&ngx_llmgw_http_idle);
+         q != ngx_queue_sentinel(&ngx_llmgw_http_idle);
+         q = ngx_queue_next(q))
+    {
+        item = ngx_queue_data(q, ngx_llmgw_http_idle_t, queue);
+
+        if (item->tls == h->tls
+            && item->port == h->port
+            && item->host_len == h->host.len
+            && ngx_strncasecmp(item->host, h->host.data, h->host.len) == 0)
+        {
+            goto found;
+        }
+    }
+
+    return NULL;
+
+found:
+
+    ngx_queue_remove(q);
+    ngx_queue_insert_head(&ngx_llmgw_http_spare, q);
+
+    c = item->connection;
+
+    c->idle = 0;
+    c->data = h;
+    c->log = &h->log;
+    c->read->log = &h->log;
+    c->write->log = &h->log;
+    c->pool->log = &h->log;
+
+    if (c->read->timer_set) {
+        ngx_del_timer(c->read);
+    }
+
+    c->read->handler = ngx_llmgw_http_read_handler;
+    c->write->handler = ngx_llmgw_http_write_handler;
+
+    return c;
+}
+
+
+/* Keeps the connection of a call that succeeded if it can serve again. */
+static ngx_uint_t
+ngx_llmgw_http_idle_put(ngx_llmgw_http_t *h)
+{
+    ngx_queue_t            *q;
+    ngx_connection_t       *c;
+    ngx_llmgw_http_idle_t  *item;
+
+    c = h->peer.connection;
+
+    if (c == NULL) {
+        return 0;
+    }
+
+    c->requests++;
+
+    if (ngx_llmgw_http_keepalive == 0
+        || !h->ended
+        || !h->keepalive
+        || h->out.pos != h->out.last
+        || c->read->eof
+        || c->read->error
+        || c->write->error
+        || c->requests >= NGX_LLMGW_HTTP_KA_REQUESTS
+        || ngx_current_msec - c->start_time > NGX_LLMGW_HTTP_KA_TIME
+        || ngx_exiting
+        || ngx_terminate)
+    {
+        return 0;
+    }
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        return 0;
+    }
+
+    if (ngx_queue_empty(&ngx_llmgw_http_spare)) {
+        /* full: the least recently used one makes room */
+        q = ngx_queue_last(&ngx_llmgw_http_idle);
+        ngx_queue_remove(q);
+        item = ngx_queue_data(q, ngx_llmgw_http_idle_t, queue);
+        ngx_llmgw_http_close_connection(item->connection);
+
+    } else {
+        q = ngx_queue_head(&ngx_llmgw_http_spare);
+        ngx_queue_remove(q);
+        item = ngx_queue_data(q, ngx_llmgw_http_idle_t, queue);
+    }
+
+    ngx_queue_insert_head(&ngx_llmgw_http_idle, q);
+
+    item->connection = c;
+    item->tls = h->tls;
+    item->port = h->port;
+    item->host_len = h->host.len;
+    ngx_memcpy(item->host, h->host.data, h->host.len);
+
+    h->peer.connection = NULL;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, &h->log, 0,
+                   "llmgw http: keeping connection %p to %V", c, &h->name);
+
+    if (c->write->timer_set) {
+        ngx_del_timer(c->write);
+    }
+
+    c->read->handler = ngx_llmgw_http_idle_handler;
+    c->write->handler = ngx_llmgw_http_idle_dummy;
+
+    /* c->idle: a graceful shutdown closes it at once */
+    c->data = item;
+    c->idle = 1;
+    c->log = ngx_cycle->log;
+    c->read->log = ngx_cycle->log;
+    c->write->log = ngx_cycle->log;
+    c->pool->log = ngx_cycle->log;
+
+    ngx_add_timer(c->read, ngx_llmgw_http_idle_timeout);
+
+    if (c->read->ready) {
+        ngx_llmgw_http_idle_handler(c->read);
+    }
+
+    return 1;
+}
+
+
+/*
+ * Anything on an idle connection ends it: the peer closed it (EOF), or
+ * sent what no request asked for.  The socket is peeked, not read, so that
+ * TLS records are not torn out from under OpenSSL.
+ */
+static void
+ngx_llmgw_http_idle_handler(ngx_event_t *ev)
+{
+    int                     n;
+    char                    buf[1];
+    ngx_connection_t       *c;
+    ngx_llmgw_http_idle_t  *item;
+
+    c = ev->data;
+
+    if (!c->close && !ev->timedout) {
+        n = recv(c->fd, buf, 1, MSG_PEEK);
+
+        if (n == -1 && ngx_socket_errno == NGX_EAGAIN) {
+            ev->ready = 0;
+
+            if (ngx_handle_read_event(ev, 0) == NGX_OK) {
+                return;
+            }
+        }
+    }
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ev->log, 0,
+                   "llmgw http: closing idle connection %p%s", c,
+                   ev->timedout ? " (timed out)" : "");
+
+    item = c->data;
+
+    ngx_queue_remove(&item->queue);
+    ngx_queue_insert_head(&ngx_llmgw_http_spare, &item->queue);
+
+    ngx_llmgw_http_close_connection(c);
+}
+
+
+static void
+ngx_llmgw_http_idle_dummy(ngx_event_t *ev)
+{
 }
 
 

@@ -1,7 +1,8 @@
 /*
  * llmgw's internal HTTP/1.1 client: one non-blocking call per request built
  * from a plugin descriptor (submit, poll, content downloads), on nginx's
- * event loop, usable from timers outside any client request.
+ * event loop, usable from timers outside any client request.  Connections
+ * are kept alive per worker (llmgw_keepalive, llmgw_keepalive_timeout).
  */
 
 #ifndef NGX_LLMGW_HTTP_H
@@ -83,8 +84,15 @@ typedef struct {
                                      const char *err);
     void                      *data;
     /* Optional: set to 1 once the whole request was written (after that a
-     * failure is ambiguous: the server may have acted on it). */
+     * failure is ambiguous: the server may have acted on it).  A request
+     * written on a kept-alive connection that the peer turns out to have
+     * closed, with no byte of a response, is sent again on a new one: only
+     * that write counts. */
     ngx_uint_t                *sent;
+    /* The request may be sent twice (a poll, a download): a kept-alive
+     * connection found closed after the whole request was written is then
+     * retried on a new one.  Without it only an unwritten request is. */
+    ngx_uint_t                 resend;
 } ngx_llmgw_http_opts_t;
 
 

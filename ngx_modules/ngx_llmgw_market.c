@@ -182,6 +182,7 @@ ngx_llmgw_market_fetch(ngx_llmgw_market_t *mk, const char *url)
     opts.uri.data = (u_char *) mk->out.uri;
     opts.uri.len = ngx_strlen(mk->out.uri);
     opts.max_body = NGX_LLMGW_MARKET_MAX;
+    opts.resend = 1;
     opts.done = ngx_llmgw_market_http_done;
     opts.data = mk;
 

@@ -405,6 +405,8 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st)
     opts.data = rn;
     opts.sent = &rn->sent;
     rn->sent = 0;
+    /* a poll may be asked twice; a submit must not be */
+    opts.resend = st->resend;
 
     if (o->sse) {
         opts.timeout = (ngx_msec_t) st->timeout_ms;

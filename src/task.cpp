@@ -1158,6 +1158,7 @@ llmgw_tjob_s::send(const char *what)
     step = llmgw_tstep_t {};
     step.out = &out;
     step.channel_id = channel_id();
+    step.resend = mode == POLL;
     sse_mode_step = mode == REQUEST && out.sse;
     step.timeout_ms = sse_mode_step ? sse_idle_ms : 0;
 
@@ -1982,6 +1983,7 @@ llmgw_tjob_s::poll_sent()
                 step = llmgw_tstep_t {};
                 step.out = &out;
                 step.channel_id = channel_id();
+                step.resend = 1;
                 phase = POLL_SENT;
                 return emit(LLMGW_TSTEP_HTTP);
             }

@@ -76,6 +76,7 @@ typedef struct {
     llmgw_str_t              body;       /* HOOK frame body, RESPOND body */
     const llmgw_outbound_t  *out;
     int64_t                  timeout_ms; /* HTTP: idle timeout of a stream */
+    int                      resend;     /* HTTP: may be sent twice */
     const char              *sql;
     const char              *params[4];
     int                      nparams;

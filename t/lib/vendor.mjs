@@ -221,6 +221,18 @@ export async function startVendor() {
             return;
         }
         if (a.close) {
+            /* A kept-alive connection closed before any answer is tried
+               again once on a new one (the peer may have closed it while
+               idle): a vendor that drops connections drops that one too,
+               and it is not another poll. */
+            if (rec.kind === 'poll' && req.socket.served > 1) {
+                rec.kind = 'stale';
+                pollCount.set(rec.upId, pollCount.get(rec.upId) - 1);
+                if (!queues.has(rec.upId)) {
+                    queues.set(rec.upId, []);
+                }
+                queues.get(rec.upId).unshift({ close: true });
+            }
             req.socket.destroy();
             return;
         }
@@ -261,6 +273,7 @@ export async function startVendor() {
     }
 
     const server = http.createServer((req, res) => {
+        req.socket.served = (req.socket.served || 0) + 1;
         const parts = [];
         req.on('data', (c) => parts.push(c));
         req.on('end', async () => {
