@@ -839,6 +839,96 @@ task_lookup "$TU" '[]'
 expect "lookup of nothing" '.tasks == []'
 
 
+echo "== tasks: batches (sql/007: set-based path, row-by-row rest)"
+api POST /user '' "{\"username\":\"tu3_$RUN\",\"quota\":100000}"
+TU3=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$TU3,\"remain_quota\":100000}"
+TT3=$(jq .body.id <<<"$ANS")
+tj3() { tj "$1" "$2" "$TT3" | jq -c --argjson u "$TU3" '.user_id = $u'; }
+lease() { sql "UPDATE tasks SET lease_owner = '$1', lease_until = now() + interval '1 minute' WHERE task_id = '${T}_$2'" >/dev/null; }
+for n in b1 b2 b3 b4 b5 b6 b7 b8; do
+    task_create "$(tj3 "$n" '{"quota_reserve":100,"poll_interval_ms":60000}')"
+    lease "F_$RUN" "$n"
+done
+lease "G_$RUN" b4
+
+task_update "F_$RUN" '[]'
+expect "an empty batch" '. == {"applied": [], "skipped": [], "tokens": {}, "users": {}}'
+
+task_update "F_$RUN" "[{\"task_id\":\"${T}_b3\",\"status\":\"QUEUED\",\"progress\":\"30%\"},
+                      {\"task_id\":\"${T}_b1\",\"status\":\"IN_PROGRESS\",\"state\":{\"s\":9},\"next_poll_ms\":120000},
+                      {\"task_id\":\"${T}_b2\",\"poll_failures\":3,\"data\":null}]"
+expect "a running batch: applied in task_id order" ". == {\"applied\": [\"${T}_b1\",\"${T}_b2\",\"${T}_b3\"], \"skipped\": [], \"tokens\": {}, \"users\": {}}"
+expect_eq "a running batch: each row as 005 would set it" \
+    "$(sql "SELECT string_agg(status || ' ' || progress || ' ' || state::text || ' ' || coalesce(data::text, '-') || ' ' || poll_failures || ' ' || (lease_owner IS NULL) || ' ' || round(extract(epoch FROM next_poll_at - updated_at)), ' | ' ORDER BY task_id) FROM tasks WHERE task_id IN ('${T}_b1', '${T}_b2', '${T}_b3')")" \
+    'IN_PROGRESS 0% {"s": 9} {"a": 1} 0 true 120 | SUBMITTED 0% {"s": 1} - 3 true 15 | QUEUED 30% {"s": 1} {"a": 1} 0 true 15'
+expect_eq "a running batch writes no ledger row" "$(sql "SELECT count(*) FROM logs WHERE request_id IN ('${T}_b1', '${T}_b2', '${T}_b3') AND type <> 'reserve'")" 0
+
+task_update "F_$RUN" "[{\"task_id\":\"nope_$RUN\",\"status\":\"QUEUED\"},
+                      {\"task_id\":\"${T}_b6\",\"status\":\"FAILURE\",\"fail_reason\":\"gone\"},
+                      {\"task_id\":\"${T}_b4\",\"status\":\"QUEUED\"},
+                      {\"task_id\":\"${T}_b5\",\"status\":\"SUCCESS\",\"final_quota\":70},
+                      {\"task_id\":\"${T}_b7\",\"progress\":\"70%\"},
+                      {\"task_id\":\"${T}_b1\",\"status\":\"QUEUED\"}]"
+expect "a mixed batch: both lists in task_id order" ".applied == [\"${T}_b5\",\"${T}_b6\",\"${T}_b7\"] and .skipped == [\"nope_$RUN\",\"${T}_b1\",\"${T}_b4\"]"
+expect "a mixed batch answers the balances it moved" ".tokens == {\"$TT3\": $(sql "SELECT remain_quota FROM tokens WHERE id = $TT3")} and .users == {\"$TU3\": $(sql "SELECT quota FROM users WHERE id = $TU3")}"
+expect_eq "a mixed batch bills its terminal rows once" "$(nlog "${T}_b5" settle) $(nlog "${T}_b6" refund) $(tcol "${T}_b5" quota) $(tcol "${T}_b6" quota)" "1:-30 1:100 70 0"
+expect_eq "a mixed batch: the running row and the skipped ones" \
+    "$(tcol "${T}_b7" "status || ' ' || progress || ' ' || (lease_owner IS NULL)") $(tcol "${T}_b4" "status || ' ' || lease_owner")" \
+    "SUBMITTED 70% true SUBMITTED G_$RUN"
+
+task_update "" "[{\"task_id\":\"${T}_b8\",\"progress\":\"1\"},{\"task_id\":\"${T}_b8\",\"status\":\"QUEUED\",\"progress\":\"2\"}]"
+expect "a task named twice, no owner: both apply, in order" ".applied == [\"${T}_b8\",\"${T}_b8\"] and .skipped == []"
+expect_eq "a task named twice: the second update wins" "$(tcol "${T}_b8" "status || ' ' || progress")" "QUEUED 2"
+lease "F_$RUN" b8
+task_update "F_$RUN" "[{\"task_id\":\"${T}_b8\",\"progress\":\"3\"},{\"task_id\":\"${T}_b8\",\"progress\":\"4\"}]"
+expect "a task named twice by its owner: the first releases the lease" ".applied == [\"${T}_b8\"] and .skipped == [\"${T}_b8\"]"
+expect_eq "a task named twice by its owner: the first update stays" "$(tcol "${T}_b8" progress)" 3
+
+lease "F_$RUN" b7
+lease "F_$RUN" b8
+psql "$CONN" -X -At -q -c "SELECT llmgw_task_update('F_$RUN', '[{\"task_id\":\"${T}_b7\",\"progress\":\"x\"},{\"task_id\":\"${T}_b8\",\"next_poll_ms\":-1}]')" >/dev/null 2>&1 \
+    && bad "a batch with a bad number is accepted" || ok
+psql "$CONN" -X -At -q -c "SELECT llmgw_task_update('F_$RUN', '[{\"task_id\":\"${T}_b8\",\"poll_failures\":1.5}]')" 2>&1 \
+    | grep -q "poll_failures must be an integer >= 0, not 1.5" && ok || bad "a single update with a bad number raises 005's error"
+expect_eq "a batch that raised changed nothing" "$(tcol "${T}_b7" "progress || ' ' || lease_owner") $(tcol "${T}_b8" "lease_owner")" "70% F_$RUN F_$RUN"
+
+# Exactly once without a lock-first step: a running-status update that
+# meets an uncommitted SUCCESS waits, then sees it and is skipped.
+psql "$CONN" -X -At -q -v b="[{\"task_id\":\"${T}_b7\",\"status\":\"SUCCESS\",\"final_quota\":100}]" -f - >/tmp/llmgw_upd3.$$ 2>&1 <<'EOF' &
+BEGIN;
+SELECT llmgw_task_update(NULL, :'b'::jsonb);
+SELECT pg_sleep(0.5);
+COMMIT;
+EOF
+p1=$!
+sleep 0.2
+task_update "" "[{\"task_id\":\"${T}_b7\",\"status\":\"IN_PROGRESS\",\"progress\":\"late\"}]"
+wait $p1
+expect "a running update after a concurrent SUCCESS is skipped" ".applied == [] and .skipped == [\"${T}_b7\"]"
+expect_eq "the concurrent SUCCESS stays" "$(tcol "${T}_b7" "status || ' ' || progress || ' ' || quota")" "SUCCESS 70% 100"
+grep -q "\"applied\": \[\"${T}_b7\"\]" /tmp/llmgw_upd3.$$ && ok || bad "the SUCCESS update applied"
+rm -f /tmp/llmgw_upd3.$$
+# Two polls of one leased task at once: the first releases the lease, so
+# the second is skipped.
+psql "$CONN" -X -At -q -v b="[{\"task_id\":\"${T}_b8\",\"progress\":\"p1\"}]" -v o="F_$RUN" -f - >/tmp/llmgw_upd4.$$ 2>&1 <<'EOF' &
+BEGIN;
+SELECT llmgw_task_update(:'o', :'b'::jsonb);
+SELECT pg_sleep(0.5);
+COMMIT;
+EOF
+p1=$!
+sleep 0.2
+task_update "F_$RUN" "[{\"task_id\":\"${T}_b8\",\"progress\":\"p2\"}]"
+wait $p1
+expect "the second of two concurrent polls is skipped" ".applied == [] and .skipped == [\"${T}_b8\"]"
+expect_eq "the first poll's update stays" "$(tcol "${T}_b8" progress)" p1
+rm -f /tmp/llmgw_upd4.$$
+expect_eq "token 3: used_quota == ledger sum" \
+    "$(sql "SELECT used_quota FROM tokens WHERE id = $TT3")" \
+    "$(sql "SELECT sum(CASE type WHEN 'refund' THEN -quota ELSE quota END) FROM logs WHERE token_id = $TT3")"
+
+
 echo "== tasks: the ledger balances to the unit"
 for tok in "$TT" "$TTU" "$TT2"; do
     expect_eq "token $tok: used_quota == ledger sum" \
