@@ -336,7 +336,7 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     if (r->method == NGX_HTTP_POST && ngx_llmgw_is(path, "/plugin/task")) {
 
         rc = ngx_llmgw_admin_upload(r, ctx, NULL, NULL);
-        if (rc != NGX_OK) {
+        if (rc != NGX_DONE) {
             ngx_http_finalize_request(r, rc);
         }
         return NGX_OK;
@@ -353,7 +353,7 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
                && ngx_strncmp(path->data + path->len - 5, "/icon", 5) == 0)
     {
         rc = ngx_llmgw_admin_icon(r, ctx, path);
-        if (rc != NGX_OK) {
+        if (rc != NGX_DONE) {
             ngx_http_finalize_request(r, rc);
         }
         return NGX_OK;
@@ -539,7 +539,8 @@ done:
 /*
  * An upload of ctx->body ({source, remark, enabled, force}); a marketplace
  * install also names the key and version the compiled manifest must have.
- * NGX_OK when the runtime was asked, else the status to finalize with.
+ * NGX_DONE when the runtime was asked (the answer finalizes the request),
+ * else what to finalize the request with now.
  */
 ngx_int_t
 ngx_llmgw_admin_upload(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
@@ -579,7 +580,7 @@ ngx_llmgw_admin_upload(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         return ngx_llmgw_admin_v8_refused(r, ctx, rc);
     }
 
-    return NGX_OK;
+    return NGX_DONE;
 }
 
 
@@ -682,7 +683,7 @@ ngx_llmgw_admin_icon(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
                                       "the database queue is full");
     }
 
-    return NGX_OK;
+    return NGX_DONE;
 }
 
 

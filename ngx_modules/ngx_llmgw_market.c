@@ -242,7 +242,7 @@ ngx_llmgw_market_fetched(ngx_llmgw_market_t *mk, ngx_int_t rc, u_char *data,
         llmgw_buf_free(&out);
 
         status = ngx_llmgw_admin_upload(r, ctx, mk->m.key, mk->version.data);
-        if (status != NGX_OK) {
+        if (status != NGX_DONE) {
             ngx_http_finalize_request(r, status);
         }
         return;

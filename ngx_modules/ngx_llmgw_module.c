@@ -797,7 +797,8 @@ ngx_llmgw_postconfiguration(ngx_conf_t *cf)
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
     mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_llmgw_module);
     mcf->resolver = clcf->resolver;
-    mcf->resolver_timeout = clcf->resolver_timeout;
+    mcf->resolver_timeout = clcf->resolver_timeout == NGX_CONF_UNSET_MSEC
+                            ? 30000 : clcf->resolver_timeout;
 
     return ngx_llmgw_errpage_init(cf);
 }

@@ -52,6 +52,9 @@ ngx_llmgw_rl_insert(ngx_rbtree_node_t *temp, ngx_rbtree_node_t *node,
 }
 
 
+static ngx_llmgw_shm_ctx_t  ngx_llmgw_shm_ctx_storage;
+
+
 ngx_int_t
 ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
 {
@@ -60,10 +63,13 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     ngx_uint_t            i;
     ngx_llmgw_shm_ctx_t  *ctx;
 
-    ctx = ngx_pcalloc(ngx_cycle->pool, sizeof(ngx_llmgw_shm_ctx_t));
-    if (ctx == NULL) {
-        return NGX_ERROR;
-    }
+    /*
+     * Not from a pool: on a reload this runs while ngx_cycle is still the
+     * old cycle, whose pool the master destroys as soon as the new cycle is
+     * made.  There is one zone, so one static context serves every cycle.
+     */
+    ctx = &ngx_llmgw_shm_ctx_storage;
+    ngx_memzero(ctx, sizeof(ngx_llmgw_shm_ctx_t));
 
     ngx_llmgw_shm_ctx = ctx;
     ctx->shpool = (ngx_slab_pool_t *) zone->shm.addr;
