@@ -116,6 +116,11 @@ typedef struct {
     ngx_uint_t                 ledger_rows;     /* waiting */
     ngx_uint_t                 ledger_held;     /* waiting or being written */
 
+    /* a poller found more due tasks than one pass takes: until this
+     * time (ngx_current_msec) every worker polls without waiting for its
+     * interval (ngx_llmgw_task.c) */
+    ngx_atomic_t               task_backlog_until;
+
     ngx_llmgw_proc_t           procs[NGX_LLMGW_MAX_PROCS];
 } ngx_llmgw_shm_t;
 

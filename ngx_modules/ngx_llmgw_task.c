@@ -40,6 +40,7 @@ static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn,
     ngx_http_request_t *r, const llmgw_tstep_t *st);
 static void ngx_llmgw_poll_tick(ngx_event_t *ev);
 static void ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_poll_schedule(ngx_msec_t delay);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
     const llmgw_tstep_t *st);
 
@@ -56,6 +57,8 @@ static ngx_queue_t             ngx_llmgw_poll_active;
 static ngx_uint_t              ngx_llmgw_poll_running;
 static ngx_uint_t              ngx_llmgw_poll_claimed;
 static ngx_uint_t              ngx_llmgw_poll_claiming;
+static ngx_uint_t              ngx_llmgw_poll_go_on;     /* right away */
+static ngx_msec_t              ngx_llmgw_poll_last;      /* last claim */
 
 
 ngx_int_t
@@ -693,6 +696,60 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 /* ------------------------------------------------------------------ */
 /* the poller                                                          */
 
+/*
+ * Each worker looks every second (or every interval, when shorter) whether
+ * its interval has passed, or whether some poller of this node flagged a
+ * backlog in the shared zone: then every worker helps until it is gone.
+ */
+static ngx_msec_t
+ngx_llmgw_poll_period(void)
+{
+    return ngx_min(ngx_llmgw_task_mcf->task_poll_interval, 1000);
+}
+
+
+static ngx_uint_t
+ngx_llmgw_poll_due(void)
+{
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    if (ngx_llmgw_poll_go_on
+        || ngx_current_msec - ngx_llmgw_poll_last
+           >= ngx_llmgw_task_mcf->task_poll_interval)
+    {
+        return 1;
+    }
+
+    shm = ngx_llmgw_shm();
+
+    return shm != NULL
+           && (ngx_msec_int_t) (shm->sh->task_backlog_until
+                                - ngx_current_msec) > 0;
+}
+
+
+/* A pass ended: a full one means more tasks may be due right now. */
+static void
+ngx_llmgw_poll_pass_done(void)
+{
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    if (ngx_llmgw_poll_claimed < ngx_llmgw_task_mcf->task_poll_batch) {
+        ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
+        return;
+    }
+
+    shm = ngx_llmgw_shm();
+    if (shm != NULL) {
+        shm->sh->task_backlog_until = ngx_current_msec
+                                      + ngx_llmgw_task_mcf->task_poll_interval;
+    }
+
+    ngx_llmgw_poll_go_on = 1;
+    ngx_llmgw_poll_schedule(1);
+}
+
+
 static void
 ngx_llmgw_poll_schedule(ngx_msec_t delay)
 {
@@ -815,10 +872,7 @@ ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn)
     if (ngx_llmgw_poll_running == 0
         && ngx_queue_empty(&ngx_llmgw_poll_waiting))
     {
-        /* a full pass means more may be due: go on at once */
-        ngx_llmgw_poll_schedule(
-            ngx_llmgw_poll_claimed >= ngx_llmgw_task_mcf->task_poll_batch
-            ? 1 : ngx_llmgw_task_mcf->task_poll_interval);
+        ngx_llmgw_poll_pass_done();
     }
 }
 
@@ -842,7 +896,7 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
             ngx_log_error(NGX_LOG_ERR, ngx_llmgw_task_log, 0,
                           "llmgw: claiming due tasks failed: %s", err);
         }
-        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+        ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
         return;
     }
 
@@ -850,7 +904,7 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
     snap = ngx_llmgw_cache_snapshot();
 
     if (snap == NULL) {
-        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+        ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
         return;
     }
 
@@ -887,7 +941,7 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
     if (ngx_llmgw_poll_running == 0
         && ngx_queue_empty(&ngx_llmgw_poll_waiting))
     {
-        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+        ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
     }
 }
 
@@ -910,6 +964,14 @@ ngx_llmgw_poll_tick(ngx_event_t *ev)
         return;
     }
 
+    if (!ngx_llmgw_poll_due()) {
+        ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
+        return;
+    }
+
+    ngx_llmgw_poll_go_on = 0;
+    ngx_llmgw_poll_last = ngx_current_msec;
+
     *ngx_sprintf(limit, "%ui", ngx_llmgw_task_mcf->task_poll_batch) = '\0';
     *ngx_sprintf(lease, "%M", ngx_llmgw_task_mcf->task_lease) = '\0';
 
@@ -924,6 +986,6 @@ ngx_llmgw_poll_tick(ngx_event_t *ev)
         != NGX_OK)
     {
         ngx_llmgw_poll_claiming = 0;
-        ngx_llmgw_poll_schedule(ngx_llmgw_task_mcf->task_poll_interval);
+        ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
     }
 }
