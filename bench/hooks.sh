@@ -81,46 +81,14 @@ CLIENT=$SCRIPT_DIR/lib/hooks-client.mjs
 PLUGIN_KEY=bench-hooks
 ABSENT_KEY=bench-hooks-absent
 
-# The helper's socket; a Unix socket path has at most 107 bytes, so a long
-# run folder falls back to a folder under /tmp, removed on exit.
-SOCK_DIR=$BENCH_RUN/v8
-SOCK_TMP=
-if [ ${#SOCK_DIR} -gt 90 ]; then
-    SOCK_TMP=$(mktemp -d /tmp/llmgw-bench-XXXXXX)
-    SOCK_DIR=$SOCK_TMP
-    hooks_cleanup() {
-        local rc=$?
-        rm -rf "$SOCK_TMP"
-        (exit "$rc")
-        bench_cleanup
-    }
-    trap hooks_cleanup EXIT
-fi
-mkdir -p "$SOCK_DIR"
-chmod 0755 "$SOCK_DIR"   # nginx workers run as nobody
-SOCK=$SOCK_DIR/v8host.sock
 
 helper_status() { timeout -k 2 20 node "$CLIENT" status --socket "$SOCK"; }
 
 # ------------------------------------------------------------------ start
 start_pg
 
-"$V8HOST" --socket "$SOCK" --workers "$V8_WORKERS" --pidfile "$SOCK_DIR/v8host.pid" \
-    >"$BENCH_RUN/v8host.log" 2>&1 &
-HELPER_PID=$!
-BENCH_PIDS+=("$HELPER_PID:TERM")
-up=
-for _ in $(seq 1 100); do
-    bench_alive "$HELPER_PID" || break
-    if [ -S "$SOCK" ] && helper_status >/dev/null 2>&1; then
-        up=1
-        break
-    fi
-    sleep 0.1
-done
-[ -n "$up" ] || { cat "$BENCH_RUN/v8host.log" >&2; die "the helper did not start"; }
+bench_v8host
 CPU_ROOTS+=("v8host=$HELPER_PID")
-log "helper: pid $HELPER_PID, $V8_WORKERS workers, $SOCK"
 
 P_GW=$(free_port)
 GWP=$BENCH_RUN/gw

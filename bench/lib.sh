@@ -348,3 +348,50 @@ parse_wrk() {
         printf fmt, rps, p50, p99, non2xx, errs, reqs
     }' "$1"
 }
+
+
+# ------------------------------------------------------------ plugin runtime
+
+# bench_v8host: starts build/v8host/llmgw-v8host ($V8HOST) with $V8_WORKERS
+# workers and waits until it answers a status call.  Its socket goes under
+# the run folder, or under /tmp when that path would be too long for a Unix
+# socket (at most 107 bytes; removed on exit).  Sets SOCK_DIR, SOCK and
+# HELPER_PID.
+bench_v8host() {
+    SOCK_DIR=$BENCH_RUN/v8
+    SOCK_TMP=
+    if [ ${#SOCK_DIR} -gt 90 ]; then
+        SOCK_TMP=$(mktemp -d /tmp/llmgw-bench-XXXXXX)
+        SOCK_DIR=$SOCK_TMP
+        trap bench_v8host_cleanup EXIT
+    fi
+    mkdir -p "$SOCK_DIR"
+    chmod 0755 "$SOCK_DIR"   # nginx workers run as nobody
+    SOCK=$SOCK_DIR/v8host.sock
+
+    "$V8HOST" --socket "$SOCK" --workers "$V8_WORKERS" \
+        --pidfile "$SOCK_DIR/v8host.pid" >"$BENCH_RUN/v8host.log" 2>&1 &
+    HELPER_PID=$!
+    BENCH_PIDS+=("$HELPER_PID:TERM")
+
+    local up= _
+    for _ in $(seq 1 100); do
+        bench_alive "$HELPER_PID" || break
+        if [ -S "$SOCK" ] && timeout -k 2 20 node "$BENCH_LIB_DIR/lib/hooks-client.mjs" \
+               status --socket "$SOCK" >/dev/null 2>&1
+        then
+            up=1
+            break
+        fi
+        sleep 0.1
+    done
+    [ -n "$up" ] || { cat "$BENCH_RUN/v8host.log" >&2; die "the helper did not start"; }
+    log "helper: pid $HELPER_PID, $V8_WORKERS workers, $SOCK"
+}
+
+bench_v8host_cleanup() {
+    local rc=$?
+    rm -rf "$SOCK_TMP"
+    (exit "$rc")
+    bench_cleanup
+}

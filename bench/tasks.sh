@@ -110,47 +110,14 @@ CLIENT=$SCRIPT_DIR/lib/tasks-client.mjs
 PLUGIN_KEY=bench-tasks
 VENDOR_KEY=vk-$(od -An -tx1 -N8 /dev/urandom | tr -d ' \n')
 
-# The helper's socket; a Unix socket path has at most 107 bytes, so a long
-# run folder falls back to a folder under /tmp, removed on exit.
-SOCK_DIR=$BENCH_RUN/v8
-SOCK_TMP=
-if [ ${#SOCK_DIR} -gt 90 ]; then
-    SOCK_TMP=$(mktemp -d /tmp/llmgw-bench-XXXXXX)
-    SOCK_DIR=$SOCK_TMP
-    tasks_cleanup() {
-        local rc=$?
-        rm -rf "$SOCK_TMP"
-        (exit "$rc")
-        bench_cleanup
-    }
-    trap tasks_cleanup EXIT
-fi
-mkdir -p "$SOCK_DIR"
-chmod 0755 "$SOCK_DIR"   # nginx workers run as nobody
-SOCK=$SOCK_DIR/v8host.sock
 
-helper_status() { timeout -k 2 20 node "$SCRIPT_DIR/lib/hooks-client.mjs" status --socket "$SOCK"; }
 vendor_stats() { curl -s --max-time 5 "$VENDOR_URL/_bench/stats"; }
 pg() { psql -X -q -v ON_ERROR_STOP=1 -At -d "$PG_CONNINFO" -c "$1"; }
 
 # ------------------------------------------------------------------ start
 start_pg
 
-"$V8HOST" --socket "$SOCK" --workers "$V8_WORKERS" --pidfile "$SOCK_DIR/v8host.pid" \
-    >"$BENCH_RUN/v8host.log" 2>&1 &
-HELPER_PID=$!
-BENCH_PIDS+=("$HELPER_PID:TERM")
-up=
-for _ in $(seq 1 100); do
-    bench_alive "$HELPER_PID" || break
-    if [ -S "$SOCK" ] && helper_status >/dev/null 2>&1; then
-        up=1
-        break
-    fi
-    sleep 0.1
-done
-[ -n "$up" ] || { cat "$BENCH_RUN/v8host.log" >&2; die "the helper did not start"; }
-log "helper: pid $HELPER_PID, $V8_WORKERS workers, $SOCK"
+bench_v8host
 
 P_VENDOR=$(free_port)
 start_node "$BENCH_RUN/vendor.log" "$SCRIPT_DIR/lib/tasks-vendor.mjs" --port "$P_VENDOR" --key "$VENDOR_KEY"
