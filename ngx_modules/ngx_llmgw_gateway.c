@@ -294,7 +294,11 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
         return;
     }
 
-    if (ngx_llmgw_read_body(r, &ctx->body) != NGX_OK) {
+    /* a task request takes the body itself: a spooled upload stays in
+     * its temp file */
+    if (ctx->endpoint.ep != LLMGW_EP_TASK
+        && ngx_llmgw_read_body(r, &ctx->body) != NGX_OK)
+    {
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }

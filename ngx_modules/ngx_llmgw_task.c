@@ -13,6 +13,15 @@
 #include "ngx_llmgw_http.h"
 #include "task.h"
 
+#include <sys/mman.h>
+
+
+typedef struct {
+    u_char                    *body;
+    size_t                     body_len;
+    unsigned                   body_mapped:1;
+} ngx_llmgw_task_body_t;
+
 
 typedef struct ngx_llmgw_runner_s  ngx_llmgw_runner_t;
 
@@ -27,6 +36,7 @@ struct ngx_llmgw_runner_s {
     void                      *busy;        /* its channel's poll count */
     ngx_queue_t                queue;       /* the poller's lists */
     ngx_pool_cleanup_t        *cleanup;     /* on the request's pool */
+    ngx_llmgw_task_body_t      body;        /* the client's, owned */
     unsigned                   inflight:1;  /* a step's callback pending */
     unsigned                   streaming:1; /* an SSE response is read */
     unsigned                   learn:1;     /* the SQL answer has balances */
@@ -41,6 +51,7 @@ static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn,
 static void ngx_llmgw_poll_tick(ngx_event_t *ev);
 static void ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn);
 static void ngx_llmgw_poll_schedule(ngx_msec_t delay);
+static void ngx_llmgw_task_body_free(ngx_llmgw_task_body_t *b);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
     const llmgw_tstep_t *st);
 
@@ -163,6 +174,9 @@ ngx_llmgw_runner_free(ngx_llmgw_runner_t *rn)
 
     llmgw_tjob_free(rn->job);
     llmgw_token_free(rn->token);
+
+    ngx_llmgw_task_body_free(&rn->body);
+
     ngx_llmgw_cache_release(rn->snapshot);
     ngx_free(rn);
 }
@@ -622,16 +636,125 @@ ngx_llmgw_task_request_headers(ngx_http_request_t *r, llmgw_buf_t *out)
 }
 
 
+/*
+ * The client's body for a job that may outlive the request.  A body nginx
+ * spooled to its temp file is mapped from there (the file bytes stay in
+ * the file's pages, also after nginx removed it); a body in memory is
+ * copied.  Nothing of it reaches v8_host but file references.
+ */
+static void
+ngx_llmgw_task_body_free(ngx_llmgw_task_body_t *rn)
+{
+    if (rn->body_mapped) {
+        munmap(rn->body, rn->body_len);
+    } else if (rn->body != NULL) {
+        ngx_free(rn->body);
+    }
+
+    rn->body = NULL;
+    rn->body_mapped = 0;
+}
+
+
+static ngx_int_t
+ngx_llmgw_task_body(ngx_http_request_t *r, ngx_llmgw_task_body_t *rn)
+{
+    off_t         len, next;
+    u_char       *p;
+    ssize_t       n;
+    ngx_fd_t      fd;
+    ngx_buf_t    *b;
+    ngx_uint_t    whole_file;
+    ngx_chain_t  *cl;
+
+    if (r->request_body == NULL || r->request_body->bufs == NULL) {
+        return NGX_OK;
+    }
+
+    len = 0;
+    next = 0;
+    fd = NGX_INVALID_FILE;
+    whole_file = 1;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+        len += ngx_buf_size(b);
+
+        /* one file, in order, from its start */
+        if (!b->in_file || b->file_pos != next
+            || (fd != NGX_INVALID_FILE && b->file->fd != fd))
+        {
+            whole_file = 0;
+        } else {
+            fd = b->file->fd;
+            next = b->file_last;
+        }
+    }
+
+    if (len == 0) {
+        return NGX_OK;
+    }
+
+    rn->body_len = (size_t) len;
+
+    if (whole_file && fd != NGX_INVALID_FILE) {
+        p = mmap(NULL, rn->body_len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p != MAP_FAILED) {
+            rn->body = p;
+            rn->body_mapped = 1;
+            return NGX_OK;
+        }
+    }
+
+    rn->body = ngx_alloc(rn->body_len, r->connection->log);
+    if (rn->body == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = rn->body;
+
+    for (cl = r->request_body->bufs; cl; cl = cl->next) {
+        b = cl->buf;
+
+        if (b->in_file) {
+            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
+                              b->file_pos);
+            if (n == NGX_ERROR) {
+                return NGX_ERROR;
+            }
+            p += n;
+
+        } else {
+            p = ngx_cpymem(p, b->pos, b->last - b->pos);
+        }
+    }
+
+    rn->body_len = p - rn->body;
+
+    return NGX_OK;
+}
+
+
 void
 ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
-    llmgw_buf_t           headers;
-    llmgw_treq_t          req;
-    llmgw_tjob_t         *job;
-    ngx_llmgw_runner_t   *rn;
-    ngx_pool_cleanup_t   *cln;
+    llmgw_buf_t             headers;
+    llmgw_treq_t            req;
+    llmgw_tjob_t           *job;
+    ngx_llmgw_runner_t     *rn;
+    ngx_pool_cleanup_t     *cln;
+    ngx_llmgw_task_body_t   body;
+
+    ngx_memzero(&body, sizeof(body));
+
+    if (ngx_llmgw_task_body(r, &body) != NGX_OK) {
+        ngx_llmgw_task_body_free(&body);
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
 
     if (ngx_llmgw_task_request_headers(r, &headers) != NGX_OK) {
+        ngx_llmgw_task_body_free(&body);
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
@@ -646,7 +769,7 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
             (char *) r->headers_in.content_type->value.data,
             r->headers_in.content_type->value.len };
     }
-    req.body = (llmgw_str_t) { (char *) ctx->body.data, ctx->body.len };
+    req.body = (llmgw_str_t) { (char *) body.body, body.body_len };
     req.headers_json = (llmgw_str_t) { headers.data, headers.len };
     req.request_id = (llmgw_str_t) { (char *) ctx->request_id,
                                      ngx_strlen(ctx->request_id) };
@@ -660,6 +783,7 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     llmgw_buf_free(&headers);
 
     if (job == NULL) {
+        ngx_llmgw_task_body_free(&body);
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
@@ -669,10 +793,13 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     rn = ngx_llmgw_runner_new(job, ctx->snapshot);
     if (rn == NULL) {
+        ngx_llmgw_task_body_free(&body);
         ngx_llmgw_cache_release(ctx->snapshot);
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
+
+    rn->body = body;                /* the job reads it in place */
 
     rn->token = llmgw_token_ref(ctx->token);
     rn->request = r;

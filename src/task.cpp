@@ -357,7 +357,8 @@ struct llmgw_tjob_s {
 
     /* the client request */
     std::string              method, path, args, content_type, request_id;
-    std::string              body, headers_json, group;
+    std::string_view         body;        /* the caller's, see task.h */
+    std::string              headers_json, group;
     const llmgw_token_t     *token = nullptr;
     double                   group_ratio = 1.0;
     uint64_t                 seed = 0;
@@ -2295,7 +2296,7 @@ llmgw_tjob_request(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
         j->path = std::string(sv(req->path));
         j->args = std::string(sv(req->args));
         j->content_type = std::string(sv(req->content_type));
-        j->body = std::string(sv(req->body));
+        j->body = sv(req->body);
         j->headers_json = std::string(sv(req->headers_json));
         j->request_id = std::string(sv(req->request_id));
         j->token = req->token;

@@ -92,7 +92,8 @@ typedef struct {
     llmgw_str_t               path;
     llmgw_str_t               args;          /* query string */
     llmgw_str_t               content_type;
-    llmgw_str_t               body;          /* stays valid for the job */
+    llmgw_str_t               body;          /* borrowed: it must stay valid
+                                                until the job is freed */
     llmgw_str_t               headers_json;  /* {"name": "value"} */
     llmgw_str_t               request_id;
     const llmgw_token_t      *token;

@@ -299,6 +299,18 @@ expect_error(llmgw_tjob_t *j, int status, const char *type, const char *code,
 }
 
 
+/* Request bodies live as long as the group: jobs borrow them. */
+static char  *kept_bodies[256];
+static size_t nkept;
+
+static void
+keep_body(char *body)
+{
+    assert_true(nkept < sizeof(kept_bodies) / sizeof(kept_bodies[0]));
+    kept_bodies[nkept++] = body;
+}
+
+
 static llmgw_tjob_t *
 submit_job(const char *body_sq)
 {
@@ -323,7 +335,7 @@ submit_job(const char *body_sq)
     q.seed = 1;
 
     j = llmgw_tjob_request(snap, &conf, &r, &q);
-    free(body);                 /* the job keeps its own copy */
+    keep_body(body);            /* the job borrows it (task.h) */
     assert_non_null(j);
     return j;
 }
@@ -1277,6 +1289,10 @@ setup(void **state)
 static int
 teardown(void **state)
 {
+    while (nkept > 0) {
+        free(kept_bodies[--nkept]);
+    }
+
     (void) state;
 
     llmgw_snapshot_free(snap);
