@@ -1,0 +1,103 @@
+// Task requests to vendors named by host name: the HTTP client resolves
+// them with nginx's resolver (the http{} `resolver` directive), here a tiny
+// DNS server on loopback that knows one name.
+
+import assert from 'node:assert/strict';
+import dgram from 'node:dgram';
+import { after, before, describe, test } from 'node:test';
+
+import { assertError, assertOk, createDb, dropDb, startGateway, stopAll } from '../lib/harness.mjs';
+import { expectUsed, startVendor, submitTask, taskSetup, waitStatus } from '../lib/vendor.mjs';
+
+const NAME = 'vendor.llmgw.test';
+
+/* Answers A queries for NAME with 127.0.0.1; everything else NXDOMAIN. */
+function startDns() {
+    const seen = { queries: [] };
+    const sock = dgram.createSocket('udp4');
+    sock.on('message', (msg, rinfo) => {
+        if (msg.length < 12) {
+            return;
+        }
+        /* the question: labels, type, class */
+        let off = 12;
+        const labels = [];
+        while (off < msg.length && msg[off] !== 0) {
+            const n = msg[off];
+            labels.push(msg.subarray(off + 1, off + 1 + n).toString());
+            off += n + 1;
+        }
+        const qend = off + 5;
+        const qtype = msg.readUInt16BE(off + 1);
+        const name = labels.join('.').toLowerCase();
+        seen.queries.push({ name, qtype });
+
+        const known = name === NAME;
+        const answers = known && qtype === 1 ? 1 : 0;
+        const head = Buffer.alloc(12);
+        msg.copy(head, 0, 0, 2);                                 /* id */
+        head.writeUInt16BE(0x8180 | (known ? 0 : 3), 2);         /* NOERROR / NXDOMAIN */
+        head.writeUInt16BE(1, 4);                                /* one question */
+        head.writeUInt16BE(answers, 6);
+        const question = msg.subarray(12, qend);
+        const parts = [head, question];
+        if (answers) {
+            const rr = Buffer.alloc(16);
+            rr.writeUInt16BE(0xc00c, 0);                         /* the name */
+            rr.writeUInt16BE(1, 2);                              /* A */
+            rr.writeUInt16BE(1, 4);                              /* IN */
+            rr.writeUInt32BE(30, 6);                             /* TTL */
+            rr.writeUInt16BE(4, 10);
+            Buffer.from([127, 0, 0, 1]).copy(rr, 12);
+            parts.push(rr);
+        }
+        sock.send(Buffer.concat(parts), rinfo.port, rinfo.address);
+    });
+    return new Promise((resolve) => sock.bind(0, '127.0.0.1', () => {
+        seen.port = sock.address().port;
+        seen.close = () => new Promise((r) => sock.close(r));
+        resolve(seen);
+    }));
+}
+
+describe('task vendors named by host name', () => {
+    let db, gw, dns, vendor;
+
+    before(async () => {
+        dns = await startDns();
+        vendor = await startVendor();
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true, http:
+            `llmgw_task_poll_interval 200ms;\n  resolver 127.0.0.1:${dns.port} ipv6=off;` });
+    });
+
+    after(async () => {
+        await stopAll(gw);
+        await vendor?.close();
+        await dns?.close();
+        if (db) {
+            await dropDb(db);
+        }
+    });
+
+    test('the vendor host is resolved through the resolver; submit and poll reach it', async () => {
+        const port = new URL(vendor.url).port;
+        const named = { ...vendor, url: `http://${NAME}:${port}` };
+        const env = await taskSetup(gw, { vendors: [named] });
+        const r = await submitTask(gw, env, { model: env.model });
+        assertOk(r, 'submit to a named vendor');
+        assert.ok(dns.queries.some((q) => q.name === NAME), 'the name was looked up');
+        assert.equal(vendor.submits().at(-1).headers.host, `${NAME}:${port}`);
+        /* the mock answers polls IN_PROGRESS: the status moves only by a poll */
+        await waitStatus(gw, env.acct.key, r.json.task_id, 'IN_PROGRESS', { ms: 10000 });
+    });
+
+    test('a name the resolver does not know: 502 do_request_failed, nothing charged', async () => {
+        const port = new URL(vendor.url).port;
+        const env = await taskSetup(gw, { vendors: [{ ...vendor, url: `http://nowhere.llmgw.test:${port}` }] });
+        const r = await submitTask(gw, env, { model: env.model });
+        assertError(r, 502, { type: 'upstream_error', code: 'do_request_failed' });
+        assert.match(r.json.error.message, /resolve/);
+        await expectUsed(gw, db, env.acct, 0);
+    });
+});
