@@ -526,11 +526,22 @@ export interface HTTPInfo {
     readonly headers: { readonly [name: string]: readonly string[] };
 }
 
+/**
+ * What a parse hook says of one task.  The host stores it like this:
+ * `status` must be one of TaskStatus (UNKNOWN, or a missing one, counts as a
+ * failed poll); `progress` as given, a number n becoming "n%"; `reason` is
+ * the fail reason of a FAILURE; `data`, when present, replaces the task's
+ * data, otherwise the result's other members (`url`, ...) are merged into
+ * it.  After a non-2xx poll answer only SUCCESS or FAILURE count as a
+ * successful poll.
+ */
 export interface TaskResult {
     readonly status: TaskStatus;
-    readonly progress?: string;
+    readonly progress?: string | number;
     readonly reason?: string;
     readonly url?: string;
+    /** Replaces the task's data (see above). */
+    readonly data?: JSONValue;
     /** Replaces the plugin state; omitted keeps the old one. */
     readonly state?: JSONValue;
     readonly [extra: string]: JSONValue | undefined;
