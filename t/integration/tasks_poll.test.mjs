@@ -16,6 +16,8 @@
 // test can read the task between two polls without racing the poller.
 
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
@@ -179,6 +181,12 @@ describe('poll classification', { timeout: 300000 }, () => {
             assert.equal(v.progress, '10%');
             g.open();
             await expectFailedAndRefunded(t, { polled: 4 });
+            if (what === 401 || what === 403) {
+                /* the channel is not disabled, but the operator is told */
+                const log = fs.readFileSync(path.join(gw.dir, 'error.log'), 'utf8');
+                assert.match(log, new RegExp(`\\[warn\\].*channel ${env.channels[0].id} ` +
+                    'refused the channel\'s credentials'));
+            }
         });
     }
 
