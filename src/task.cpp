@@ -646,6 +646,27 @@ struct llmgw_tjob_s {
         return nullptr;
     }
 
+    /*
+     * A hook failed during a poll.  The plugin's failure (it threw, ran out
+     * of time or memory) counts against the tasks; the runtime being down
+     * or busy is the host's trouble and does not: the tasks are simply
+     * polled again next time, so an outage cannot fail them all.
+     */
+    const llmgw_tstep_t *hook_failed_while_polling()
+    {
+        if (hook.kind == "plugin" || hook.kind == "timeout"
+            || hook.kind == "memory")
+        {
+            return fail_all(hook_name_ + " failed: "
+                            + (hook.kind == "plugin" ? hook.message
+                                                     : hook.kind));
+        }
+
+        poll_log.push_back(hook_name_ + ": the plugin runtime is unavailable ("
+                           + hook.message + "); polled again later");
+        return poll_save();
+    }
+
     /* Every task of a poll job failed this time for one reason. */
     const llmgw_tstep_t *fail_all(const std::string &reason)
     {
@@ -2041,9 +2062,7 @@ llmgw_tjob_s::poll_parsed()
     bool ok2xx = http_status >= 200 && http_status <= 299;
 
     if (!hook.ok) {
-        std::string why = hook_name_ + " failed: "
-                          + (hook.kind == "plugin" ? hook.message : hook.kind);
-        return fail_all(why);
+        return hook_failed_while_polling();
     }
 
     if (!batch) {
@@ -2138,10 +2157,7 @@ llmgw_tjob_s::next_poll()
 
     case POLL_BUILT: {
         if (!hook.ok) {
-            std::string why = hook_name_ + " failed: "
-                              + (hook.kind == "plugin" ? hook.message
-                                                       : hook.kind);
-            return fail_all(why);
+            return hook_failed_while_polling();
         }
         phase = POLL_SENT;
         const llmgw_tstep_t *s = send(batch ? "buildBatchQueryRequest"

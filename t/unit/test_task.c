@@ -1053,6 +1053,55 @@ test_poll_500_counts_a_failure_and_keeps_the_status(void **state)
 }
 
 
+/* The runtime down while polling is not the task's failure; a hook that
+ * throws is. */
+static void
+test_poll_runtime_outage_is_not_counted(void **state)
+{
+    size_t           n, ntasks, k;
+    llmgw_tjob_t   **jobs;
+    llmgw_tjob_t    *j;
+    json_t          *f, *u;
+    char             buf[2048];
+    static const char  *const replies[] = {
+        NULL,           /* hook_done rc -1: the runtime did not answer */
+        "{\"ok\":false,\"error\":{\"kind\":\"plugin\",\"message\":\"boom\"}}"
+    };
+
+    (void) state;
+
+    for (k = 0; k < 2; k++) {
+        snprintf(buf, sizeof(buf), "{'tasks':[%s]}", ROW_VID("2", ""));
+        jobs = claim(buf, &n, &ntasks);
+        assert_int_equal(n, 1);
+        j = jobs[0];
+        free(jobs);
+
+        f = expect_hook(j, "buildQueryRequest", "sha-vid");
+        json_decref(f);
+
+        if (replies[k] == NULL) {
+            llmgw_tjob_hook_done(j, -1, "the plugin runtime is not available",
+                                 35);
+        } else {
+            llmgw_tjob_hook_done(j, 0, replies[k], strlen(replies[k]));
+        }
+
+        u = json_array_get(expect_update(j), 0);
+        json_incref(u);
+        if (k == 0) {
+            assert_int_equal(jint(u, "poll_failures"), 2);    /* unchanged */
+            assert_null(json_object_get(u, "status"));
+        } else {
+            assert_int_equal(jint(u, "poll_failures"), 3);
+            assert_string_equal(jstr_at(u, "status", NULL), "FAILURE");
+        }
+        json_decref(u);
+        llmgw_tjob_free(j);
+    }
+}
+
+
 static void
 test_poll_failures_reaching_the_limit_fail_the_task(void **state)
 {
@@ -1335,6 +1384,7 @@ main(void)
         cmocka_unit_test(test_poll_404_fails_the_task_without_parsing),
         cmocka_unit_test(test_poll_500_counts_a_failure_and_keeps_the_status),
         cmocka_unit_test(test_poll_failures_reaching_the_limit_fail_the_task),
+        cmocka_unit_test(test_poll_runtime_outage_is_not_counted),
         cmocka_unit_test(
             test_poll_in_progress_sets_progress_and_clears_failures),
         cmocka_unit_test(test_poll_unknown_status_counts_a_failure),
