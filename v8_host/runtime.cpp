@@ -177,17 +177,17 @@ const char kInternalMessage[] = "internal error in the plugin runtime";
 bool
 deep_freeze(Local<v8::Context> ctx, Local<Value> root)
 {
-    std::vector<Local<v8::Object>> todo;
+    std::vector<Local<v8::Object>> to_freeze;
     auto filter = static_cast<v8::PropertyFilter>(
         v8::ONLY_ENUMERABLE | v8::SKIP_SYMBOLS);
 
     if (root->IsObject()) {
-        todo.push_back(root.As<v8::Object>());
+        to_freeze.push_back(root.As<v8::Object>());
     }
 
-    while (!todo.empty()) {
-        Local<v8::Object> o = todo.back();
-        todo.pop_back();
+    while (!to_freeze.empty()) {
+        Local<v8::Object> o = to_freeze.back();
+        to_freeze.pop_back();
 
         if (o->IsArray()) {
             Local<v8::Array> a = o.As<v8::Array>();
@@ -197,7 +197,7 @@ deep_freeze(Local<v8::Context> ctx, Local<Value> root)
                     return false;
                 }
                 if (v->IsObject()) {
-                    todo.push_back(v.As<v8::Object>());
+                    to_freeze.push_back(v.As<v8::Object>());
                 }
             }
         } else {
@@ -211,7 +211,7 @@ deep_freeze(Local<v8::Context> ctx, Local<Value> root)
                     return false;
                 }
                 if (v->IsObject()) {
-                    todo.push_back(v.As<v8::Object>());
+                    to_freeze.push_back(v.As<v8::Object>());
                 }
             }
         }
