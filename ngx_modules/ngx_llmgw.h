@@ -216,7 +216,11 @@ ngx_int_t ngx_llmgw_pg_query(const char *sql, int nparams,
     const char *const *params, const int *lengths,
     ngx_llmgw_pg_handler_pt handler, void *data);
 /* One blocking statement at worker exit only, never while serving. */
-ngx_int_t ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param);
+ngx_int_t ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
+    const u_char *copy, size_t len);
+/* A simple-query statement with COPY ... FROM STDIN: copy is its data. */
+ngx_int_t ngx_llmgw_pg_copy(const char *sql, const u_char *copy, size_t len,
+    ngx_llmgw_pg_handler_pt handler, void *data);
 
 /* ngx_llmgw_cache.c */
 ngx_int_t ngx_llmgw_cache_init_process(ngx_cycle_t *cycle,
@@ -300,8 +304,9 @@ typedef struct {
     int64_t                    token_id;
     int64_t                    user_id;
     int64_t                    quota;
+    ngx_uint_t                 again;   /* its batch may have been written */
     size_t                     len;
-    u_char                     data[1];
+    u_char                     data[1];  /* a line of COPY text */
 } ngx_llmgw_row_t;
 
 ngx_int_t ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle,

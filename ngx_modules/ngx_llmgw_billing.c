@@ -268,10 +268,14 @@ ngx_llmgw_billing_reap_locked(ngx_llmgw_shm_ctx_t *shm)
                 ngx_queue_data(q, ngx_llmgw_hold_t, queue));
         }
 
-        /* rows it was writing go back first in line: writing is idempotent */
+        /*
+         * rows it was writing go back first in line, to be written the
+         * idempotent way: the batch may have been written
+         */
         while (!ngx_queue_empty(&p->batch)) {
             q = ngx_queue_last(&p->batch);
             ngx_queue_remove(q);
+            (ngx_queue_data(q, ngx_llmgw_row_t, queue))->again = 1;
             ngx_queue_insert_head(&shm->sh->ledger, q);
             shm->sh->ledger_rows++;
         }
@@ -405,6 +409,7 @@ ngx_llmgw_billing_settle(ngx_llmgw_ctx_t *ctx, int64_t quota, u_char *row,
         r->token_id = ctx->token_id;
         r->user_id = ctx->user_id;
         r->quota = quota;
+        r->again = 0;
         r->len = len;
         ngx_memcpy(r->data, row, len);
 

@@ -1,10 +1,12 @@
 /*
  * The ledger writer.  Every request leaves one row, queued in the node's
  * shared zone (so a worker killed with -9 loses none) and written behind
- * the responses in batches through llmgw_flush(), which is idempotent by
- * (request id, type): a batch is sent again after a failure, or by another
- * worker when its writer died, and never counts twice.  Any worker writes
- * any row; batches go out every llmgw_flush_interval and at worker exit.
+ * the responses in batches with COPY (sql/008_ledger_copy.sql).  A batch of
+ * rows never sent goes straight into logs, with the balance changes summed
+ * here; rows that may have been written before (their batch failed, timed
+ * out, or its worker died or exited) go the idempotent way, by (request id,
+ * type), so they never count twice.  Any worker writes any row; batches go
+ * out every llmgw_flush_interval and at worker exit.
  */
 
 #include "ngx_llmgw.h"
@@ -13,12 +15,23 @@
 #define NGX_LLMGW_BATCH_MAX  1000
 
 
+
+typedef struct {
+    u_char                    *copy;       /* the rows, COPY text */
+    size_t                     len;
+    llmgw_charge_t            *charges;
+    ngx_uint_t                 n;
+    ngx_uint_t                 again;      /* may have been written before */
+} ngx_llmgw_batch_t;
+
+
 static void ngx_llmgw_ledger_tick(ngx_event_t *ev);
 static void ngx_llmgw_ledger_next(ngx_event_t *ev);
 static void ngx_llmgw_ledger_flush(void);
 static void ngx_llmgw_ledger_flushed(void *data, PGresult *res,
     const char *err);
-static u_char *ngx_llmgw_ledger_take(size_t *len);
+static ngx_int_t ngx_llmgw_ledger_take(ngx_llmgw_batch_t *b);
+static void ngx_llmgw_ledger_free(ngx_llmgw_batch_t *b);
 
 
 static ngx_event_t             ngx_llmgw_flush_ev;
@@ -52,7 +65,7 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
     ngx_uint_t           status;
     ngx_time_t          *tp;
-    llmgw_buf_t          json;
+    llmgw_buf_t          line;
     llmgw_ledger_row_t   row;
 
     static const char  *ep_names[] = {
@@ -103,11 +116,11 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         return;
     }
 
-    json = llmgw_ledger_row_json(&row);
+    line = llmgw_ledger_row_copy(&row);
 
-    if (json.data == NULL
-        || ngx_llmgw_billing_settle(ctx, row.quota, (u_char *) json.data,
-                                    json.len)
+    if (line.data == NULL
+        || ngx_llmgw_billing_settle(ctx, row.quota, (u_char *) line.data,
+                                    line.len)
            != NGX_OK)
     {
         ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
@@ -115,7 +128,7 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
                       "(raise llmgw_zone_size)", ctx->request_id);
     }
 
-    llmgw_buf_free(&json);
+    llmgw_buf_free(&line);
 }
 
 
@@ -131,26 +144,30 @@ ngx_llmgw_ledger_tick(ngx_event_t *ev)
 
 
 /*
- * Moves up to a batch of rows into this process's slot and returns them as
- * one JSON array (heap memory, freed by the caller).
+ * Moves up to a batch of rows into this process's slot and copies them out
+ * (heap memory, freed with ngx_llmgw_ledger_free()).  NGX_DECLINED: nothing
+ * to send.
  */
-static u_char *
-ngx_llmgw_ledger_take(size_t *len)
+static ngx_int_t
+ngx_llmgw_ledger_take(ngx_llmgw_batch_t *b)
 {
     size_t                size;
-    u_char               *buf, *p;
+    u_char               *p;
+    ngx_int_t             rc;
     ngx_uint_t            n;
     ngx_queue_t          *q;
     ngx_llmgw_row_t      *row;
     ngx_llmgw_proc_t     *me;
     ngx_llmgw_shm_ctx_t  *shm;
 
+    ngx_memzero(b, sizeof(ngx_llmgw_batch_t));
+
     shm = ngx_llmgw_shm();
     me = ngx_llmgw_billing_me();
-    buf = NULL;
+    rc = NGX_DECLINED;
 
     if (shm == NULL || me == NULL) {
-        return NULL;
+        return rc;
     }
 
     ngx_shmtx_lock(&shm->shpool->mutex);
@@ -161,7 +178,7 @@ ngx_llmgw_ledger_take(size_t *len)
         goto done;
     }
 
-    size = 2;
+    size = 0;
     n = 0;
 
     for (q = ngx_queue_head(&shm->sh->ledger);
@@ -169,17 +186,20 @@ ngx_llmgw_ledger_take(size_t *len)
          q = ngx_queue_next(q))
     {
         row = ngx_queue_data(q, ngx_llmgw_row_t, queue);
-        size += row->len + 1;
+        size += row->len;
         n++;
     }
 
-    buf = ngx_alloc(size + 1, ngx_llmgw_ledger_log);
-    if (buf == NULL) {
+    b->copy = ngx_alloc(size + 1, ngx_llmgw_ledger_log);
+    b->charges = ngx_alloc(n * sizeof(llmgw_charge_t), ngx_llmgw_ledger_log);
+
+    if (b->copy == NULL || b->charges == NULL) {
+        ngx_llmgw_ledger_free(b);
+        rc = NGX_ERROR;
         goto done;
     }
 
-    p = buf;
-    *p++ = '[';
+    p = b->copy;
 
     while (n--) {
         q = ngx_queue_head(&shm->sh->ledger);
@@ -191,51 +211,79 @@ ngx_llmgw_ledger_take(size_t *len)
 
         row = ngx_queue_data(q, ngx_llmgw_row_t, queue);
 
-        if (p != buf + 1) {
-            *p++ = ',';
-        }
-
         p = ngx_cpymem(p, row->data, row->len);
+
+        b->charges[b->n].token_id = row->token_id;
+        b->charges[b->n].user_id = row->user_id;
+        b->charges[b->n].quota = row->quota;
+        b->n++;
+
+        /* a token's owner is looked up the idempotent way */
+        if (row->again || (row->token_id != 0 && row->user_id == 0)) {
+            b->again = 1;
+        }
     }
 
-    *p++ = ']';
     *p = '\0';
-    *len = p - buf;
+    b->len = p - b->copy;
+    rc = NGX_OK;
 
 done:
 
     ngx_shmtx_unlock(&shm->shpool->mutex);
 
-    return buf;
+    return rc;
+}
+
+
+static void
+ngx_llmgw_ledger_free(ngx_llmgw_batch_t *b)
+{
+    if (b->copy) {
+        ngx_free(b->copy);
+        b->copy = NULL;
+    }
+
+    if (b->charges) {
+        ngx_free(b->charges);
+        b->charges = NULL;
+    }
 }
 
 
 static void
 ngx_llmgw_ledger_flush(void)
 {
-    int          len;
-    size_t       size;
-    u_char      *batch;
-    const char  *params[1];
+    ngx_int_t          rc;
+    llmgw_buf_t        sql;
+    ngx_llmgw_batch_t  b;
 
-    batch = ngx_llmgw_ledger_take(&size);
-
-    if (batch == NULL) {
+    if (ngx_llmgw_ledger_take(&b) != NGX_OK) {
         return;
     }
 
-    params[0] = (char *) batch;
-    len = (int) size;
     ngx_llmgw_flush_sent = ngx_current_msec;
+    sql.data = NULL;
 
-    if (ngx_llmgw_pg_query("select llmgw_flush($1::jsonb)::text", 1, params,
-                           &len, ngx_llmgw_ledger_flushed, NULL)
-        != NGX_OK)
-    {
+    if (b.again) {
+        rc = ngx_llmgw_pg_copy(LLMGW_FLUSH_AGAIN_SQL, b.copy, b.len,
+                               ngx_llmgw_ledger_flushed, NULL);
+
+    } else {
+        sql = llmgw_flush_new_sql(b.charges, b.n);
+
+        rc = sql.data == NULL
+             ? NGX_ERROR
+             : ngx_llmgw_pg_copy(sql.data, b.copy, b.len,
+                                 ngx_llmgw_ledger_flushed, NULL);
+    }
+
+    if (rc != NGX_OK) {
         ngx_llmgw_ledger_flushed(NULL, NULL, "the database queue is full");
     }
 
-    ngx_free(batch);
+    llmgw_buf_free(&sql);
+    ngx_llmgw_ledger_free(&b);
 }
 
 
@@ -269,7 +317,8 @@ ngx_llmgw_ledger_done_locked(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t written)
             shm->sh->ledger_held--;
 
         } else {
-            /* first in line again, in their order */
+            /* first in line again, in their order, the idempotent way */
+            row->again = 1;
             ngx_queue_insert_head(&shm->sh->ledger, q);
             shm->sh->ledger_rows++;
         }
@@ -356,9 +405,8 @@ ngx_llmgw_ledger_has_room(void)
 void
 ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle)
 {
-    size_t                size;
-    u_char               *batch;
     ngx_int_t             rc;
+    ngx_llmgw_batch_t     b;
     ngx_llmgw_shm_ctx_t  *shm;
 
     if (ngx_llmgw_flush_ev.timer_set) {
@@ -385,15 +433,13 @@ ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle)
     ngx_shmtx_unlock(&shm->shpool->mutex);
 
     for ( ;; ) {
-        batch = ngx_llmgw_ledger_take(&size);
-
-        if (batch == NULL) {
+        if (ngx_llmgw_ledger_take(&b) != NGX_OK) {
             return;
         }
 
-        rc = ngx_llmgw_pg_exec_at_exit("select llmgw_flush($1::jsonb)",
-                                       (char *) batch);
-        ngx_free(batch);
+        rc = ngx_llmgw_pg_exec_at_exit(LLMGW_FLUSH_AGAIN_SQL, NULL, b.copy,
+                                       b.len);
+        ngx_llmgw_ledger_free(&b);
 
         ngx_shmtx_lock(&shm->shpool->mutex);
         ngx_llmgw_ledger_done_locked(shm, rc == NGX_OK);

@@ -29,6 +29,8 @@ typedef struct {
     int                        nparams;
     char                     **params;
     int                       *lengths;
+    char                      *copy;       /* COPY ... FROM STDIN data */
+    size_t                     copy_len;
     ngx_llmgw_pg_handler_pt    handler;
     void                      *data;
     ngx_event_t                timer;
@@ -62,6 +64,10 @@ static void ngx_llmgw_pg_retry(ngx_event_t *ev);
 static ngx_int_t ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc,
     ngx_uint_t on);
 static ngx_int_t ngx_llmgw_pg_flush(ngx_llmgw_pg_conn_t *pc);
+static ngx_int_t ngx_llmgw_pg_enqueue(const char *sql, int nparams,
+    const char *const *params, const int *lengths, const u_char *copy,
+    size_t copy_len, ngx_llmgw_pg_handler_pt handler, void *data);
+static ngx_int_t ngx_llmgw_pg_put_copy(PGconn *conn, ngx_llmgw_pg_query_t *q);
 
 
 static ngx_llmgw_pg_conn_t     *ngx_llmgw_pg_conns;
@@ -137,6 +143,24 @@ ngx_int_t
 ngx_llmgw_pg_query(const char *sql, int nparams, const char *const *params,
     const int *lengths, ngx_llmgw_pg_handler_pt handler, void *data)
 {
+    return ngx_llmgw_pg_enqueue(sql, nparams, params, lengths, NULL, 0,
+                                handler, data);
+}
+
+
+ngx_int_t
+ngx_llmgw_pg_copy(const char *sql, const u_char *copy, size_t len,
+    ngx_llmgw_pg_handler_pt handler, void *data)
+{
+    return ngx_llmgw_pg_enqueue(sql, 0, NULL, NULL, copy, len, handler, data);
+}
+
+
+static ngx_int_t
+ngx_llmgw_pg_enqueue(const char *sql, int nparams, const char *const *params,
+    const int *lengths, const u_char *copy, size_t copy_len,
+    ngx_llmgw_pg_handler_pt handler, void *data)
+{
     int                    i;
     size_t                 len, size;
     u_char                *p;
@@ -148,9 +172,9 @@ ngx_llmgw_pg_query(const char *sql, int nparams, const char *const *params,
         return NGX_DECLINED;
     }
 
-    /* one allocation holds the query, its SQL and its parameters */
+    /* one allocation holds the query, its SQL, parameters and COPY data */
     size = sizeof(ngx_llmgw_pg_query_t) + strlen(sql) + 1
-           + nparams * (sizeof(char *) + sizeof(int));
+           + nparams * (sizeof(char *) + sizeof(int)) + copy_len;
 
     for (i = 0; i < nparams; i++) {
         size += (lengths ? (size_t) lengths[i] : strlen(params[i])) + 1;
@@ -176,6 +200,12 @@ ngx_llmgw_pg_query(const char *sql, int nparams, const char *const *params,
         *p++ = '\0';
     }
 
+    if (copy) {
+        q->copy = (char *) p;
+        q->copy_len = copy_len;
+        p = ngx_cpymem(p, copy, copy_len);
+    }
+
     q->sql = (char *) p;
     ngx_memcpy(p, sql, strlen(sql) + 1);
 
@@ -198,11 +228,17 @@ ngx_llmgw_pg_query(const char *sql, int nparams, const char *const *params,
 }
 
 
+/*
+ * At exit, where nothing else runs and blocking is allowed: one statement
+ * on a connection of its own, with one text parameter (param) or COPY data
+ * (copy, when not NULL).
+ */
 ngx_int_t
-ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param)
+ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
+    const u_char *copy, size_t len)
 {
     PGconn          *conn;
-    PGresult        *res;
+    PGresult        *res, *next;
     ngx_int_t        rc;
     const char      *values[1];
     const char *const keys[] = { "dbname", "connect_timeout", NULL };
@@ -222,8 +258,40 @@ ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param)
         return NGX_ERROR;
     }
 
-    values[0] = param;
-    res = PQexecParams(conn, sql, 1, NULL, values, NULL, NULL, 0);
+    if (copy == NULL) {
+        values[0] = param;
+        res = PQexecParams(conn, sql, 1, NULL, values, NULL, NULL, 0);
+
+    } else {
+        res = PQexec(conn, sql);
+
+        if (PQresultStatus(res) == PGRES_COPY_IN) {
+            PQclear(res);
+            res = NULL;
+
+            if ((len > 0 && PQputCopyData(conn, (const char *) copy, (int) len)
+                            != 1)
+                || PQputCopyEnd(conn, NULL) != 1)
+            {
+                ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
+                              "llmgw: COPY failed at exit: %s",
+                              PQerrorMessage(conn));
+                PQfinish(conn);
+                return NGX_ERROR;
+            }
+
+            /* the last result tells; an error stops the rest */
+            while ((next = PQgetResult(conn)) != NULL) {
+                if (res != NULL && PQresultStatus(res) == PGRES_FATAL_ERROR) {
+                    PQclear(next);
+                    continue;
+                }
+
+                PQclear(res);
+                res = next;
+            }
+        }
+    }
 
     rc = (PQresultStatus(res) == PGRES_TUPLES_OK
           || PQresultStatus(res) == PGRES_COMMAND_OK) ? NGX_OK : NGX_ERROR;
@@ -231,7 +299,7 @@ ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param)
     if (rc != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
                       "llmgw: statement failed at exit: %s",
-                      PQresultErrorMessage(res));
+                      res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
     }
 
     PQclear(res);
@@ -464,10 +532,56 @@ ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc)
             return;
         }
 
+        if (PQresultStatus(res) == PGRES_COPY_IN) {
+            PQclear(res);
+
+            /* the data goes out with the event loop, like a statement */
+            if (ngx_llmgw_pg_put_copy(pc->conn, pc->query) != NGX_OK) {
+                ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+                return;
+            }
+
+            pc->flushing = 1;
+
+            if (ngx_llmgw_pg_flush(pc) != NGX_OK) {
+                ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+                return;
+            }
+
+            if (pc->flushing) {
+                return;
+            }
+
+            continue;
+        }
+
         /* keep the last result of the statement */
         PQclear(pc->result);
         pc->result = res;
     }
+}
+
+
+/*
+ * Queues a query's COPY data and its end in libpq's buffer (which grows to
+ * take it; PQflush sends it).  A COPY without data (a statement that was
+ * not sent as one) is ended with an error, so the server rolls it back.
+ */
+static ngx_int_t
+ngx_llmgw_pg_put_copy(PGconn *conn, ngx_llmgw_pg_query_t *q)
+{
+    if (q == NULL || q->copy == NULL) {
+        return PQputCopyEnd(conn, "unexpected COPY") == 1 ? NGX_OK
+                                                          : NGX_ERROR;
+    }
+
+    if (q->copy_len > 0
+        && PQputCopyData(conn, q->copy, (int) q->copy_len) != 1)
+    {
+        return NGX_ERROR;
+    }
+
+    return PQputCopyEnd(conn, NULL) == 1 ? NGX_OK : NGX_ERROR;
 }
 
 
@@ -498,9 +612,11 @@ ngx_llmgw_pg_dispatch(void)
         q = ngx_queue_data(qq, ngx_llmgw_pg_query_t, queue);
         q->queued = 0;
 
-        if (!PQsendQueryParams(pc->conn, q->sql, q->nparams, NULL,
-                               (const char *const *) q->params, q->lengths,
-                               NULL, 0))
+        if (!(q->copy
+              ? PQsendQuery(pc->conn, q->sql)
+              : PQsendQueryParams(pc->conn, q->sql, q->nparams, NULL,
+                                  (const char *const *) q->params,
+                                  q->lengths, NULL, 0)))
         {
             /* the statement waits for another connection */
             ngx_queue_insert_head(&ngx_llmgw_pg_pending, &q->queue);

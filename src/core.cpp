@@ -75,8 +75,7 @@ json_num(const json_t *obj, const char *key, double dflt)
     return json_is_number(v) ? json_number_value(v) : dflt;
 }
 
-/* Length of the valid UTF-8 sequence at p (1..4), or 0 when invalid. */
-static size_t
+size_t
 utf8_seq(const unsigned char *p, size_t avail)
 {
     unsigned char c = p[0];

@@ -22,52 +22,6 @@ constexpr size_t kRawMessageMax = 512;
 constexpr uint32_t kReplacementChar = 0xfffd;
 
 
-size_t
-utf8_sequence_length(const unsigned char *p, size_t left)
-{
-    unsigned char c = p[0];
-    size_t n;
-    uint32_t cp;
-
-    if (c < 0x80) {
-        return 1;
-    }
-
-    if (c >= 0xc2 && c <= 0xdf) {
-        n = 2;
-        cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        n = 3;
-        cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-
-    if (left < n) {
-        return 0;
-    }
-
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80) {
-            return 0;
-        }
-        cp = (cp << 6) | (p[i] & 0x3f);
-    }
-
-    /* overlong forms, surrogates and values past U+10FFFF are invalid */
-    if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000)
-        || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-    {
-        return 0;
-    }
-
-    return n;
-}
-
-
 void
 append_replacement(std::string *out)
 {
@@ -91,7 +45,7 @@ valid_utf8(std::string_view s)
     out.reserve(s.size());
 
     while (i < s.size()) {
-        size_t n = utf8_sequence_length(p + i, s.size() - i);
+        size_t n = llmgw::utf8_seq(p + i, s.size() - i);
 
         if (n == 0) {
             append_replacement(&out);

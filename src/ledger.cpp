@@ -1,9 +1,15 @@
 /*
- * Ledger rows as llmgw_flush() takes them.
+ * Ledger rows in COPY's text format, and the statement that applies a
+ * batch's charges (see sql/008_ledger_copy.sql).
  */
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <utility>
+#include <vector>
 
 #include "internal.h"
 
@@ -13,93 +19,210 @@ using namespace llmgw;
 namespace {
 
 void
-field(std::string &out, const char *name)
+tab(std::string &out)
 {
-    out += out.size() > 1 ? ",\"" : "\"";
-    out += name;
-    out += "\":";
+    out.push_back('\t');
 }
 
 void
-num(std::string &out, const char *name, int64_t v)
+num(std::string &out, int64_t v)
 {
     char buf[24];
 
-    field(out, name);
     out.append(buf, static_cast<size_t>(
                    std::snprintf(buf, sizeof(buf), "%lld", (long long) v)));
 }
 
+/* 0 stands for "none": written as NULL */
 void
-text(std::string &out, const char *name, std::string_view v)
+id_or_null(std::string &out, int64_t v)
 {
-    field(out, name);
-    append_json_string(out, v);
+    if (v) {
+        num(out, v);
+    } else {
+        out += "\\N";
+    }
+}
+
+/*
+ * A text field of COPY's text format: backslash, tab, newline and carriage
+ * return escaped; NUL (which text cannot hold) dropped; invalid UTF-8
+ * replaced by U+FFFD, so that no row can make its batch fail for ever.
+ */
+void
+text(std::string &out, std::string_view s)
+{
+    const auto *p = reinterpret_cast<const unsigned char *>(s.data());
+
+    for (size_t i = 0; i < s.size(); ) {
+        unsigned char c = p[i];
+
+        if (c >= 0x80) {
+            size_t n = utf8_seq(p + i, s.size() - i);
+
+            if (n == 0) {
+                out += "\xef\xbf\xbd";
+                i++;
+            } else {
+                out.append(s.data() + i, n);
+                i += n;
+            }
+            continue;
+        }
+
+        switch (c) {
+        case '\\': out += "\\\\"; break;
+        case '\t': out += "\\t"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\0': break;
+        default: out.push_back(static_cast<char>(c));
+        }
+
+        i++;
+    }
 }
 
 } /* namespace */
 
 
 /*
- * Written by hand rather than through a JSON tree: one row per request is
- * on the hot path.
+ * Written by hand: one row per request is on the hot path.  The columns are
+ * LLMGW_LEDGER_COLUMNS, in that order.
  */
 extern "C" llmgw_buf_t
-llmgw_ledger_row_json(const llmgw_ledger_row_t *row)
+llmgw_ledger_row_copy(const llmgw_ledger_row_t *row)
 {
     try {
         std::string out;
-        char buf[32];
+        char buf[48];
 
-        out.reserve(512);
-        out += "{";
+        out.reserve(256);
 
-        text(out, "request_id", row->request_id);
-        text(out, "type", row->type);
-        num(out, "user_id", row->user_id);
-        num(out, "token_id", row->token_id);
+        text(out, row->request_id);
+        tab(out);
+        text(out, row->type);
+        tab(out);
+        num(out, row->user_id);
+        tab(out);
+        num(out, row->token_id);
+        tab(out);
+        id_or_null(out, row->channel_id);
+        tab(out);
+        text(out, sv(row->model));
+        tab(out);
+        text(out, sv(row->upstream_model));
+        tab(out);
+        text(out, sv(row->endpoint));
+        tab(out);
 
-        if (row->channel_id) {
-            num(out, "channel_id", row->channel_id);
-        } else {
-            field(out, "channel_id");
-            out += "null";
-        }
-
-        text(out, "model_name", sv(row->model));
-        text(out, "upstream_model", sv(row->upstream_model));
-        text(out, "endpoint", sv(row->endpoint));
-
-        field(out, "channels_tried");
         out += "[";
         for (size_t i = 0; i < row->ntried; i++) {
             if (i) {
                 out += ",";
             }
-            out.append(buf, static_cast<size_t>(std::snprintf(
-                           buf, sizeof(buf), "%lld",
-                           (long long) row->tried[i])));
+            num(out, row->tried[i]);
         }
         out += "]";
+        tab(out);
 
-        num(out, "prompt_tokens", row->usage.prompt_tokens);
-        num(out, "completion_tokens", row->usage.completion_tokens);
-        num(out, "cache_read_tokens", row->usage.cache_read_tokens);
-        num(out, "cache_creation_tokens", row->usage.cache_creation_tokens);
-        num(out, "quota", row->quota);
+        num(out, row->usage.prompt_tokens);
+        tab(out);
+        num(out, row->usage.completion_tokens);
+        tab(out);
+        num(out, row->usage.cache_read_tokens);
+        tab(out);
+        num(out, row->usage.cache_creation_tokens);
+        tab(out);
+        num(out, row->quota);
+        tab(out);
+        out += row->is_stream ? "t" : "f";
+        tab(out);
+        num(out, row->status);
+        tab(out);
+        num(out, row->latency_ms);
+        tab(out);
 
-        field(out, "is_stream");
-        out += row->is_stream ? "true" : "false";
+        /* milliseconds are all the ledger keeps, in UTC */
+        long long ms = std::llround(row->created_at * 1000);
+        time_t sec = static_cast<time_t>(ms / 1000);
+        struct tm tm;
 
-        num(out, "status", row->status);
-        num(out, "latency_ms", row->latency_ms);
-
-        /* milliseconds are all the ledger keeps */
-        field(out, "created_at");
+        gmtime_r(&sec, &tm);
         out.append(buf, static_cast<size_t>(std::snprintf(
-                       buf, sizeof(buf), "%.3f", row->created_at)));
+                       buf, sizeof(buf), "%04d-%02d-%02d %02d:%02d:%02d.%03d+00",
+                       tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                       tm.tm_hour, tm.tm_min, tm.tm_sec,
+                       static_cast<int>(ms % 1000))));
 
-        out += "}";
+        out.push_back('\n');
+
+        return make_buf(out);
+
+    } catch (...) {
+        return llmgw_buf_t { nullptr, 0 };
+    }
+}
+
+
+namespace {
+
+/* "'{1,2}','{30,0}'": the ids with their summed charges, in id order */
+void
+sums(std::string &out, std::vector<std::pair<int64_t, int64_t>> &v)
+{
+    std::sort(v.begin(), v.end());
+
+    std::string ids = "'{", deltas = "'{";
+
+    for (size_t i = 0; i < v.size(); ) {
+        int64_t id = v[i].first, d = 0;
+
+        for (; i < v.size() && v[i].first == id; i++) {
+            d += v[i].second;
+        }
+
+        if (ids.size() > 2) {
+            ids += ",";
+            deltas += ",";
+        }
+        num(ids, id);
+        num(deltas, d);
+    }
+
+    out += ids;
+    out += "}','";
+    out += deltas.substr(1);
+    out += "}'";
+}
+
+} /* namespace */
+
+
+extern "C" llmgw_buf_t
+llmgw_flush_new_sql(const llmgw_charge_t *c, size_t n)
+{
+    try {
+        std::vector<std::pair<int64_t, int64_t>> tok, usr;
+        std::string out = "COPY logs (" LLMGW_LEDGER_COLUMNS ") FROM STDIN; "
+                          "SELECT llmgw_flush_apply(";
+
+        tok.reserve(n);
+        usr.reserve(n);
+
+        for (size_t i = 0; i < n; i++) {
+            if (c[i].token_id) {
+                tok.emplace_back(c[i].token_id, c[i].quota);
+            }
+            if (c[i].user_id) {
+                usr.emplace_back(c[i].user_id, c[i].quota);
+            }
+        }
+
+        sums(out, tok);
+        out += ",";
+        sums(out, usr);
+        out += ")::text";
 
         return make_buf(out);
 

@@ -373,7 +373,8 @@ int64_t llmgw_quota(const llmgw_price_t *p, double group_ratio,
 
 
 /*
- * Reads the answer of llmgw_flush(): {"inserted": n, "tokens": {"<id>":
+ * Reads the answer of llmgw_flush_apply() and llmgw_flush_staged() (also
+ * llmgw_flush()): {"inserted": n, "tokens": {"<id>":
  * remain_quota}, "users": {"<id>": quota}} and reports each balance.
  */
 typedef void (*llmgw_balance_cb)(void *arg, int is_user, int64_t id,
@@ -404,8 +405,34 @@ typedef struct {
     double          created_at;    /* unix seconds */
 } llmgw_ledger_row_t;
 
-/* One row as the JSON object llmgw_flush() reads. */
-llmgw_buf_t llmgw_ledger_row_json(const llmgw_ledger_row_t *row);
+/* The columns of a ledger row in COPY's text format, in order. */
+#define LLMGW_LEDGER_COLUMNS                                                  \
+    "request_id, type, user_id, token_id, channel_id, model_name, "          \
+    "upstream_model, endpoint, channels_tried, prompt_tokens, "              \
+    "completion_tokens, cache_read_tokens, cache_creation_tokens, quota, "   \
+    "is_stream, status, latency_ms, created_at"
+
+/* One row as a line of COPY's text format (LLMGW_LEDGER_COLUMNS). */
+llmgw_buf_t llmgw_ledger_row_copy(const llmgw_ledger_row_t *row);
+
+/* What one row of a batch charges (0 ids: none). */
+typedef struct {
+    int64_t         token_id;
+    int64_t         user_id;
+    int64_t         quota;
+} llmgw_charge_t;
+
+/*
+ * The statement for a batch never sent before: COPY straight into logs, then
+ * llmgw_flush_apply() with its charges summed per token and per user.
+ */
+llmgw_buf_t llmgw_flush_new_sql(const llmgw_charge_t *c, size_t n);
+
+/* The statement for a batch that may have been written before. */
+#define LLMGW_FLUSH_AGAIN_SQL                                                 \
+    "SELECT llmgw_flush_stage(); "                                            \
+    "COPY pg_temp.llmgw_flush_in (" LLMGW_LEDGER_COLUMNS ") FROM STDIN; "    \
+    "SELECT llmgw_flush_staged()::text"
 
 
 /* ---- rate limiting arithmetic (ratelimit.cpp) ---- */

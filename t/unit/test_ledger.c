@@ -1,5 +1,6 @@
 /*
- * Ledger rows: the JSON object llmgw_flush() reads, field by field.
+ * Ledger rows: the line of COPY text the writer sends, field by field, and
+ * the statement that applies a new batch's charges.
  */
 
 #include <stdarg.h>
@@ -8,54 +9,35 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <jansson.h>
-#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "llmgw.h"
 
 
-static json_t *
-row_json(const llmgw_ledger_row_t *row)
+/* The row's line, which must end in one newline and hold 18 fields. */
+static char *
+row_line(const llmgw_ledger_row_t *row)
 {
-    llmgw_buf_t   b = llmgw_ledger_row_json(row);
-    json_error_t  err;
-    json_t       *j;
+    llmgw_buf_t   b = llmgw_ledger_row_copy(row);
+    char         *s;
+    size_t        tabs = 0, i;
 
     assert_non_null(b.data);
-    j = json_loadb(b.data, b.len, 0, &err);
-    if (!json_is_object(j)) {
-        fail_msg("not a JSON object: %s", b.data);
+    assert_true(b.len > 0);
+    assert_int_equal(b.data[b.len - 1], '\n');
+    assert_null(memchr(b.data, '\n', b.len - 1));
+
+    for (i = 0; i < b.len; i++) {
+        tabs += b.data[i] == '\t';
     }
+    assert_int_equal(tabs, 17);
+
+    s = strndup(b.data, b.len);
     llmgw_buf_free(&b);
 
-    return j;
-}
-
-
-static const char *
-str_of(const json_t *j, const char *key)
-{
-    const char *s = json_string_value(json_object_get(j, key));
-
-    if (s == NULL) {
-        fail_msg("%s is not a string", key);
-    }
-
     return s;
-}
-
-
-static int64_t
-int_of(const json_t *j, const char *key)
-{
-    json_t *v = json_object_get(j, key);
-
-    if (!json_is_integer(v)) {
-        fail_msg("%s is not an integer", key);
-    }
-
-    return json_integer_value(v);
 }
 
 
@@ -93,48 +75,38 @@ consume_row(void)
 
 
 static void
-test_ledger_row_names_and_values(void **state)
+test_ledger_columns_name_every_field_in_order(void **state)
 {
-    llmgw_ledger_row_t   row = consume_row();
-    json_t              *j = row_json(&row);
-    json_t              *t;
     (void) state;
 
-    assert_string_equal(str_of(j, "request_id"), "20240101000000abcdef");
-    assert_string_equal(str_of(j, "type"), "consume");
-    assert_int_equal(int_of(j, "user_id"), 5);
-    assert_int_equal(int_of(j, "token_id"), 11);
-    assert_int_equal(int_of(j, "channel_id"), 9);
-    assert_string_equal(str_of(j, "model_name"), "gpt-4o");
-    assert_string_equal(str_of(j, "upstream_model"), "gpt-4o-2024-08-06");
-    assert_string_equal(str_of(j, "endpoint"), "chat");
-
-    t = json_object_get(j, "channels_tried");
-    assert_true(json_is_array(t));
-    assert_int_equal(json_array_size(t), 2);
-    assert_int_equal(json_integer_value(json_array_get(t, 0)), 4);
-    assert_int_equal(json_integer_value(json_array_get(t, 1)), 9);
-
-    assert_int_equal(int_of(j, "prompt_tokens"), 120);
-    assert_int_equal(int_of(j, "completion_tokens"), 30);
-    assert_int_equal(int_of(j, "cache_read_tokens"), 64);
-    assert_int_equal(int_of(j, "cache_creation_tokens"), 8);
-    assert_int_equal(int_of(j, "quota"), 675);
-    assert_true(json_is_true(json_object_get(j, "is_stream")));
-    assert_int_equal(int_of(j, "status"), 200);
-    assert_int_equal(int_of(j, "latency_ms"), 1234);
-    assert_true(json_is_number(json_object_get(j, "created_at")));
-    assert_true(fabs(json_number_value(json_object_get(j, "created_at"))
-                     - 1700000000.25) < 1e-6);
-    json_decref(j);
+    assert_string_equal(LLMGW_LEDGER_COLUMNS,
+        "request_id, type, user_id, token_id, channel_id, model_name, "
+        "upstream_model, endpoint, channels_tried, prompt_tokens, "
+        "completion_tokens, cache_read_tokens, cache_creation_tokens, quota, "
+        "is_stream, status, latency_ms, created_at");
 }
 
 
 static void
-test_ledger_row_channel_id_is_null_without_a_channel(void **state)
+test_ledger_row_values(void **state)
 {
     llmgw_ledger_row_t   row = consume_row();
-    json_t              *j, *t;
+    char                *s = row_line(&row);
+    (void) state;
+
+    assert_string_equal(s,
+        "20240101000000abcdef\tconsume\t5\t11\t9\tgpt-4o\tgpt-4o-2024-08-06\t"
+        "chat\t[4,9]\t120\t30\t64\t8\t675\tt\t200\t1234\t"
+        "2023-11-14 22:13:20.250+00\n");
+    free(s);
+}
+
+
+static void
+test_ledger_row_without_a_channel(void **state)
+{
+    llmgw_ledger_row_t   row = consume_row();
+    char                *s;
     (void) state;
 
     row.type = "error";
@@ -145,17 +117,13 @@ test_ledger_row_channel_id_is_null_without_a_channel(void **state)
     row.is_stream = 0;
     row.status = 503;
     row.quota = 0;
-    j = row_json(&row);
+    row.created_at = 1700000000.9996;   /* rounds up into the next second */
+    s = row_line(&row);
 
-    assert_string_equal(str_of(j, "type"), "error");
-    assert_true(json_is_null(json_object_get(j, "channel_id")));
-    t = json_object_get(j, "channels_tried");
-    assert_true(json_is_array(t));
-    assert_int_equal(json_array_size(t), 0);
-    assert_true(json_is_false(json_object_get(j, "is_stream")));
-    assert_int_equal(int_of(j, "status"), 503);
-    assert_int_equal(int_of(j, "quota"), 0);
-    json_decref(j);
+    assert_string_equal(s,
+        "20240101000000abcdef\terror\t5\t11\t\\N\tgpt-4o\t\tchat\t[]\t"
+        "120\t30\t64\t8\t0\tf\t503\t1234\t2023-11-14 22:13:21.000+00\n");
+    free(s);
 }
 
 
@@ -163,34 +131,60 @@ static void
 test_ledger_row_keeps_large_ids_exact(void **state)
 {
     llmgw_ledger_row_t   row = consume_row();
-    json_t              *j;
+    char                *s;
     (void) state;
 
     row.user_id = INT64_C(9007199254740993);    /* 2^53 + 1 */
     row.token_id = INT64_C(9223372036854775807);
     row.quota = INT64_C(-5000000000);           /* a refund */
     row.type = "refund";
-    j = row_json(&row);
+    s = row_line(&row);
 
-    assert_int_equal(int_of(j, "user_id"), INT64_C(9007199254740993));
-    assert_int_equal(int_of(j, "token_id"), INT64_C(9223372036854775807));
-    assert_int_equal(int_of(j, "quota"), INT64_C(-5000000000));
-    json_decref(j);
+    assert_non_null(strstr(s, "\trefund\t9007199254740993\t"
+                              "9223372036854775807\t"));
+    assert_non_null(strstr(s, "\t-5000000000\tt\t"));
+    free(s);
 }
 
 
 static void
-test_ledger_row_model_text_is_escaped(void **state)
+test_ledger_row_text_is_escaped(void **state)
 {
     llmgw_ledger_row_t   row = consume_row();
-    json_t              *j;
+    char                *s;
     (void) state;
 
-    row.model = LLMGW_STR("a\"b\\c\n\xc3\xa9");
-    j = row_json(&row);
+    /* tab, newline, CR and backslash escaped; NUL dropped; bad UTF-8 */
+    row.model = (llmgw_str_t) { "a\tb\nc\rd\\e\0f\xc3\xa9\xff", 15 };
+    s = row_line(&row);
 
-    assert_string_equal(str_of(j, "model_name"), "a\"b\\c\n\xc3\xa9");
-    json_decref(j);
+    assert_non_null(strstr(s, "\t9\ta\\tb\\nc\\rd\\\\ef\xc3\xa9\xef\xbf\xbd\t"));
+    free(s);
+}
+
+
+static void
+test_flush_new_sql_sums_charges_per_id(void **state)
+{
+    const llmgw_charge_t  c[] = {
+        { 7, 2, 100 }, { 3, 2, 50 }, { 7, 2, 25 }, { 0, 0, 0 },
+        { 3, 1, -10 }, { 9, 1, 0 }
+    };
+    llmgw_buf_t           b;
+    (void) state;
+
+    b = llmgw_flush_new_sql(c, sizeof(c) / sizeof(c[0]));
+    assert_non_null(b.data);
+    assert_string_equal(b.data,
+        "COPY logs (" LLMGW_LEDGER_COLUMNS ") FROM STDIN; "
+        "SELECT llmgw_flush_apply('{3,7,9}','{40,125,0}',"
+        "'{1,2}','{-10,175}')::text");
+    llmgw_buf_free(&b);
+
+    b = llmgw_flush_new_sql(c, 0);
+    assert_non_null(b.data);
+    assert_non_null(strstr(b.data, "llmgw_flush_apply('{}','{}','{}','{}')"));
+    llmgw_buf_free(&b);
 }
 
 
@@ -198,10 +192,12 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ledger_row_names_and_values),
-        cmocka_unit_test(test_ledger_row_channel_id_is_null_without_a_channel),
+        cmocka_unit_test(test_ledger_columns_name_every_field_in_order),
+        cmocka_unit_test(test_ledger_row_values),
+        cmocka_unit_test(test_ledger_row_without_a_channel),
         cmocka_unit_test(test_ledger_row_keeps_large_ids_exact),
-        cmocka_unit_test(test_ledger_row_model_text_is_escaped),
+        cmocka_unit_test(test_ledger_row_text_is_escaped),
+        cmocka_unit_test(test_flush_new_sql_sums_charges_per_id),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
