@@ -25,6 +25,7 @@ typedef struct {
     ngx_msec_t                 pg_timeout;
     ngx_msec_t                 flush_interval;
     ngx_uint_t                 ledger_backlog;
+    ngx_msec_t                 ledger_wait;
     ngx_msec_t                 refresh_interval;
     ngx_uint_t                 key_cache_size;
     ngx_msec_t                 key_cache_ttl;
@@ -180,6 +181,8 @@ struct ngx_llmgw_ctx_s {
     ngx_str_t                  body;         /* the client's body */
     ngx_str_t                  market_key;   /* a marketplace install's */
     ngx_str_t                  market_version;
+    ngx_event_t               *admit;        /* waiting for ledger room */
+    ngx_msec_t                 admit_until;
     unsigned                   responded:1;  /* a body was sent by us */
     unsigned                   upstream_header:1;
     unsigned                   error_mode:1;

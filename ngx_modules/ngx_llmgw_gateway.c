@@ -10,11 +10,16 @@
 #include "ngx_llmgw.h"
 
 
+#define NGX_LLMGW_ADMIT_STEP  10    /* ms */
+
+
 static ngx_int_t ngx_llmgw_after_token(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, llmgw_token_t *t, const char *err);
 static void ngx_llmgw_token_ready(ngx_http_request_t *r, llmgw_token_t *t,
     const char *err);
 static void ngx_llmgw_body_ready(ngx_http_request_t *r);
+static void ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+static void ngx_llmgw_admit_again(ngx_event_t *ev);
 static ngx_int_t ngx_llmgw_route(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
 static ngx_int_t ngx_llmgw_price(ngx_http_request_t *r,
@@ -283,7 +288,6 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 static void
 ngx_llmgw_body_ready(ngx_http_request_t *r)
 {
-    ngx_int_t         rc;
     llmgw_str_t       model;
     llmgw_verdict_t   v;
     ngx_llmgw_ctx_t  *ctx;
@@ -338,9 +342,61 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
 
     if (ngx_llmgw_route(r, ctx, &v) != NGX_OK
         || llmgw_req_check(ctx->req, ctx->channels[0]->type, &v) != 0
-        || ngx_llmgw_price(r, ctx, &v) != NGX_OK
-        || ngx_llmgw_reserve(r, ctx, &v) != NGX_OK)
+        || ngx_llmgw_price(r, ctx, &v) != NGX_OK)
     {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+        return;
+    }
+
+    ngx_llmgw_admit(r, ctx);
+}
+
+
+/*
+ * A request is served only when its ledger row will have room.  While the
+ * database is behind, it waits up to llmgw_ledger_wait, looking again every
+ * NGX_LLMGW_ADMIT_STEP, rather than being refused at once: a short stall of
+ * the database costs latency, not errors, and a waiting worker leaves the
+ * CPU to the database instead of spending it on refusals.
+ */
+static void
+ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_int_t               rc;
+    llmgw_verdict_t         v;
+    ngx_llmgw_main_conf_t  *mcf;
+
+    if (ngx_llmgw_ledger_has_room() != NGX_OK) {
+        mcf = ngx_http_get_module_main_conf(r, ngx_http_llmgw_module);
+
+        if (ctx->admit == NULL) {
+            ctx->admit = ngx_pcalloc(r->pool, sizeof(ngx_event_t));
+            if (ctx->admit == NULL) {
+                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+                return;
+            }
+
+            ctx->admit->handler = ngx_llmgw_admit_again;
+            ctx->admit->data = r;
+            ctx->admit->log = r->connection->log;
+            ctx->admit_until = ngx_current_msec + mcf->ledger_wait;
+        }
+
+        if ((ngx_msec_int_t) (ctx->admit_until - ngx_current_msec) > 0
+            && !ngx_exiting && !ngx_terminate)
+        {
+            ngx_add_timer(ctx->admit, NGX_LLMGW_ADMIT_STEP);
+            return;
+        }
+
+        llmgw_verdict_set(&v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
+                          "service_unavailable", "the ledger is behind; "
+                          "retry shortly");
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+        return;
+    }
+
+    if (ngx_llmgw_reserve(r, ctx, &v) != NGX_OK) {
         ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
         return;
     }
@@ -350,6 +406,20 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
     if (rc != NGX_OK) {
         ngx_http_finalize_request(r, rc);
     }
+}
+
+
+static void
+ngx_llmgw_admit_again(ngx_event_t *ev)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+
+    r = ev->data;
+    c = r->connection;
+
+    ngx_llmgw_admit(r, ngx_llmgw_get_ctx(r));
+    ngx_http_run_posted_requests(c);
 }
 
 
@@ -452,13 +522,6 @@ ngx_llmgw_reserve(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ngx_llmgw_loc_conf_t  *lcf;
 
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
-
-    if (ngx_llmgw_ledger_has_room() != NGX_OK) {
-        llmgw_verdict_set(v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
-                          "service_unavailable", "the ledger is behind; "
-                          "retry shortly");
-        return NGX_DECLINED;
-    }
 
     ngx_memzero(&est, sizeof(est));
 

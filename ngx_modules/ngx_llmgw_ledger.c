@@ -27,6 +27,7 @@ typedef struct {
 
 static void ngx_llmgw_ledger_tick(ngx_event_t *ev);
 static void ngx_llmgw_ledger_next(ngx_event_t *ev);
+static void ngx_llmgw_ledger_kick(void);
 static void ngx_llmgw_ledger_flush(void);
 static void ngx_llmgw_ledger_flushed(void *data, PGresult *res,
     const char *err);
@@ -129,6 +130,34 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     }
 
     llmgw_buf_free(&line);
+
+    ngx_llmgw_ledger_kick();
+}
+
+
+/*
+ * A full batch waiting starts a write at once rather than at the next
+ * tick: under load, a flush interval's worth of rows would otherwise pile
+ * up before the first batch goes out.  The counters are read without the
+ * mutex: a stale reading only moves the write to the next request or tick.
+ */
+static void
+ngx_llmgw_ledger_kick(void)
+{
+    ngx_llmgw_proc_t     *me;
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+    me = ngx_llmgw_billing_me();
+
+    if (shm == NULL || me == NULL || ngx_llmgw_flush_next.posted
+        || me->batch_rows > 0 || shm->sh->ledger_rows < NGX_LLMGW_BATCH_MAX
+        || ngx_exiting || ngx_terminate)
+    {
+        return;
+    }
+
+    ngx_post_event(&ngx_llmgw_flush_next, &ngx_posted_events);
 }
 
 
@@ -350,7 +379,8 @@ ngx_llmgw_ledger_flushed(void *data, PGresult *res, const char *err)
                                   ngx_llmgw_ledger_balance, shm);
     }
 
-    more = shm->sh->ledger_rows > 0;
+    /* a partial batch waits for more rows, or for the next tick */
+    more = shm->sh->ledger_rows >= NGX_LLMGW_BATCH_MAX;
 
     ngx_shmtx_unlock(&shm->shpool->mutex);
 
@@ -361,7 +391,7 @@ ngx_llmgw_ledger_flushed(void *data, PGresult *res, const char *err)
         return;
     }
 
-    /* a backlog is written batch after batch, not one per interval */
+    /* a backlog is written batch after full batch, not one per interval */
     if (more && !ngx_exiting && !ngx_terminate
         && !ngx_llmgw_flush_next.posted)
     {

@@ -83,6 +83,13 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       offsetof(ngx_llmgw_main_conf_t, ledger_backlog),
       NULL },
 
+    { ngx_string("llmgw_ledger_wait"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, ledger_wait),
+      NULL },
+
     { ngx_string("llmgw_refresh_interval"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
@@ -516,6 +523,10 @@ ngx_llmgw_ctx_cleanup(void *data)
 {
     ngx_llmgw_ctx_t  *ctx = data;
 
+    if (ctx->admit && ctx->admit->timer_set) {
+        ngx_del_timer(ctx->admit);
+    }
+
     llmgw_token_free(ctx->token);
     llmgw_req_free(ctx->req);
     llmgw_resp_free(ctx->resp);
@@ -818,6 +829,7 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->pg_timeout = NGX_CONF_UNSET_MSEC;
     mcf->flush_interval = NGX_CONF_UNSET_MSEC;
     mcf->ledger_backlog = NGX_CONF_UNSET_UINT;
+    mcf->ledger_wait = NGX_CONF_UNSET_MSEC;
     mcf->refresh_interval = NGX_CONF_UNSET_MSEC;
     mcf->key_cache_size = NGX_CONF_UNSET_UINT;
     mcf->key_cache_ttl = NGX_CONF_UNSET_MSEC;
@@ -856,7 +868,8 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_uint_value(mcf->pg_pool_size, 4);
     ngx_conf_init_msec_value(mcf->pg_timeout, 5000);
     ngx_conf_init_msec_value(mcf->flush_interval, 1000);
-    ngx_conf_init_uint_value(mcf->ledger_backlog, 10000);
+    ngx_conf_init_uint_value(mcf->ledger_backlog, 30000);
+    ngx_conf_init_msec_value(mcf->ledger_wait, 2000);
     ngx_conf_init_msec_value(mcf->refresh_interval, 1000);
     ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
     ngx_conf_init_msec_value(mcf->key_cache_ttl, 10000);

@@ -518,6 +518,55 @@ ANS=$(sql "SELECT llmgw_token_lookup('$HASH1')")
 expect "lookup sees flushed balances" '.remain_quota == 58600 and .used_quota == 1400 and .user.quota == 97900 and .user.used_quota == 2100'
 
 
+echo "== ledger COPY: the writer's two ways"
+COLS="request_id, type, user_id, token_id, channel_id, model_name, upstream_model, endpoint, channels_tried, prompt_tokens, completion_tokens, cache_read_tokens, cache_creation_tokens, quota, is_stream, status, latency_ms, created_at"
+TAB=$'\t'
+api POST /user '' "{\"username\":\"copy_$RUN\",\"quota\":100000}"
+CU=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$CU,\"remain_quota\":60000}"
+CT=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$CU,\"unlimited_quota\":true}"
+CTU=$(jq .body.id <<<"$ANS")
+cline() {   # request_id quota [token_id [user_id]]
+    printf '%s\n' "$1${TAB}consume${TAB}${4-$CU}${TAB}${3:-$CT}${TAB}$CID1${TAB}gpt-4o${TAB}gpt-4o-x${TAB}chat${TAB}[$CID1]${TAB}10${TAB}20${TAB}0${TAB}0${TAB}$2${TAB}f${TAB}200${TAB}5${TAB}2023-11-14 22:13:20.250+00"
+}
+# new: COPY straight into logs, then llmgw_flush_apply with the sums, in one transaction
+copy_new() {   # apply-arguments, then the lines on stdin
+    { echo "COPY logs ($COLS) FROM STDIN;"; cat; echo '\.'; echo "SELECT llmgw_flush_apply($1)::text;"; } |
+        psql "$CONN" -X -At -q -1 -v ON_ERROR_STOP=1 -f - 2>/dev/null
+}
+# again: COPY into the session's staging table, then llmgw_flush_staged
+copy_again() {
+    { echo "SELECT llmgw_flush_stage();"; echo "COPY pg_temp.llmgw_flush_in ($COLS) FROM STDIN;"; cat; echo '\.';
+      echo "SELECT llmgw_flush_staged()::text;"; } |
+        psql "$CONN" -X -At -q -1 -v ON_ERROR_STOP=1 -f - | tail -n 1
+}
+ANS=$( { cline "c1-$RUN" 100; cline "c2-$RUN" 50; } | copy_new "'{$CT}','{150}','{$CU}','{150}'")
+expect "new batch: balances answered" ".tokens[\"$CT\"] == 59850 and .users[\"$CU\"] == 99850"
+expect_eq "new batch: rows stored with their fields" \
+    "$(sql "SELECT count(*) || ' ' || sum(quota) || ' ' || min(channels_tried::text) || ' ' || min(extract(epoch FROM created_at)) || ' ' || bool_or(is_stream) FROM logs WHERE request_id IN ('c1-$RUN', 'c2-$RUN')")" \
+    "2 150 [$CID1] 1700000000.250000 false"
+expect_eq "new batch: balances moved by the sums" "$(bal "$CT")" "59850 150 99850 150"
+ANS=$( { cline "c3-$RUN" 7; cline "c1-$RUN" 100; } | copy_new "'{$CT}','{107}','{$CU}','{107}'") \
+    && bad "a batch with a row already written is refused" || ok
+expect_eq "a refused new batch keeps nothing" "$(sql "SELECT count(*) FROM logs WHERE request_id = 'c3-$RUN'")" 0
+expect_eq "a refused new batch moves no balance" "$(bal "$CT")" "59850 150 99850 150"
+ANS=$( { cline "c3-$RUN" 7; cline "c1-$RUN" 100; cline "c3-$RUN" 7; cline "c4-$RUN" 3 "$CTU" '\N'; } | copy_again)
+expect "again: only the new rows, once" '.inserted == 2'
+expect "again: answers every id of the batch" ".tokens[\"$CT\"] == 59843 and .tokens[\"$CTU\"] == 0 and .users[\"$CU\"] == 99840"
+expect_eq "again: balances moved by the new rows alone" "$(bal "$CT")" "59843 157 99840 160"
+expect_eq "again: a row without user_id is charged to the token's owner" \
+    "$(sql "SELECT user_id FROM logs WHERE request_id = 'c4-$RUN'")" "$CU"
+ANS=$( { cline "c3-$RUN" 7; cline "c4-$RUN" 3 "$CTU" '\N'; } | copy_again)
+expect "again, twice: nothing" '.inserted == 0'
+expect_eq "again, twice: no balance moves" "$(bal "$CT")" "59843 157 99840 160"
+ANS=$(sql "SELECT llmgw_flush_apply('{$CT,$CTU}', '{0,0}', '{$CU}', '{0}')")
+expect "apply without charges answers balances" ".tokens == {\"$CT\": 59843, \"$CTU\": 0} and .users == {\"$CU\": 99840}"
+expect_eq "apply without charges moves nothing" "$(bal "$CT")" "59843 157 99840 160"
+ANS=$(sql "SELECT llmgw_flush_apply('{$CTU}', '{40}', '{}', '{}')")
+expect_eq "apply: an unlimited token's remain_quota stays" "$(bal "$CTU")" "0 43 99840 160"
+
+
 echo "== /log"
 api GET /log "token_id=$TID1"
 expect "log by token" ".status == 200 and .body.total == 6 and .body.page == 1 and (.body.items | length) == 6"
