@@ -20,6 +20,8 @@ static void ngx_llmgw_token_ready(ngx_http_request_t *r, llmgw_token_t *t,
 static void ngx_llmgw_body_ready(ngx_http_request_t *r);
 static void ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 static void ngx_llmgw_admit_again(ngx_event_t *ev);
+static ngx_int_t ngx_llmgw_retry_after(ngx_http_request_t *r,
+    ngx_uint_t seconds);
 static ngx_int_t ngx_llmgw_route(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
 static ngx_int_t ngx_llmgw_price(ngx_http_request_t *r,
@@ -187,7 +189,6 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ngx_uint_t           retry;
     llmgw_str_t          group;
     llmgw_verdict_t      v;
-    ngx_table_elt_t     *h;
     llmgw_rate_limit_t   rl;
 
     if (err != NULL) {
@@ -246,16 +247,8 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     {
         ngx_llmgw_metrics_rate_limited();
 
-        h = ngx_list_push(&r->headers_out.headers);
-        if (h != NULL) {
-            h->hash = 1;
-            ngx_str_set(&h->key, "Retry-After");
-            h->value.data = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
-            if (h->value.data == NULL) {
-                return NGX_HTTP_INTERNAL_SERVER_ERROR;
-            }
-            h->value.len = ngx_sprintf(h->value.data, "%ui", retry)
-                           - h->value.data;
+        if (ngx_llmgw_retry_after(r, retry) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
         if (which == LLMGW_RL_SUCCESS) {
@@ -392,7 +385,10 @@ ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         llmgw_verdict_set(&v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
                           "service_unavailable", "the ledger is behind; "
                           "retry shortly");
-        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+        ngx_http_finalize_request(r,
+            ngx_llmgw_retry_after(r, 1) == NGX_OK
+            ? ngx_llmgw_send_error(r, ctx, &v)
+            : NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
 
@@ -406,6 +402,30 @@ ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     if (rc != NGX_OK) {
         ngx_http_finalize_request(r, rc);
     }
+}
+
+
+/* A Retry-After header of the given seconds. */
+static ngx_int_t
+ngx_llmgw_retry_after(ngx_http_request_t *r, ngx_uint_t seconds)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Retry-After");
+    h->value.data = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+    if (h->value.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->value.len = ngx_sprintf(h->value.data, "%ui", seconds) - h->value.data;
+
+    return NGX_OK;
 }
 
 
