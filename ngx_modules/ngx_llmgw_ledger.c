@@ -15,7 +15,6 @@
 #define NGX_LLMGW_BATCH_MAX  1000
 
 
-
 typedef struct {
     u_char                    *copy;       /* the rows, COPY text */
     size_t                     len;
