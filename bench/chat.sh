@@ -32,6 +32,9 @@
 #        quietest attempt
 #      SETTLE (10): before each run wait up to this many seconds until the
 #        ledger count stops moving (the gateway writes its rows behind)
+#      PERF (unset): a file; `perf record -e cpu-clock -g` of the gateway
+#        workers during round 1's gateway run is written there (read it with
+#        `perf report -i FILE`); that round then carries perf's overhead
 # This is a benchmark, not a test: it prints figures and fails only when
 # something did not run (a target missed is reported, not an error).
 set -euo pipefail
@@ -83,6 +86,7 @@ start_pg
 start_static "$P_STATIC"
 start_bare "$P_BARE" "$P_STATIC" ""
 start_gateway "$P_GW"
+GW_NGINX_PID=$NGINX_PID
 GW_URL=http://127.0.0.1:$P_GW
 BARE_URL=http://127.0.0.1:$P_BARE
 
@@ -99,14 +103,23 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST \
 
 # run_wrk <name> <url> <duration>: output in $OUT/<name>.txt
 run_wrk() {
-    local limit c0
+    local limit c0 perf_pid=
     limit=$(( $(secs "$3") + 30 ))
+    if [ -n "${PERF:-}" ] && [ "$1" = r1-gateway-a0 ]; then
+        timeout -k 5 "$limit" perf record -q -e cpu-clock -g -o "$PERF" \
+            -p "$(bench_children "$GW_NGINX_PID" | paste -sd,)" >/dev/null 2>&1 &
+        perf_pid=$!
+    fi
     c0=$(cpu_snap)
     BENCH_KEYS_FILE=$KEYS BENCH_MODEL=$MODEL timeout -k 5 "$limit" \
         wrk -t"$THREADS" -c"$CONNECTIONS" -d"$3" --latency \
         -s "$SCRIPT_DIR/chat.lua" "$2" >"$OUT/$1.txt" 2>&1 \
         || { cat "$OUT/$1.txt" >&2; die "wrk failed ($1)"; }
     cpu_diff "$c0" "$(cpu_snap)" >"$OUT/$1.cpu"
+    if [ -n "$perf_pid" ]; then
+        kill -INT "$perf_pid" 2>/dev/null || true
+        wait "$perf_pid" 2>/dev/null || true
+    fi
 }
 
 

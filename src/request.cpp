@@ -7,96 +7,92 @@
 
 #include "internal.h"
 #include "convert.h"
+#include "jsonview.h"
 
 using namespace llmgw;
 
 struct llmgw_req_s {
     llmgw_endpoint_e  ep = LLMGW_EP_NONE;
-    Json              root;
     std::string_view  raw;          /* the caller's body, kept by it */
+    JsonView          view;         /* of raw */
+    mutable Json      root;         /* a tree of raw, built when needed */
     std::string       model;
     bool              stream = false;
     int64_t           max_tokens = -1;
     int64_t           prompt_estimate = 0;
+
+    /* the tree: only conversions and rerank need one */
+    const json_t *tree() const
+    {
+        if (!root) {
+            root = json_parse(raw.data(), raw.size());
+        }
+        return root.get();
+    }
 };
 
 namespace {
 
-/* Text bytes of every string below j (a rough token count is bytes / 4). */
+/* Text bytes of every string below v (a rough token count is bytes / 4). */
 size_t
-text_bytes(const json_t *j, int depth)
+text_bytes(const JsonView &v, int depth)
 {
     if (depth > 32) {
         return 0;
     }
 
-    if (json_is_string(j)) {
-        return json_string_length(j);
+    if (v.is_string()) {
+        return v.string_length();
     }
 
     size_t n = 0;
 
-    if (json_is_array(j)) {
-        size_t   i;
-        json_t  *v;
+    if (v.is_array()) {
+        v.each_element([&](const JsonView &e) { n += text_bytes(e, depth + 1); });
 
-        json_array_foreach(j, i, v) {
-            n += text_bytes(v, depth + 1);
-        }
-
-    } else if (json_is_object(j)) {
-        const char  *k;
-        json_t      *v;
-
-        json_object_foreach(const_cast<json_t *>(j), k, v) {
+    } else if (v.is_object()) {
+        v.each_member([&](const JsonView &k, const JsonView &e) {
             /* inline media is not prompt text */
-            if (std::string_view(k) == "data"
-                || std::string_view(k) == "image_url")
-            {
-                continue;
+            if (!k.string_equals("data") && !k.string_equals("image_url")) {
+                n += text_bytes(e, depth + 1);
             }
-            n += text_bytes(v, depth + 1);
-        }
+        });
     }
 
     return n;
 }
 
 const char *
-required_field(llmgw_endpoint_e ep, const json_t *body)
+required_field(llmgw_endpoint_e ep, const JsonView &body)
 {
     switch (ep) {
     case LLMGW_EP_CHAT:
     case LLMGW_EP_MESSAGES:
-        return json_is_array(json_object_get(body, "messages"))
-               ? nullptr : "messages";
+        return body.get("messages").is_array() ? nullptr : "messages";
     case LLMGW_EP_GEMINI:
-        return json_is_array(json_object_get(body, "contents"))
-               ? nullptr : "contents";
+        return body.get("contents").is_array() ? nullptr : "contents";
     case LLMGW_EP_RERANK:
-        if (!json_is_string(json_object_get(body, "query"))) {
+        if (!body.get("query").is_string()) {
             return "query";
         }
-        return json_is_array(json_object_get(body, "documents"))
-               ? nullptr : "documents";
+        return body.get("documents").is_array() ? nullptr : "documents";
     default:
         return nullptr;
     }
 }
 
 int64_t
-max_tokens_of(llmgw_endpoint_e ep, const json_t *body)
+max_tokens_of(llmgw_endpoint_e ep, const JsonView &body)
 {
     switch (ep) {
     case LLMGW_EP_CHAT: {
-        int64_t n = json_int(body, "max_completion_tokens", -1);
-        return n >= 0 ? n : json_int(body, "max_tokens", -1);
+        int64_t n = body.get("max_completion_tokens").integer(-1);
+        return n >= 0 ? n : body.get("max_tokens").integer(-1);
     }
     case LLMGW_EP_MESSAGES:
-        return json_int(body, "max_tokens", -1);
+        return body.get("max_tokens").integer(-1);
     case LLMGW_EP_GEMINI:
-        return json_int(json_object_get(body, "generationConfig"),
-                        "maxOutputTokens", -1);
+        return body.get("generationConfig").get("maxOutputTokens").integer(-1);
     default:
         return -1;
     }
@@ -113,20 +109,20 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
         auto r = std::make_unique<llmgw_req_s>();
         r->ep = ep;
         r->raw = std::string_view(body, len);
-        r->root = json_parse(body, len);
+        r->view = JsonView::parse(r->raw);
 
-        if (!json_is_object(r->root.get())) {
+        if (!r->view.is_object()) {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
                               "invalid JSON request body");
             return nullptr;
         }
 
-        const json_t *j = r->root.get();
+        const JsonView &j = r->view;
 
         if (ep == LLMGW_EP_GEMINI) {
             r->model = sv(path_model);
         } else {
-            r->model = json_str(j, "model");
+            r->model = j.get("model").string();
         }
 
         if (r->model.empty()) {
@@ -146,14 +142,14 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             Json probe;
             std::string err;
 
-            if (!rerank_request(34, j, r->model, probe, err)) {
+            if (!rerank_request(34, r->tree(), r->model, probe, err)) {
                 llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
                                   "%s", err.c_str());
                 return nullptr;
             }
         }
 
-        r->stream = json_is_true(json_object_get(j, "stream"));
+        r->stream = j.get("stream").is_true();
         r->max_tokens = max_tokens_of(ep, j);
         r->prompt_estimate = static_cast<int64_t>(text_bytes(j, 0) / 4) + 4;
 
@@ -213,7 +209,7 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
         Json out;
 
         if (r->ep == LLMGW_EP_RERANK) {
-            if (!rerank_request(c->type, r->root.get(), sv(upstream_model),
+            if (!rerank_request(c->type, r->tree(), sv(upstream_model),
                                 out, err))
             {
                 return llmgw_buf_t { nullptr, 0 };
@@ -222,7 +218,7 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
         }
 
         if (can_convert(r->ep, c->type)) {
-            if (!convert_request(r->ep, c->type, r->root.get(),
+            if (!convert_request(r->ep, c->type, r->tree(),
                                  sv(upstream_model), out, err))
             {
                 return llmgw_buf_t { nullptr, 0 };
@@ -233,17 +229,15 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
         bool same_model = r->ep == LLMGW_EP_GEMINI
                           || sv(upstream_model) == r->model;
         bool add_usage = r->ep == LLMGW_EP_CHAT && c->type == 1 && r->stream
-                         && !json_is_true(json_object_get(
-                                json_object_get(r->root.get(),
-                                                "stream_options"),
-                                "include_usage"));
+                         && !r->view.get("stream_options")
+                                     .get("include_usage").is_true();
 
         /* the common case sends the client's bytes as they came */
         if (same_model && !add_usage) {
             return make_buf(r->raw);
         }
 
-        Json body(json_deep_copy(r->root.get()));
+        Json body(json_deep_copy(r->tree()));
 
         if (r->ep != LLMGW_EP_GEMINI) {
             json_object_set_new(body.get(), "model",
@@ -285,7 +279,7 @@ llmgw_req_check(const llmgw_req_t *r, int channel_type, llmgw_verdict_t *v)
             return 0;
         }
 
-        if (convert_request(r->ep, channel_type, r->root.get(), r->model, out,
+        if (convert_request(r->ep, channel_type, r->tree(), r->model, out,
                             err))
         {
             return 0;
@@ -308,7 +302,7 @@ namespace llmgw {
 const json_t *
 req_json(const llmgw_req_t *r)
 {
-    return r->root.get();
+    return r->tree();
 }
 
 

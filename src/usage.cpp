@@ -10,6 +10,7 @@
 
 #include "internal.h"
 #include "convert.h"
+#include "jsonview.h"
 
 using namespace llmgw;
 
@@ -45,26 +46,45 @@ struct llmgw_resp_s {
 
 namespace {
 
-void
-take_openai(const json_t *u, llmgw_usage_t &out)
+/* The usage dialect of what a channel answers to a client's endpoint. */
+enum class Wire { openai, anthropic, gemini };
+
+Wire
+wire_of(llmgw_endpoint_e ep, int type)
 {
-    if (!json_is_object(u)) {
+    switch (type) {
+    case 1:
+        return Wire::openai;
+    case 14:
+        return Wire::anthropic;
+    case 24:
+        return Wire::gemini;
+    default:
+        /* a peer gateway (or another kind) speaks the client's endpoint */
+        return ep == LLMGW_EP_GEMINI ? Wire::gemini
+               : ep == LLMGW_EP_MESSAGES ? Wire::anthropic : Wire::openai;
+    }
+}
+
+void
+take_openai(const JsonView &u, llmgw_usage_t &out)
+{
+    if (!u.is_object()) {
         return;
     }
 
-    out.prompt_tokens = json_int(u, "prompt_tokens", 0);
-    out.completion_tokens = json_int(u, "completion_tokens", 0);
-    out.cache_read_tokens = json_int(json_object_get(u,
-                                         "prompt_tokens_details"),
-                                     "cached_tokens", 0);
+    out.prompt_tokens = u.get("prompt_tokens").integer(0);
+    out.completion_tokens = u.get("completion_tokens").integer(0);
+    out.cache_read_tokens = u.get("prompt_tokens_details")
+                             .get("cached_tokens").integer(0);
     out.cache_in_prompt = 1;
     out.known = 1;
 }
 
 void
-take_anthropic(const json_t *u, llmgw_usage_t &out)
+take_anthropic(const JsonView &u, llmgw_usage_t &out)
 {
-    if (!json_is_object(u)) {
+    if (!u.is_object()) {
         return;
     }
 
@@ -80,8 +100,9 @@ take_anthropic(const json_t *u, llmgw_usage_t &out)
     };
 
     for (const auto &f : fields) {
-        if (json_is_number(json_object_get(u, f.name))) {
-            *f.to = json_int(u, f.name, 0);
+        JsonView v = u.get(f.name);
+        if (v.is_number()) {
+            *f.to = v.integer(0);
         }
     }
 
@@ -91,81 +112,98 @@ take_anthropic(const json_t *u, llmgw_usage_t &out)
 }
 
 void
-take_gemini(const json_t *u, llmgw_usage_t &out)
+take_gemini(const JsonView &u, llmgw_usage_t &out)
 {
-    if (!json_is_object(u)) {
+    if (!u.is_object()) {
         return;
     }
 
-    out.prompt_tokens = json_int(u, "promptTokenCount", 0);
+    out.prompt_tokens = u.get("promptTokenCount").integer(0);
     /* thinking tokens are billed as output */
-    out.completion_tokens = json_int(u, "candidatesTokenCount", 0)
-                            + json_int(u, "thoughtsTokenCount", 0);
-    out.cache_read_tokens = json_int(u, "cachedContentTokenCount", 0);
+    out.completion_tokens = u.get("candidatesTokenCount").integer(0)
+                            + u.get("thoughtsTokenCount").integer(0);
+    out.cache_read_tokens = u.get("cachedContentTokenCount").integer(0);
     out.cache_in_prompt = 1;
     out.known = 1;
 }
 
+/* The usage of an answer (a JSON body, or a stream event) in its dialect. */
 void
-take_rerank(const json_t *body, llmgw_usage_t &out)
+take_usage(Wire w, const JsonView &body, llmgw_usage_t &out)
 {
-    const json_t *billed = json_object_get(json_object_get(body, "meta"),
-                                           "billed_units");
+    switch (w) {
+    case Wire::gemini:
+        take_gemini(body.get("usageMetadata"), out);
+        break;
+    case Wire::anthropic:
+        take_anthropic(body.get("usage"), out);
+        break;
+    default:
+        take_openai(body.get("usage"), out);
+    }
+}
 
-    if (json_is_object(billed)) {
-        out.prompt_tokens = json_int(billed, "search_units", 0);
+void
+take_rerank(const JsonView &body, llmgw_usage_t &out)
+{
+    JsonView billed = body.get("meta").get("billed_units");
+
+    if (billed.is_object()) {
+        out.prompt_tokens = billed.get("search_units").integer(0);
         if (out.prompt_tokens == 0) {
-            out.prompt_tokens = json_int(billed, "input_tokens", 0);
+            out.prompt_tokens = billed.get("input_tokens").integer(0);
         }
         out.known = 1;
         return;
     }
 
-    const json_t *u = json_object_get(body, "usage");
+    JsonView u = body.get("usage");
 
-    if (json_is_object(u)) {
-        out.prompt_tokens = json_int(u, "total_tokens",
-                                     json_int(u, "prompt_tokens", 0));
+    if (u.is_object()) {
+        out.prompt_tokens = u.get("total_tokens")
+                             .integer(u.get("prompt_tokens").integer(0));
         out.known = 1;
     }
 }
 
+/* Bytes of a string member of o ("" when absent or not a string). */
+size_t
+text_of(const JsonView &o, std::string_view name)
+{
+    return o.get(name).string_length();
+}
+
 /* Completion text carried by one streamed chunk, for estimates. */
 size_t
-chunk_text(const json_t *j)
+chunk_text(const JsonView &j)
 {
-    size_t   n = 0, i;
-    json_t  *v;
+    size_t n = 0;
 
-    json_array_foreach(json_object_get(j, "choices"), i, v) {
-        const json_t *delta = json_object_get(v, "delta");
-        n += json_str(delta, "content").size()
-             + json_str(delta, "reasoning_content").size();
-    }
+    j.get("choices").each_element([&](const JsonView &c) {
+        JsonView delta = c.get("delta");
+        n += text_of(delta, "content") + text_of(delta, "reasoning_content");
+    });
 
-    n += json_str(json_object_get(j, "delta"), "text").size();
+    n += text_of(j.get("delta"), "text");
 
-    json_array_foreach(json_object_get(j, "candidates"), i, v) {
-        size_t   k;
-        json_t  *part;
-
-        json_array_foreach(json_object_get(json_object_get(v, "content"),
-                                           "parts"), k, part) {
-            n += json_str(part, "text").size();
-        }
-    }
+    j.get("candidates").each_element([&](const JsonView &c) {
+        c.get("content").get("parts").each_element([&](const JsonView &p) {
+            n += text_of(p, "text");
+        });
+    });
 
     return n;
 }
 
 /* The usage-only chunk an injected include_usage produces. */
 bool
-is_usage_only(const json_t *j)
+is_usage_only(const JsonView &j)
 {
-    const json_t *choices = json_object_get(j, "choices");
+    JsonView choices = j.get("choices");
+    bool empty = choices.is_array();
 
-    return json_is_object(json_object_get(j, "usage"))
-           && json_is_array(choices) && json_array_size(choices) == 0;
+    choices.each_element([&](const JsonView &) { empty = false; });
+    return j.get("usage").is_object() && empty;
 }
 
 /*
@@ -205,40 +243,31 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
 {
     auto *r = static_cast<llmgw_resp_s *>(arg);
     std::string_view data = sv(ev->data);
-    Json j;
+    JsonView j;
 
     /* only a chunk that carries usage is worth a parse */
     bool usage = data.find("\"usage") != std::string_view::npos;
 
     if (usage) {
-        j = json_parse(ev->data.data, ev->data.len);
+        j = JsonView::parse(data);
     }
 
     bool drop = false;
 
-    r->text_bytes += j ? chunk_text(j.get()) : scan_text(data);
+    r->text_bytes += j ? chunk_text(j) : scan_text(data);
 
     if (j) {
+        Wire w = wire_of(r->ep, r->type);
 
-        switch (r->type) {
-        case 14: {
-            std::string_view type = json_str(j.get(), "type");
-            if (type == "message_start") {
-                take_anthropic(json_object_get(json_object_get(j.get(),
-                                                   "message"), "usage"),
-                               r->usage);
-            } else if (type == "message_delta") {
-                take_anthropic(json_object_get(j.get(), "usage"), r->usage);
-            }
-            break;
-        }
-        case 24:
-            take_gemini(json_object_get(j.get(), "usageMetadata"), r->usage);
-            break;
-        default:
-            take_openai(json_object_get(j.get(), "usage"), r->usage);
-            drop = r->usage_injected && is_usage_only(j.get());
-            break;
+        if (w != Wire::anthropic) {
+            take_usage(w, j, r->usage);
+            drop = w == Wire::openai && r->usage_injected && is_usage_only(j);
+
+        } else if (j.get("type").string_equals("message_start")) {
+            take_anthropic(j.get("message").get("usage"), r->usage);
+
+        } else if (j.get("type").string_equals("message_delta")) {
+            take_anthropic(j.get("usage"), r->usage);
         }
     }
 
@@ -273,151 +302,44 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     r->out.append("\n");
 }
 
-/*
- * The top-level usage object of a JSON answer, found without parsing the
- * whole answer: the last `"<name>": {` not inside a string (an escaped
- * quote precedes a quoted name inside one), up to its matching brace.
- */
-Json
-find_member_object(std::string_view body, std::string_view name)
-{
-    std::string key = "\"" + std::string(name) + "\"";
-
-    for (size_t at = body.rfind(key); at != std::string_view::npos;
-         at = at ? body.rfind(key, at - 1) : std::string_view::npos)
-    {
-        if (at > 0 && body[at - 1] == '\\') {
-            continue;
-        }
-
-        size_t i = at + key.size();
-
-        while (i < body.size() && std::isspace((unsigned char) body[i])) {
-            i++;
-        }
-
-        if (i >= body.size() || body[i] != ':') {
-            continue;
-        }
-
-        i++;
-
-        while (i < body.size() && std::isspace((unsigned char) body[i])) {
-            i++;
-        }
-
-        if (i >= body.size() || body[i] != '{') {
-            continue;
-        }
-
-        size_t start = i;
-        int depth = 0;
-        bool in_str = false;
-
-        for (; i < body.size(); i++) {
-            char c = body[i];
-
-            if (in_str) {
-                if (c == '\\') {
-                    i++;
-                } else if (c == '"') {
-                    in_str = false;
-                }
-            } else if (c == '"') {
-                in_str = true;
-            } else if (c == '{') {
-                depth++;
-            } else if (c == '}' && --depth == 0) {
-                return json_parse(body.data() + start, i - start + 1);
-            }
-        }
-
-        return Json();
-    }
-
-    return Json();
-}
-
-
-/* The usage of a JSON answer from its usage object alone, when it has one. */
-bool
-quick_usage(llmgw_resp_s &r)
-{
-    if (r.ep == LLMGW_EP_RERANK || r.hold_json) {
-        return false;
-    }
-
-    bool gemini = r.ep == LLMGW_EP_GEMINI || r.type == 24;
-    Json u = find_member_object(r.body, gemini ? "usageMetadata" : "usage");
-
-    if (!u) {
-        return false;
-    }
-
-    if (gemini) {
-        take_gemini(u.get(), r.usage);
-    } else if (r.type == 14) {
-        take_anthropic(u.get(), r.usage);
-    } else {
-        take_openai(u.get(), r.usage);
-    }
-
-    return r.usage.known;
-}
-
-
 void
 finish_json(llmgw_resp_s &r)
 {
-    if (r.overflow || quick_usage(r)) {
+    if (r.overflow) {
         return;
     }
 
-    Json j = json_parse(r.body.data(), r.body.size());
+    JsonView b = JsonView::parse(r.body);
 
-    if (!j) {
+    if (!b) {
         r.text_bytes = r.body.size();
         return;
     }
 
-    const json_t *b = j.get();
-
-    switch (r.ep) {
-    case LLMGW_EP_RERANK:
+    if (r.ep == LLMGW_EP_RERANK) {
         take_rerank(b, r.usage);
         return;
-    case LLMGW_EP_GEMINI:
-        take_gemini(json_object_get(b, "usageMetadata"), r.usage);
-        break;
-    default:
-        if (r.type == 14) {
-            take_anthropic(json_object_get(b, "usage"), r.usage);
-        } else {
-            take_openai(json_object_get(b, "usage"), r.usage);
-        }
     }
 
-    size_t   i;
-    json_t  *v;
+    take_usage(wire_of(r.ep, r.type), b, r.usage);
 
-    json_array_foreach(json_object_get(b, "choices"), i, v) {
-        r.text_bytes += json_str(json_object_get(v, "message"),
-                                 "content").size();
+    if (r.usage.known) {
+        return;
     }
 
-    json_array_foreach(json_object_get(b, "content"), i, v) {
-        r.text_bytes += json_str(v, "text").size();
-    }
+    b.get("choices").each_element([&](const JsonView &c) {
+        r.text_bytes += text_of(c.get("message"), "content");
+    });
 
-    json_array_foreach(json_object_get(b, "candidates"), i, v) {
-        size_t   k;
-        json_t  *part;
+    b.get("content").each_element([&](const JsonView &c) {
+        r.text_bytes += text_of(c, "text");
+    });
 
-        json_array_foreach(json_object_get(json_object_get(v, "content"),
-                                           "parts"), k, part) {
-            r.text_bytes += json_str(part, "text").size();
-        }
-    }
+    b.get("candidates").each_element([&](const JsonView &c) {
+        c.get("content").get("parts").each_element([&](const JsonView &p) {
+            r.text_bytes += text_of(p, "text");
+        });
+    });
 }
 
 } /* namespace */
@@ -562,18 +484,21 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
 {
     try {
         llmgw_endpoint_e client = req_endpoint(req);
-        const json_t *body = req_json(req);
 
         r->client = client;
+
+        if (client != LLMGW_EP_RERANK && !can_convert(client, r->type)) {
+            return 0;
+        }
+
+        /* answers passed through unchanged never need the request's tree */
+        const json_t *body = req_json(req);
+
         r->client_req = body;
         r->client_model = json_str(body, "model");
 
         if (client == LLMGW_EP_RERANK) {
             r->hold_json = !r->stream;
-            return 0;
-        }
-
-        if (!can_convert(client, r->type)) {
             return 0;
         }
 

@@ -286,6 +286,41 @@ static const char anthropic_stream[] =
     "data: {\"type\":\"message_stop\"}\n\n";
 
 
+/* A peer gateway (type 60) answers in the client's own dialect. */
+static void
+test_peer_gateway_usage_is_read_in_the_client_dialect(void **state)
+{
+    static const char messages[] =
+        "{\"id\":\"msg_1\",\"type\":\"message\",\"content\":[],"
+        "\"usage\":{\"input_tokens\":21,\"output_tokens\":9,"
+        "\"cache_read_input_tokens\":3}}";
+    static const char gemini[] =
+        "{\"candidates\":[],\"usageMetadata\":{\"promptTokenCount\":10,"
+        "\"candidatesTokenCount\":20}}";
+    static const char chat[] =
+        "{\"choices\":[],\"usage\":{\"prompt_tokens\":4,"
+        "\"completion_tokens\":6}}";
+    run_t r;
+    (void) state;
+
+    r = run(LLMGW_EP_MESSAGES, 60, 0, 0, messages);
+    assert_usage(&r.u, 21, 9, 3, 0);
+    free(r.out);
+
+    r = run(LLMGW_EP_GEMINI, 60, 0, 0, gemini);
+    assert_usage(&r.u, 10, 20, 0, 0);
+    free(r.out);
+
+    r = run(LLMGW_EP_CHAT, 60, 0, 0, chat);
+    assert_usage(&r.u, 4, 6, 0, 0);
+    free(r.out);
+
+    r = run(LLMGW_EP_MESSAGES, 60, 1, 0, anthropic_stream);
+    assert_usage(&r.u, 25, 15, 100, 7);
+    free(r.out);
+}
+
+
 static void
 test_anthropic_stream_usage_from_message_start_and_delta(void **state)
 {
@@ -497,6 +532,7 @@ main(void)
         cmocka_unit_test(
             test_gemini_usage_metadata_counts_thoughts_as_completion),
         cmocka_unit_test(test_rerank_usage_from_billed_search_units),
+        cmocka_unit_test(test_peer_gateway_usage_is_read_in_the_client_dialect),
         cmocka_unit_test(test_rerank_usage_from_usage_total_tokens),
         cmocka_unit_test(
             test_openai_stream_usage_chunk_is_read_and_passed_through),

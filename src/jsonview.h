@@ -1,0 +1,118 @@
+/*
+ * A read-only view of JSON text, without building a tree.
+ *
+ * The hot path reads a few fields of a request (model, stream, max_tokens)
+ * and of an answer (usage) and passes the bytes on unchanged; a jansson
+ * tree costs dozens of allocations for that.  JsonView::parse() validates
+ * a whole text by jansson's rules (the same texts are accepted and refused
+ * as json_loadb(JSON_ALLOW_NUL), except that jansson skips a NUL byte right
+ * after a number or a literal, where this refuses it), and views into it are
+ * then walked without further checks.  The text must outlive every view.
+ */
+
+#ifndef LLMGW_JSONVIEW_H
+#define LLMGW_JSONVIEW_H
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace llmgw {
+
+class JsonView {
+public:
+    enum class Kind : char {
+        none, object, array, string, integer, real, yes, no, null
+    };
+
+    JsonView() = default;
+
+    /* The root value of text, or a view of Kind::none when text is not JSON. */
+    static JsonView parse(std::string_view text);
+
+    Kind kind() const { return kind_; }
+    explicit operator bool() const { return kind_ != Kind::none; }
+    bool is_object() const { return kind_ == Kind::object; }
+    bool is_array() const { return kind_ == Kind::array; }
+    bool is_string() const { return kind_ == Kind::string; }
+    bool is_number() const
+    {
+        return kind_ == Kind::integer || kind_ == Kind::real;
+    }
+    bool is_true() const { return kind_ == Kind::yes; }
+
+    /* The value's own text, quotes and brackets included. */
+    std::string_view raw() const { return raw_; }
+
+    /* An object's member (the last one of that name, as jansson keeps). */
+    JsonView get(std::string_view name) const;
+
+    /* A number as jansson's json_integer_value / a real truncated; else dflt. */
+    int64_t integer(int64_t dflt) const;
+
+    /* A string's decoded value ("" for other kinds). */
+    std::string string() const;
+
+    /* Bytes of a string's decoded value (0 for other kinds). */
+    size_t string_length() const;
+
+    /* Whether a string's decoded value equals s. */
+    bool string_equals(std::string_view s) const;
+
+    /*
+     * Calls f(name, value) for each member of an object, name a string view
+     * (quotes included), in the text's order, duplicates included.
+     */
+    template <typename F>
+    void each_member(F f) const
+    {
+        walk(Kind::object, [&](Walker &w) {
+            JsonView name = w.next();
+            w.colon();
+            f(name, w.next());
+        });
+    }
+
+    /* Calls f(value) for each element of an array. */
+    template <typename F>
+    void each_element(F f) const
+    {
+        walk(Kind::array, [&](Walker &w) { f(w.next()); });
+    }
+
+private:
+    JsonView(Kind k, std::string_view raw) : kind_(k), raw_(raw) {}
+
+    /* Steps through a validated container's items. */
+    struct Walker {
+        explicit Walker(std::string_view t) : text(t) {}
+        bool more();            /* skips space and ','; false at the end */
+        void colon();           /* skips space and ':' */
+        JsonView next();        /* the value at pos; pos moves past it */
+
+        std::string_view text;
+        size_t pos = 0;
+    };
+
+    /* step(walker) for each item of a container of kind k */
+    template <typename Step>
+    void walk(Kind k, Step step) const
+    {
+        if (kind_ != k) {
+            return;
+        }
+        Walker w(raw_);
+        w.pos = 1;
+        while (w.more()) {
+            step(w);
+        }
+    }
+
+    Kind kind_ = Kind::none;
+    std::string_view raw_;
+};
+
+} /* namespace llmgw */
+
+#endif /* LLMGW_JSONVIEW_H */
