@@ -658,19 +658,29 @@ JsonView::string_length() const
 }
 
 
-bool
-JsonView::string_equals(std::string_view s) const
+std::string_view
+JsonView::text(std::string &scratch) const
 {
     if (kind_ != Kind::string) {
-        return false;
+        return {};
     }
 
     std::string_view body = raw_.substr(1, raw_.size() - 2);
 
     if (body.find('\\') == std::string_view::npos) {
-        return body == s;
+        return body;
     }
-    return string() == s;
+    scratch = string();
+    return scratch;
+}
+
+
+bool
+JsonView::string_equals(std::string_view s) const
+{
+    std::string scratch;
+
+    return kind_ == Kind::string && text(scratch) == s;
 }
 
 } /* namespace llmgw */

@@ -54,6 +54,12 @@ public:
     /* A string's decoded value ("" for other kinds). */
     std::string string() const;
 
+    /*
+     * A string's decoded value, without a copy when it has no escapes
+     * (then a view into the text; else decoded into scratch).
+     */
+    std::string_view text(std::string &scratch) const;
+
     /* Bytes of a string's decoded value (0 for other kinds). */
     size_t string_length() const;
 

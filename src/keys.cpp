@@ -10,6 +10,7 @@
 #include <openssl/sha.h>
 
 #include <cstring>
+#include <memory>
 #include <string_view>
 
 #include "internal.h"
@@ -71,11 +72,19 @@ llmgw_key_hash(llmgw_str_t key, char out[65])
         return -1;
     }
 
-    /* fetched once: the one-shot SHA256() looks it up on every call */
+    /*
+     * The digest fetched once and a context reused: the one-shot SHA256()
+     * looks the digest up, and EVP_Digest() allocates a context, on every
+     * call, which costs more than hashing a key.
+     */
     static EVP_MD *md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    thread_local std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX *)> ctx(
+        EVP_MD_CTX_new(), EVP_MD_CTX_free);
 
-    if (md == nullptr
-        || EVP_Digest(k.data(), k.size(), digest, nullptr, md, nullptr) != 1)
+    if (md == nullptr || ctx == nullptr
+        || EVP_DigestInit_ex2(ctx.get(), md, nullptr) != 1
+        || EVP_DigestUpdate(ctx.get(), k.data(), k.size()) != 1
+        || EVP_DigestFinal_ex(ctx.get(), digest, nullptr) != 1)
     {
         return -1;
     }

@@ -4,6 +4,7 @@
  */
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -29,8 +30,56 @@ num(std::string &out, int64_t v)
 {
     char buf[24];
 
-    out.append(buf, static_cast<size_t>(
-                   std::snprintf(buf, sizeof(buf), "%lld", (long long) v)));
+    out.append(buf, std::to_chars(buf, buf + sizeof(buf), v).ptr);
+}
+
+/* n as exactly width digits, zero-padded (0 <= n < 10^width) */
+void
+digits(std::string &out, int n, int width)
+{
+    char buf[8];
+
+    for (int i = width - 1; i >= 0; i--) {
+        buf[i] = static_cast<char>('0' + n % 10);
+        n /= 10;
+    }
+    out.append(buf, static_cast<size_t>(width));
+}
+
+/* "YYYY-MM-DD HH:MM:SS.mmm+00" in UTC: milliseconds are all the ledger keeps */
+void
+timestamp(std::string &out, double at)
+{
+    /* rows of one second share their date and time: computed once */
+    thread_local time_t last = -1;
+    thread_local std::string prefix;
+
+    long long ms = std::llround(at * 1000);
+    time_t sec = static_cast<time_t>(ms / 1000);
+
+    if (sec != last) {
+        struct tm tm;
+
+        gmtime_r(&sec, &tm);
+        prefix.clear();
+        digits(prefix, tm.tm_year + 1900, 4);
+        prefix.push_back('-');
+        digits(prefix, tm.tm_mon + 1, 2);
+        prefix.push_back('-');
+        digits(prefix, tm.tm_mday, 2);
+        prefix.push_back(' ');
+        digits(prefix, tm.tm_hour, 2);
+        prefix.push_back(':');
+        digits(prefix, tm.tm_min, 2);
+        prefix.push_back(':');
+        digits(prefix, tm.tm_sec, 2);
+        last = sec;
+    }
+
+    out += prefix;
+    out.push_back('.');
+    digits(out, static_cast<int>(ms % 1000), 3);
+    out += "+00";
 }
 
 /* 0 stands for "none": written as NULL */
@@ -95,7 +144,6 @@ llmgw_ledger_row_copy(const llmgw_ledger_row_t *row)
 {
     try {
         std::string out;
-        char buf[48];
 
         out.reserve(256);
 
@@ -142,19 +190,7 @@ llmgw_ledger_row_copy(const llmgw_ledger_row_t *row)
         tab(out);
         num(out, row->latency_ms);
         tab(out);
-
-        /* milliseconds are all the ledger keeps, in UTC */
-        long long ms = std::llround(row->created_at * 1000);
-        time_t sec = static_cast<time_t>(ms / 1000);
-        struct tm tm;
-
-        gmtime_r(&sec, &tm);
-        out.append(buf, static_cast<size_t>(std::snprintf(
-                       buf, sizeof(buf), "%04d-%02d-%02d %02d:%02d:%02d.%03d+00",
-                       tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-                       tm.tm_hour, tm.tm_min, tm.tm_sec,
-                       static_cast<int>(ms % 1000))));
-
+        timestamp(out, row->created_at);
         out.push_back('\n');
 
         return make_buf(out);

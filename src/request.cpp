@@ -11,10 +11,27 @@
 
 using namespace llmgw;
 
+namespace {
+
+/* The top-level members a request is read by, found in one pass. */
+enum Field {
+    F_MODEL, F_STREAM, F_STREAM_OPTIONS, F_MAX_TOKENS,
+    F_MAX_COMPLETION_TOKENS, F_MESSAGES, F_CONTENTS, F_GENERATION_CONFIG,
+    F_QUERY, F_DOCUMENTS, F_COUNT
+};
+
+constexpr std::string_view kFieldNames[F_COUNT] = {
+    "model", "stream", "stream_options", "max_tokens",
+    "max_completion_tokens", "messages", "contents", "generationConfig",
+    "query", "documents"
+};
+
+} /* namespace */
+
 struct llmgw_req_s {
     llmgw_endpoint_e  ep = LLMGW_EP_NONE;
     std::string_view  raw;          /* the caller's body, kept by it */
-    JsonView          view;         /* of raw */
+    JsonView          field[F_COUNT];   /* views into raw */
     mutable Json      root;         /* a tree of raw, built when needed */
     std::string       model;
     bool              stream = false;
@@ -32,6 +49,16 @@ struct llmgw_req_s {
 };
 
 namespace {
+
+/* Inline media is not prompt text. */
+bool
+is_media(const JsonView &name)
+{
+    std::string scratch;
+    std::string_view n = name.text(scratch);
+
+    return n == "data" || n == "image_url";
+}
 
 /* Text bytes of every string below v (a rough token count is bytes / 4). */
 size_t
@@ -52,8 +79,7 @@ text_bytes(const JsonView &v, int depth)
 
     } else if (v.is_object()) {
         v.each_member([&](const JsonView &k, const JsonView &e) {
-            /* inline media is not prompt text */
-            if (!k.string_equals("data") && !k.string_equals("image_url")) {
+            if (!is_media(k)) {
                 n += text_bytes(e, depth + 1);
             }
         });
@@ -62,37 +88,65 @@ text_bytes(const JsonView &v, int depth)
     return n;
 }
 
+/*
+ * One pass over the body's members: the fields (the last of a name, as a
+ * tree keeps) and the prompt's text bytes.
+ */
+size_t
+read_fields(const JsonView &body, JsonView field[F_COUNT])
+{
+    size_t bytes = 0;
+
+    body.each_member([&](const JsonView &k, const JsonView &v) {
+        std::string scratch;
+        std::string_view name = k.text(scratch);
+
+        for (int i = 0; i < F_COUNT; i++) {
+            if (name == kFieldNames[i]) {
+                field[i] = v;
+                break;
+            }
+        }
+
+        if (name != "data" && name != "image_url") {
+            bytes += text_bytes(v, 1);
+        }
+    });
+
+    return bytes;
+}
+
 const char *
-required_field(llmgw_endpoint_e ep, const JsonView &body)
+required_field(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
 {
     switch (ep) {
     case LLMGW_EP_CHAT:
     case LLMGW_EP_MESSAGES:
-        return body.get("messages").is_array() ? nullptr : "messages";
+        return field[F_MESSAGES].is_array() ? nullptr : "messages";
     case LLMGW_EP_GEMINI:
-        return body.get("contents").is_array() ? nullptr : "contents";
+        return field[F_CONTENTS].is_array() ? nullptr : "contents";
     case LLMGW_EP_RERANK:
-        if (!body.get("query").is_string()) {
+        if (!field[F_QUERY].is_string()) {
             return "query";
         }
-        return body.get("documents").is_array() ? nullptr : "documents";
+        return field[F_DOCUMENTS].is_array() ? nullptr : "documents";
     default:
         return nullptr;
     }
 }
 
 int64_t
-max_tokens_of(llmgw_endpoint_e ep, const JsonView &body)
+max_tokens_of(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
 {
     switch (ep) {
     case LLMGW_EP_CHAT: {
-        int64_t n = body.get("max_completion_tokens").integer(-1);
-        return n >= 0 ? n : body.get("max_tokens").integer(-1);
+        int64_t n = field[F_MAX_COMPLETION_TOKENS].integer(-1);
+        return n >= 0 ? n : field[F_MAX_TOKENS].integer(-1);
     }
     case LLMGW_EP_MESSAGES:
-        return body.get("max_tokens").integer(-1);
+        return field[F_MAX_TOKENS].integer(-1);
     case LLMGW_EP_GEMINI:
-        return body.get("generationConfig").get("maxOutputTokens").integer(-1);
+        return field[F_GENERATION_CONFIG].get("maxOutputTokens").integer(-1);
     default:
         return -1;
     }
@@ -109,20 +163,20 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
         auto r = std::make_unique<llmgw_req_s>();
         r->ep = ep;
         r->raw = std::string_view(body, len);
-        r->view = JsonView::parse(r->raw);
+        JsonView root = JsonView::parse(r->raw);
 
-        if (!r->view.is_object()) {
+        if (!root.is_object()) {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
                               "invalid JSON request body");
             return nullptr;
         }
 
-        const JsonView &j = r->view;
+        size_t text = read_fields(root, r->field);
 
         if (ep == LLMGW_EP_GEMINI) {
             r->model = sv(path_model);
         } else {
-            r->model = j.get("model").string();
+            r->model = r->field[F_MODEL].string();
         }
 
         if (r->model.empty()) {
@@ -131,7 +185,7 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             return nullptr;
         }
 
-        if (const char *f = required_field(ep, j)) {
+        if (const char *f = required_field(ep, r->field)) {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
                               "field %s is required", f);
             return nullptr;
@@ -149,9 +203,9 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             }
         }
 
-        r->stream = j.get("stream").is_true();
-        r->max_tokens = max_tokens_of(ep, j);
-        r->prompt_estimate = static_cast<int64_t>(text_bytes(j, 0) / 4) + 4;
+        r->stream = r->field[F_STREAM].is_true();
+        r->max_tokens = max_tokens_of(ep, r->field);
+        r->prompt_estimate = static_cast<int64_t>(text / 4) + 4;
 
         return r.release();
 
@@ -229,7 +283,7 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
         bool same_model = r->ep == LLMGW_EP_GEMINI
                           || sv(upstream_model) == r->model;
         bool add_usage = r->ep == LLMGW_EP_CHAT && c->type == 1 && r->stream
-                         && !r->view.get("stream_options")
+                         && !r->field[F_STREAM_OPTIONS]
                                      .get("include_usage").is_true();
 
         /* the common case sends the client's bytes as they came */
