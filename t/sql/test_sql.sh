@@ -567,6 +567,17 @@ ANS=$(sql "SELECT llmgw_flush_apply('{$CTU}', '{40}', '{}', '{}')")
 expect_eq "apply: an unlimited token's remain_quota stays" "$(bal "$CTU")" "0 43 99840 160"
 
 
+echo "== ledger indexes: only what readers need (009)"
+expect_eq "logs indexes" \
+    "$(sql "SELECT string_agg(indexname, ' ' ORDER BY indexname) FROM pg_indexes WHERE tablename = 'logs'")" \
+    "logs_pkey logs_request_id_type_key logs_time_brin logs_token_time logs_user_time"
+expect_eq "request ids compare byte-wise" \
+    "$(sql "SELECT string_agg(coalesce(collation_name, '-'), ' ' ORDER BY column_name) FROM information_schema.columns WHERE table_name = 'logs' AND column_name IN ('request_id', 'type')")" \
+    "C C"
+expect_eq "created_at summarised by block range" \
+    "$(sql "SELECT indexdef FROM pg_indexes WHERE indexname = 'logs_time_brin'")" \
+    "CREATE INDEX logs_time_brin ON public.logs USING brin (created_at) WITH (autosummarize='on')"
+
 echo "== /log"
 api GET /log "token_id=$TID1"
 expect "log by token" ".status == 200 and .body.total == 6 and .body.page == 1 and (.body.items | length) == 6"
