@@ -181,7 +181,8 @@ struct ngx_llmgw_ctx_s {
     ngx_str_t                  body;         /* the client's body */
     ngx_str_t                  market_key;   /* a marketplace install's */
     ngx_str_t                  market_version;
-    ngx_event_t               *admit;        /* waiting for ledger room */
+    ngx_queue_t                admit_queue;  /* waiting for ledger room */
+    ngx_http_request_t        *admit_r;      /* set while waiting */
     ngx_msec_t                 admit_until;
     unsigned                   responded:1;  /* a body was sent by us */
     unsigned                   upstream_header:1;
@@ -245,6 +246,7 @@ ngx_int_t ngx_llmgw_cache_refresh_now(ngx_http_request_t *r,
 
 /* ngx_llmgw_gateway.c */
 ngx_int_t ngx_llmgw_gateway_handler(ngx_http_request_t *r);
+void ngx_llmgw_admit_cancel(ngx_llmgw_ctx_t *ctx);
 void ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 
 /* ngx_llmgw_upstream.c */

@@ -10,7 +10,7 @@
 #include "ngx_llmgw.h"
 
 
-#define NGX_LLMGW_ADMIT_STEP  10    /* ms */
+#define NGX_LLMGW_ADMIT_STEP  1     /* ms */
 
 
 static ngx_int_t ngx_llmgw_after_token(ngx_http_request_t *r,
@@ -19,7 +19,8 @@ static void ngx_llmgw_token_ready(ngx_http_request_t *r, llmgw_token_t *t,
     const char *err);
 static void ngx_llmgw_body_ready(ngx_http_request_t *r);
 static void ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
-static void ngx_llmgw_admit_again(ngx_event_t *ev);
+static void ngx_llmgw_admitted(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+static void ngx_llmgw_admit_tick(ngx_event_t *ev);
 static ngx_int_t ngx_llmgw_retry_after(ngx_http_request_t *r,
     ngx_uint_t seconds);
 static ngx_int_t ngx_llmgw_route(ngx_http_request_t *r,
@@ -347,40 +348,97 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
 
 /*
  * A request is served only when its ledger row will have room.  While the
- * database is behind, it waits up to llmgw_ledger_wait, looking again every
- * NGX_LLMGW_ADMIT_STEP, rather than being refused at once: a short stall of
- * the database costs latency, not errors, and a waiting worker leaves the
- * CPU to the database instead of spending it on refusals.
+ * database is behind, it waits up to llmgw_ledger_wait rather than being
+ * refused at once: a short stall of the database costs latency, not errors,
+ * and a waiting worker leaves the CPU to the database instead of spending
+ * it on refusals.  The waiters of a worker form one queue, served oldest
+ * first as room appears (looked at every NGX_LLMGW_ADMIT_STEP while any
+ * wait); a newcomer queues behind them, so that none waits for ever while
+ * later ones pass.
  */
+static ngx_queue_t  ngx_llmgw_admit_waiting;
+static ngx_event_t  ngx_llmgw_admit_ev;
+
+
 static void
 ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
-    ngx_int_t               rc;
-    llmgw_verdict_t         v;
     ngx_llmgw_main_conf_t  *mcf;
 
-    if (ngx_llmgw_ledger_has_room() != NGX_OK) {
-        mcf = ngx_http_get_module_main_conf(r, ngx_http_llmgw_module);
+    if (ngx_llmgw_admit_ev.handler == NULL) {
+        ngx_queue_init(&ngx_llmgw_admit_waiting);
+        ngx_llmgw_admit_ev.handler = ngx_llmgw_admit_tick;
+        ngx_llmgw_admit_ev.log = ngx_cycle->log;
+    }
 
-        if (ctx->admit == NULL) {
-            ctx->admit = ngx_pcalloc(r->pool, sizeof(ngx_event_t));
-            if (ctx->admit == NULL) {
-                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-                return;
-            }
+    if (ngx_queue_empty(&ngx_llmgw_admit_waiting)
+        && ngx_llmgw_ledger_has_room() == NGX_OK)
+    {
+        ngx_llmgw_admitted(r, ctx);
+        return;
+    }
 
-            ctx->admit->handler = ngx_llmgw_admit_again;
-            ctx->admit->data = r;
-            ctx->admit->log = r->connection->log;
-            ctx->admit_until = ngx_current_msec + mcf->ledger_wait;
+    mcf = ngx_http_get_module_main_conf(r, ngx_http_llmgw_module);
+
+    ctx->admit_r = r;
+    ctx->admit_until = ngx_current_msec + mcf->ledger_wait;
+    ngx_queue_insert_tail(&ngx_llmgw_admit_waiting, &ctx->admit_queue);
+
+    if (!ngx_llmgw_admit_ev.timer_set) {
+        ngx_add_timer(&ngx_llmgw_admit_ev, NGX_LLMGW_ADMIT_STEP);
+    }
+}
+
+
+/* Takes a request that ends (or is admitted) out of the queue. */
+void
+ngx_llmgw_admit_cancel(ngx_llmgw_ctx_t *ctx)
+{
+    if (ctx->admit_r == NULL) {
+        return;
+    }
+
+    ngx_queue_remove(&ctx->admit_queue);
+    ctx->admit_r = NULL;
+
+    if (ngx_queue_empty(&ngx_llmgw_admit_waiting)
+        && ngx_llmgw_admit_ev.timer_set)
+    {
+        ngx_del_timer(&ngx_llmgw_admit_ev);
+    }
+}
+
+
+static void
+ngx_llmgw_admit_tick(ngx_event_t *ev)
+{
+    ngx_queue_t         *q;
+    ngx_connection_t    *c;
+    llmgw_verdict_t      v;
+    ngx_llmgw_ctx_t     *ctx;
+    ngx_http_request_t  *r;
+
+    while (!ngx_queue_empty(&ngx_llmgw_admit_waiting)) {
+        q = ngx_queue_head(&ngx_llmgw_admit_waiting);
+        ctx = ngx_queue_data(q, ngx_llmgw_ctx_t, admit_queue);
+        r = ctx->admit_r;
+        c = r->connection;
+
+        if (ngx_llmgw_ledger_has_room() == NGX_OK) {
+            ngx_llmgw_admit_cancel(ctx);
+            ngx_llmgw_admitted(r, ctx);
+            ngx_http_run_posted_requests(c);
+            continue;
         }
 
+        /* the head waited longest: when it may still wait, so may the rest */
         if ((ngx_msec_int_t) (ctx->admit_until - ngx_current_msec) > 0
             && !ngx_exiting && !ngx_terminate)
         {
-            ngx_add_timer(ctx->admit, NGX_LLMGW_ADMIT_STEP);
-            return;
+            break;
         }
+
+        ngx_llmgw_admit_cancel(ctx);
 
         llmgw_verdict_set(&v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
                           "service_unavailable", "the ledger is behind; "
@@ -389,8 +447,20 @@ ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
             ngx_llmgw_retry_after(r, 1) == NGX_OK
             ? ngx_llmgw_send_error(r, ctx, &v)
             : NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
+        ngx_http_run_posted_requests(c);
     }
+
+    if (!ngx_queue_empty(&ngx_llmgw_admit_waiting) && !ev->timer_set) {
+        ngx_add_timer(ev, NGX_LLMGW_ADMIT_STEP);
+    }
+}
+
+
+static void
+ngx_llmgw_admitted(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_int_t        rc;
+    llmgw_verdict_t  v;
 
     if (ngx_llmgw_reserve(r, ctx, &v) != NGX_OK) {
         ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
@@ -426,20 +496,6 @@ ngx_llmgw_retry_after(ngx_http_request_t *r, ngx_uint_t seconds)
     h->value.len = ngx_sprintf(h->value.data, "%ui", seconds) - h->value.data;
 
     return NGX_OK;
-}
-
-
-static void
-ngx_llmgw_admit_again(ngx_event_t *ev)
-{
-    ngx_connection_t    *c;
-    ngx_http_request_t  *r;
-
-    r = ev->data;
-    c = r->connection;
-
-    ngx_llmgw_admit(r, ngx_llmgw_get_ctx(r));
-    ngx_http_run_posted_requests(c);
 }
 
 

@@ -523,9 +523,7 @@ ngx_llmgw_ctx_cleanup(void *data)
 {
     ngx_llmgw_ctx_t  *ctx = data;
 
-    if (ctx->admit && ctx->admit->timer_set) {
-        ngx_del_timer(ctx->admit);
-    }
+    ngx_llmgw_admit_cancel(ctx);
 
     llmgw_token_free(ctx->token);
     llmgw_req_free(ctx->req);
