@@ -4,6 +4,7 @@
  */
 
 #include <string>
+#include <utility>
 
 #include "internal.h"
 #include "convert.h"
@@ -32,6 +33,7 @@ struct llmgw_req_s {
     llmgw_endpoint_e  ep = LLMGW_EP_NONE;
     std::string_view  raw;          /* the caller's body, kept by it */
     JsonView          field[F_COUNT];   /* views into raw */
+    int               seen[F_COUNT] = {};   /* how often each came */
     mutable Json      root;         /* a tree of raw, built when needed */
     std::string       model;
     bool              stream = false;
@@ -93,7 +95,7 @@ text_bytes(const JsonView &v, int depth)
  * tree keeps) and the prompt's text bytes.
  */
 size_t
-read_fields(const JsonView &body, JsonView field[F_COUNT])
+read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT])
 {
     size_t bytes = 0;
 
@@ -104,6 +106,7 @@ read_fields(const JsonView &body, JsonView field[F_COUNT])
         for (int i = 0; i < F_COUNT; i++) {
             if (name == kFieldNames[i]) {
                 field[i] = v;
+                seen[i]++;
                 break;
             }
         }
@@ -152,6 +155,86 @@ max_tokens_of(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
     }
 }
 
+/*
+ * The body with the model replaced and (or) usage asked for, edited in the
+ * client's text: false when that cannot be done plainly (a member given
+ * twice, stream_options that is not an object or already names
+ * include_usage), and the tree must do it.
+ */
+bool
+edit_body(const llmgw_req_s &r, const std::string_view *model, bool add_usage,
+    std::string &out)
+{
+    struct Edit {
+        size_t       at;
+        size_t       len;
+        std::string  text;
+    };
+
+    Edit edits[2];
+    size_t n = 0;
+    auto offset = [&](const JsonView &v) {
+        return static_cast<size_t>(v.raw().data() - r.raw.data());
+    };
+
+    if (r.seen[F_MODEL] > 1 || r.seen[F_STREAM_OPTIONS] > 1) {
+        return false;
+    }
+
+    if (model != nullptr) {
+        const JsonView &m = r.field[F_MODEL];
+
+        if (!m.is_string()) {
+            return false;
+        }
+        edits[n].at = offset(m);
+        edits[n].len = m.raw().size();
+        append_json_string(edits[n].text, *model);
+        n++;
+    }
+
+    if (add_usage) {
+        const JsonView &so = r.field[F_STREAM_OPTIONS];
+
+        if (!so) {
+            /* a new last member: the object has members (model at least) */
+            edits[n].at = r.raw.rfind('}');
+            edits[n].len = 0;
+            edits[n].text = ",\"stream_options\":{\"include_usage\":true}";
+
+        } else if (so.is_object() && !so.get("include_usage")) {
+            bool empty = true;
+
+            so.each_member([&](const JsonView &, const JsonView &) {
+                empty = false;
+            });
+            edits[n].at = offset(so) + 1;
+            edits[n].len = 0;
+            edits[n].text = empty ? "\"include_usage\":true"
+                                  : "\"include_usage\":true,";
+        } else {
+            return false;
+        }
+        n++;
+    }
+
+    if (n == 2 && edits[1].at < edits[0].at) {
+        std::swap(edits[0], edits[1]);
+    }
+
+    size_t from = 0;
+
+    out.reserve(r.raw.size() + 64);
+    for (size_t i = 0; i < n; i++) {
+        out.append(r.raw.substr(from, edits[i].at - from));
+        out.append(edits[i].text);
+        from = edits[i].at + edits[i].len;
+    }
+    out.append(r.raw.substr(from));
+
+    return true;
+}
+
 } /* namespace */
 
 
@@ -171,7 +254,7 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             return nullptr;
         }
 
-        size_t text = read_fields(root, r->field);
+        size_t text = read_fields(root, r->field, r->seen);
 
         if (ep == LLMGW_EP_GEMINI) {
             r->model = sv(path_model);
@@ -289,6 +372,17 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
         /* the common case sends the client's bytes as they came */
         if (same_model && !add_usage) {
             return make_buf(r->raw);
+        }
+
+        std::string edited;
+        std::string_view to = sv(upstream_model);
+
+        if (edit_body(*r, r->ep != LLMGW_EP_GEMINI && !same_model ? &to
+                                                                  : nullptr,
+                      add_usage, edited))
+        {
+            *usage_injected = add_usage;
+            return make_buf(edited);
         }
 
         Json body(json_deep_copy(r->tree()));

@@ -374,6 +374,93 @@ test_upstream_body_keeps_include_usage_the_client_asked_for(void **state)
 }
 
 
+/* The upstream body as text (freed by the caller). */
+static char *
+upstream_text(llmgw_req_t *r, const llmgw_channel_t *c, const char *model,
+    int *injected)
+{
+    llmgw_buf_t  b = llmgw_req_upstream_body(r, c, S(model), injected);
+    char        *t;
+
+    assert_non_null(b.data);
+    t = strndup(b.data, b.len);
+    llmgw_buf_free(&b);
+    return t;
+}
+
+
+/*
+ * The model and stream_options are edited in the client's own text: every
+ * other byte (spacing, member order, number spelling) reaches the channel
+ * as sent.  What cannot be edited plainly still comes out right.
+ */
+static void
+test_upstream_body_is_edited_in_the_client_text(void **state)
+{
+    (void) state;
+
+    static const struct {
+        const char *body;
+        const char *model;
+        const char *want;       /* NULL: checked as JSON below */
+        int         injected;
+    } cases[] = {
+        /* a mapped model, spacing and numbers kept */
+        { "{ \"model\" : \"a\", \"temperature\": 1.50,\"messages\":[] }",
+          "b\"x", "{ \"model\" : \"b\\\"x\", \"temperature\": 1.50,"
+          "\"messages\":[] }", 0 },
+        /* a stream: usage asked for as a new last member */
+        { "{\"model\":\"a\",\"stream\":true,\"messages\":[]}\n", "a",
+          "{\"model\":\"a\",\"stream\":true,\"messages\":[],"
+          "\"stream_options\":{\"include_usage\":true}}\n", 1 },
+        /* both edits, and stream_options empty or with other members */
+        { "{\"stream_options\":{},\"model\":\"a\",\"stream\":true,"
+          "\"messages\":[]}", "z",
+          "{\"stream_options\":{\"include_usage\":true},\"model\":\"z\","
+          "\"stream\":true,\"messages\":[]}", 1 },
+        { "{\"model\":\"a\",\"stream\":true,\"messages\":[],"
+          "\"stream_options\": {\"x\":1}}", "a",
+          "{\"model\":\"a\",\"stream\":true,\"messages\":[],"
+          "\"stream_options\": {\"include_usage\":true,\"x\":1}}", 1 },
+        /* not plain: include_usage named, a model given twice */
+        { "{\"model\":\"a\",\"stream\":true,\"messages\":[],"
+          "\"stream_options\":{\"include_usage\":null}}", "a", NULL, 1 },
+        { "{\"model\":\"x\",\"model\":\"a\",\"messages\":[]}", "b", NULL,
+          0 },
+        { "{\"model\":\"a\",\"stream\":true,\"messages\":[],"
+          "\"stream_options\":null}", "a", NULL, 1 },
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        llmgw_req_t *r = parse_ok(LLMGW_EP_CHAT, no_path_model, cases[i].body);
+        int          injected = -1;
+        char        *t = upstream_text(r, &openai, cases[i].model, &injected);
+
+        if (cases[i].want != NULL) {
+            assert_string_equal(t, cases[i].want);
+        } else {
+            json_error_t  err;
+            json_t       *j = json_loads(t, JSON_REJECT_DUPLICATES, &err);
+
+            if (j == NULL) {
+                fail_msg("case %zu: %s: %s", i, err.text, t);
+            }
+            assert_string_equal(json_string_value(json_object_get(j, "model")),
+                                cases[i].model);
+            if (cases[i].injected) {
+                assert_true(json_is_true(json_object_get(
+                    json_object_get(j, "stream_options"), "include_usage")));
+            }
+            json_decref(j);
+        }
+        assert_int_equal(injected, cases[i].injected);
+
+        free(t);
+        llmgw_req_free(r);
+    }
+}
+
+
 static void
 test_upstream_body_of_a_messages_stream_gets_no_stream_options(void **state)
 {
@@ -439,6 +526,7 @@ main(void)
         cmocka_unit_test(
             test_upstream_body_of_a_messages_stream_gets_no_stream_options),
         cmocka_unit_test(test_upstream_body_of_gemini_gets_no_model_member),
+        cmocka_unit_test(test_upstream_body_is_edited_in_the_client_text),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
