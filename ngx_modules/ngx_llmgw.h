@@ -95,6 +95,11 @@ typedef struct {
 
 /* The node-wide shared state (one slab zone): rate limiter and metrics. */
 typedef struct {
+    /* sizeof this struct in the build that made the zone: a reload into a
+     * build with another layout is refused (first, so that any build can
+     * read it) */
+    size_t                     layout;
+
     ngx_rbtree_t               rl_tree;
     ngx_rbtree_node_t          rl_sentinel;
     ngx_queue_t                rl_lru;
@@ -116,6 +121,8 @@ typedef struct {
     ngx_queue_t                ledger;
     ngx_uint_t                 ledger_rows;     /* waiting */
     ngx_uint_t                 ledger_held;     /* waiting or being written */
+    ngx_atomic_t               ledger_waits;    /* requests that waited */
+    ngx_atomic_t               ledger_refused;  /* ... and found no room */
 
     /* a poller found more due tasks than one pass takes: until this
      * time (ngx_current_msec) every worker polls without waiting for its
@@ -270,6 +277,7 @@ void ngx_llmgw_rl_success(ngx_llmgw_ctx_t *ctx);
 void ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 void ngx_llmgw_metrics_retry(void);
 void ngx_llmgw_metrics_rate_limited(void);
+void ngx_llmgw_metrics_ledger_wait(ngx_uint_t refused);
 ngx_int_t ngx_llmgw_metrics_handler(ngx_http_request_t *r);
 
 /* ngx_llmgw_admin.c */

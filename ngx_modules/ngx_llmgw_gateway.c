@@ -380,6 +380,8 @@ ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     mcf = ngx_http_get_module_main_conf(r, ngx_http_llmgw_module);
 
+    ngx_llmgw_metrics_ledger_wait(0);
+
     ctx->admit_r = r;
     ctx->admit_until = ngx_current_msec + mcf->ledger_wait;
     ngx_queue_insert_tail(&ngx_llmgw_admit_waiting, &ctx->admit_queue);
@@ -439,6 +441,7 @@ ngx_llmgw_admit_tick(ngx_event_t *ev)
         }
 
         ngx_llmgw_admit_cancel(ctx);
+        ngx_llmgw_metrics_ledger_wait(1);
 
         llmgw_verdict_set(&v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
                           "service_unavailable", "the ledger is behind; "

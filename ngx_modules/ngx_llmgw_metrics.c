@@ -55,6 +55,19 @@ ngx_llmgw_metrics_rate_limited(void)
 }
 
 
+/* A request that waited for ledger room (and whether it was refused). */
+void
+ngx_llmgw_metrics_ledger_wait(ngx_uint_t refused)
+{
+    ngx_llmgw_shm_ctx_t  *ctx = ngx_llmgw_shm();
+
+    if (ctx) {
+        (void) ngx_atomic_fetch_add(refused ? &ctx->sh->ledger_refused
+                                            : &ctx->sh->ledger_waits, 1);
+    }
+}
+
+
 static ngx_llmgw_series_t *
 ngx_llmgw_series(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t ep, ngx_str_t *model,
     ngx_uint_t status)
@@ -275,9 +288,22 @@ ngx_llmgw_metrics_handler(ngx_http_request_t *r)
         "# HELP llmgw_rate_limited_total Requests refused by the rate "
         "limit.\n"
         "# TYPE llmgw_rate_limited_total counter\n"
-        "llmgw_rate_limited_total %uA\n",
+        "llmgw_rate_limited_total %uA\n"
+        "# HELP llmgw_ledger_rows Ledger rows not yet written to the "
+        "database.\n"
+        "# TYPE llmgw_ledger_rows gauge\n"
+        "llmgw_ledger_rows %ui\n"
+        "# HELP llmgw_ledger_waits_total Requests that waited for ledger "
+        "room.\n"
+        "# TYPE llmgw_ledger_waits_total counter\n"
+        "llmgw_ledger_waits_total %uA\n"
+        "# HELP llmgw_ledger_refused_total Requests refused because the "
+        "ledger had no room in time.\n"
+        "# TYPE llmgw_ledger_refused_total counter\n"
+        "llmgw_ledger_refused_total %uA\n",
         cum, (double) shm->sh->latency_sum_us / 1000000,
-        shm->sh->latency_count, shm->sh->retries, shm->sh->rate_limited);
+        shm->sh->latency_count, shm->sh->retries, shm->sh->rate_limited,
+        shm->sh->ledger_held, shm->sh->ledger_waits, shm->sh->ledger_refused);
 
     b->last_buf = 1;
     b->last_in_chain = 1;

@@ -77,6 +77,15 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     /* on reload the zone, its counters and its limits are kept */
     if (octx || zone->shm.exists || ctx->shpool->data) {
         ctx->sh = ctx->shpool->data;
+
+        if (ctx->sh->layout != sizeof(ngx_llmgw_shm_t)) {
+            ngx_log_error(NGX_LOG_EMERG, zone->shm.log, 0,
+                          "llmgw: the shared zone \"%V\" was made by another "
+                          "build of the module; restart nginx instead of "
+                          "reloading it", &zone->shm.name);
+            return NGX_ERROR;
+        }
+
         zone->data = ctx;
         return NGX_OK;
     }
@@ -87,6 +96,7 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     }
 
     ctx->shpool->data = ctx->sh;
+    ctx->sh->layout = sizeof(ngx_llmgw_shm_t);
 
     ngx_rbtree_init(&ctx->sh->rl_tree, &ctx->sh->rl_sentinel,
                     ngx_llmgw_rl_insert);

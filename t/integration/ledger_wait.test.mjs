@@ -14,7 +14,7 @@ import { spawn } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, eventually, makeChannel, makeKey,
+    assertError, assertOk, createDb, dropDb, eventually, httpRequest, makeChannel, makeKey,
     makeUser, psql, settle, sleep, startGateway, stopAll, uniq,
 } from '../lib/harness.mjs';
 import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
@@ -231,6 +231,22 @@ describe('ledger admission: requests wait for ledger room', { timeout: 60000 }, 
         }
     }
 
+    /* The ledger's numbers in /metrics. */
+    async function ledgerMetrics(gw) {
+        const r = await httpRequest(`${gw.url}/metrics`);
+        assert.equal(r.status, 200, r.text);
+        const value = (name) => {
+            const m = r.text.match(new RegExp(`^${name} (\\d+)$`, 'm'));
+            assert.ok(m, `${name} in /metrics`);
+            return Number(m[1]);
+        };
+        return {
+            rows: value('llmgw_ledger_rows'),
+            waits: value('llmgw_ledger_waits_total'),
+            refused: value('llmgw_ledger_refused_total'),
+        };
+    }
+
     /* BACKLOG served requests while the ledger cannot write: their ids. */
     async function fillBacklog(gw, a, model) {
         const ids = [];
@@ -281,9 +297,14 @@ describe('ledger admission: requests wait for ledger room', { timeout: 60000 }, 
             await sleep(300);
             assert.deepEqual(await rowsOf(db, ids), [], 'no row can be written under the lock');
 
+            assert.deepEqual(await ledgerMetrics(gw), { rows: BACKLOG, waits: 0, refused: 0 },
+                'the backlog is full, nobody waited yet');
+
             const upstreamBefore = mock.requests.length;
             const p4 = gw.chat(a.key, model, { timeoutMs: 15000 });
             await stillPending(p4, 600);
+            assert.deepEqual(await ledgerMetrics(gw), { rows: BACKLOG, waits: 1, refused: 0 },
+                'one request waits');
             assert.equal(mock.requests.length, upstreamBefore,
                 'the waiting request has not gone upstream');
             assert.equal(await lock.held(), '1', 'the lock is still held');
@@ -301,6 +322,9 @@ describe('ledger admission: requests wait for ledger room', { timeout: 60000 }, 
 
             /* every request has its own row, and was charged once */
             await expectServedOnce(db, a, ids);
+            await eventually(async () => {
+                assert.deepEqual(await ledgerMetrics(gw), { rows: 0, waits: 1, refused: 0 });
+            }, { ms: 5000, intervalMs: 100 });
         });
     });
 
@@ -321,6 +345,8 @@ describe('ledger admission: requests wait for ledger room', { timeout: 60000 }, 
             assert.equal(mock.requests.length, upstreamBefore, 'the upstream was not called');
             const refused = r4.headers['x-request-id'];
             assert.ok(!ids.includes(refused), 'a request id of its own');
+            assert.deepEqual(await ledgerMetrics(gw), { rows: BACKLOG, waits: 1, refused: 1 },
+                'it waited, then was refused');
 
             /* the lock outlives the wait by far; then it goes */
             await sleep(500);
