@@ -290,6 +290,9 @@ else
         "($lost_rows 'could not be queued' alerts$([ -z "$drained" ] && echo ", still being written after 36 s"))"
 fi
 echo "$(gw_log_summary)"
+metrics=$(curl -s --max-time 5 "$GW_URL/metrics" || true)
+metric() { awk -v n="$1" '$1 == n { print $2 }' <<<"$metrics"; }
+echo "ledger admission: $(metric llmgw_ledger_waits_total) requests waited for room, $(metric llmgw_ledger_refused_total) refused"
 if [ "$gw_non2xx" -ne 0 ] || [ "$gw_errors" -ne 0 ]; then
     echo "WARNING: the gateway did not answer every request with 2xx; see $OUT"
     BENCH_KEEP=1

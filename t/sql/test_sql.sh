@@ -574,6 +574,9 @@ expect_eq "logs indexes" \
 expect_eq "request ids compare byte-wise" \
     "$(sql "SELECT string_agg(coalesce(collation_name, '-'), ' ' ORDER BY column_name) FROM information_schema.columns WHERE table_name = 'logs' AND column_name IN ('request_id', 'type')")" \
     "C C"
+expect_eq "ids are taken 1,000 at a time (010)" \
+    "$(sql "SELECT seqcache FROM pg_sequence WHERE seqrelid = 'logs_id_seq'::regclass")" \
+    "1000"
 expect_eq "created_at summarised by block range" \
     "$(sql "SELECT indexdef FROM pg_indexes WHERE indexname = 'logs_time_brin'")" \
     "CREATE INDEX logs_time_brin ON public.logs USING brin (created_at) WITH (autosummarize='on')"
