@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "internal.h"
 
@@ -584,6 +585,57 @@ JsonView::Walker::next()
     }
 
     return JsonView(k, text.substr(start, pos - start));
+}
+
+
+void
+JsonView::visit(JsonVisitor &v) const
+{
+    /* whether each open container is an object, and whether a name is due */
+    std::vector<bool> object;
+    bool name_due = false;
+
+    for (size_t i = 0; i < raw_.size(); ) {
+        char c = raw_[i];
+
+        switch (c) {
+        case ' ': case '\t': case '\n': case '\r': case ':':
+            i++;
+            continue;
+        case ',':
+            name_due = !object.empty() && object.back();
+            i++;
+            continue;
+        case '{':
+        case '[':
+            object.push_back(c == '{');
+            name_due = c == '{';
+            v.open(c == '{');
+            i++;
+            continue;
+        case '}':
+        case ']':
+            object.pop_back();
+            name_due = false;
+            v.close();
+            i++;
+            continue;
+        default:
+            break;
+        }
+
+        Walker w(raw_);
+        w.pos = i;
+        JsonView item = w.next();   /* a scalar or a string: no nesting */
+        i = w.pos;
+
+        if (name_due) {
+            v.key(item);
+            name_due = false;
+        } else {
+            v.value(item);
+        }
+    }
 }
 
 

@@ -20,6 +20,18 @@
 
 namespace llmgw {
 
+class JsonView;
+
+/* What JsonView::visit() reports, in the text's order. */
+class JsonVisitor {
+public:
+    virtual ~JsonVisitor() = default;
+    virtual void open(bool object) { (void) object; }  /* '{' or '[' */
+    virtual void close() {}
+    virtual void key(const JsonView &name) { (void) name; }
+    virtual void value(const JsonView &v) { (void) v; }  /* not containers */
+};
+
 class JsonView {
 public:
     enum class Kind : char {
@@ -79,6 +91,14 @@ public:
             f(name, w.next());
         });
     }
+
+    /*
+     * Every container, member name and value below (and including) this
+     * one, in one pass over the text: linear in its length however deep
+     * it nests, where walking with get() and each_*() would pass over
+     * nested text once per level.
+     */
+    void visit(JsonVisitor &v) const;
 
     /* Calls f(value) for each element of an array. */
     template <typename F>

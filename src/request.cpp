@@ -52,53 +52,59 @@ struct llmgw_req_s {
 
 namespace {
 
-/* Inline media is not prompt text. */
-bool
-is_media(const JsonView &name)
-{
-    std::string scratch;
-    std::string_view n = name.text(scratch);
-
-    return n == "data" || n == "image_url";
-}
-
-/* Text bytes of every string below v (a rough token count is bytes / 4). */
-size_t
-text_bytes(const JsonView &v, int depth)
-{
-    if (depth > 32) {
-        return 0;
-    }
-
-    if (v.is_string()) {
-        return v.string_length();
-    }
-
-    size_t n = 0;
-
-    if (v.is_array()) {
-        v.each_element([&](const JsonView &e) { n += text_bytes(e, depth + 1); });
-
-    } else if (v.is_object()) {
-        v.each_member([&](const JsonView &k, const JsonView &e) {
-            if (!is_media(k)) {
-                n += text_bytes(e, depth + 1);
-            }
-        });
-    }
-
-    return n;
-}
-
 /*
- * One pass over the body's members: the fields (the last of a name, as a
- * tree keeps) and the prompt's text bytes.
+ * Bytes of prompt text: the decoded string values at most 32 levels deep,
+ * not those under a "data" or "image_url" member (inline media).  A rough
+ * token count is bytes / 4.
  */
-size_t
-read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT])
-{
+class PromptText : public JsonVisitor {
+public:
     size_t bytes = 0;
 
+    void open(bool) override
+    {
+        if (media_next_) {
+            skip_at_ = depth_;
+            media_next_ = false;
+        }
+        depth_++;
+    }
+
+    void close() override
+    {
+        depth_--;
+        if (skip_at_ == depth_) {
+            skip_at_ = -1;
+        }
+    }
+
+    void key(const JsonView &name) override
+    {
+        std::string scratch;
+        std::string_view n = name.text(scratch);
+
+        media_next_ = skip_at_ < 0 && (n == "data" || n == "image_url");
+    }
+
+    void value(const JsonView &v) override
+    {
+        if (!media_next_ && skip_at_ < 0 && depth_ <= 32) {
+            bytes += v.string_length();
+        }
+        media_next_ = false;
+    }
+
+private:
+    int   depth_ = 0;
+    int   skip_at_ = -1;        /* the depth a media member's value opened */
+    bool  media_next_ = false;
+};
+
+/* One pass over the body's members: the fields, the last of a name as a
+ * tree keeps it. */
+void
+read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT])
+{
     body.each_member([&](const JsonView &k, const JsonView &v) {
         std::string scratch;
         std::string_view name = k.text(scratch);
@@ -110,13 +116,7 @@ read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT])
                 break;
             }
         }
-
-        if (name != "data" && name != "image_url") {
-            bytes += text_bytes(v, 1);
-        }
     });
-
-    return bytes;
 }
 
 const char *
@@ -254,7 +254,10 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             return nullptr;
         }
 
-        size_t text = read_fields(root, r->field, r->seen);
+        PromptText text;
+
+        read_fields(root, r->field, r->seen);
+        root.visit(text);
 
         if (ep == LLMGW_EP_GEMINI) {
             r->model = sv(path_model);
@@ -288,7 +291,7 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
 
         r->stream = r->field[F_STREAM].is_true();
         r->max_tokens = max_tokens_of(ep, r->field);
-        r->prompt_estimate = static_cast<int64_t>(text / 4) + 4;
+        r->prompt_estimate = static_cast<int64_t>(text.bytes / 4) + 4;
 
         return r.release();
 

@@ -439,6 +439,65 @@ test_prompt_estimate_counts_decoded_text(void **state)
 }
 
 
+/* Prompt text counts strings at most 32 levels deep, in one pass. */
+static void
+test_prompt_estimate_stops_at_depth_32(void **state)
+{
+    (void) state;
+
+    for (int k = 30; k <= 34; k++) {
+        char body[512];
+        size_t len = 0;
+        llmgw_req_t *r;
+
+        len += (size_t) sprintf(body + len, "{\"model\":\"m\",\"messages\":[],"
+                                            "\"x\":");
+        for (int i = 0; i < k; i++) {
+            body[len++] = '[';
+        }
+        len += (size_t) sprintf(body + len, "\"abcdefgh\"");
+        for (int i = 0; i < k; i++) {
+            body[len++] = ']';
+        }
+        body[len++] = '}';
+        body[len] = '\0';
+
+        r = parse(LLMGW_EP_CHAT, body);
+        /* the string sits k + 1 levels deep: "m" (1 byte) always counts */
+        assert_int_equal(llmgw_req_prompt_estimate(r),
+                         (k + 1 <= 32 ? 9 : 1) / 4 + 4);
+        llmgw_req_free(r);
+    }
+
+    /* a large body nested to jansson's limit is read (in linear time) */
+    {
+        size_t n = 2048 - 2, big = 4 << 20, len = 0;
+        char *body = malloc(big + 2 * n + 64);
+        llmgw_req_t *r;
+
+        len += (size_t) sprintf(body, "{\"model\":\"m\",\"messages\":[],"
+                                      "\"x\":");
+        for (size_t i = 0; i < n; i++) {
+            body[len++] = '[';
+        }
+        body[len++] = '"';
+        memset(body + len, 'a', big);
+        len += big;
+        body[len++] = '"';
+        for (size_t i = 0; i < n; i++) {
+            body[len++] = ']';
+        }
+        body[len++] = '}';
+        body[len] = '\0';
+
+        r = parse(LLMGW_EP_CHAT, body);
+        assert_int_equal(llmgw_req_prompt_estimate(r), 1 / 4 + 4);
+        llmgw_req_free(r);
+        free(body);
+    }
+}
+
+
 int
 main(void)
 {
@@ -448,6 +507,7 @@ main(void)
         cmocka_unit_test(test_mutations_match_jansson),
         cmocka_unit_test(test_fields_are_read_as_jansson_reads_them),
         cmocka_unit_test(test_prompt_estimate_counts_decoded_text),
+        cmocka_unit_test(test_prompt_estimate_stops_at_depth_32),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
