@@ -4,14 +4,40 @@
  * never lets a flood of wrong keys grow memory.
  */
 
-#include <string>
+#include <array>
+#include <cstring>
 #include <unordered_map>
 
 #include "internal.h"
 
+namespace {
+
+/* A key's digest in hex, held by value: a lookup allocates nothing. */
+using Digest = std::array<char, 64>;
+
+struct DigestHash {
+    size_t operator()(const Digest &d) const
+    {
+        /* the digest is uniform already: its first bytes are a hash */
+        size_t h;
+        std::memcpy(&h, d.data(), sizeof(h));
+        return h;
+    }
+};
+
+Digest
+digest(const char hash[65])
+{
+    Digest d;
+    std::memcpy(d.data(), hash, d.size());
+    return d;
+}
+
+} /* namespace */
+
 struct llmgw_tcache_s {
-    size_t                                          max;
-    std::unordered_map<std::string, llmgw_token_t *> map;
+    size_t                                              max;
+    std::unordered_map<Digest, llmgw_token_t *, DigestHash> map;
 
     ~llmgw_tcache_s() { clear(); }
 
@@ -62,7 +88,7 @@ llmgw_tcache_free(llmgw_tcache_t *c)
 extern "C" int
 llmgw_tcache_get(llmgw_tcache_t *c, const char hash[65], llmgw_token_t **t)
 {
-    auto it = c->map.find(std::string(hash, 64));
+    auto it = c->map.find(digest(hash));
 
     if (it == c->map.end()) {
         return 0;
@@ -81,7 +107,7 @@ llmgw_tcache_put(llmgw_tcache_t *c, const char hash[65], llmgw_token_t *t)
             c->clear();
         }
 
-        auto &slot = c->map[std::string(hash, 64)];
+        auto &slot = c->map[digest(hash)];
         llmgw_token_free(slot);
         slot = llmgw_token_ref(t);
 
