@@ -290,6 +290,36 @@ async function run(o) {
     }
 }
 
+/*
+ * The slow first tokens of a round come in runs of consecutive streams
+ * (one starts every STAGGER_MS / STREAMS ms), each late by about as much:
+ * moments when the whole machine (hypervisor, client) stops.  They hit
+ * every target alike, so a round's p99 mostly counts how many fell into
+ * it.  Returns their count, the streams in them, and the TTFT+ of the
+ * streams outside them.
+ */
+const PAUSE_RUN = 5;
+const PAUSE_MS = 3;
+
+function machinePauses(added) {
+    let runs = 0;
+    let inRuns = 0;
+    const mark = new Array(added.length).fill(false);
+    for (let i = 0; i < added.length; ) {
+        let j = i;
+        while (j < added.length && added[j] > PAUSE_MS) {
+            j++;
+        }
+        if (j - i >= PAUSE_RUN) {
+            runs++;
+            inRuns += j - i;
+            mark.fill(true, i, j);
+        }
+        i = j > i ? j : i + 1;
+    }
+    return { runs, inRuns, outside: added.filter((_, k) => !mark[k]) };
+}
+
 function report(o) {
     const targets = (o.targets || 'bare,gateway').split(',');
     const pooled = {};
@@ -309,6 +339,7 @@ function report(o) {
         p.errors.push(...j.errors);
         (rounds[t] ||= []).push({
             file: path.basename(f), a: stats(j.addedTtft), c: stats(j.perChunk), cpu: j.cpu,
+            pauses: machinePauses(j.addedTtft),
         });
     }
     const f3 = (x) => (Number.isFinite(x) ? x.toFixed(3) : 'n/a').padStart(9);
@@ -366,6 +397,23 @@ function report(o) {
         console.log(`median over rounds of the round p99: added TTFT ${base} ${mA(base).toFixed(3)}, ` +
             `${gw} ${mA(gw).toFixed(3)} (${sign(mA(gw) - mA(base))}) ms; per chunk ${base} ` +
             `${mC(base).toFixed(3)}, ${gw} ${mC(gw).toFixed(3)} (${sign(mC(gw) - mC(base))}) ms`);
+    }
+    /* a diagnostic, not the figure: see machinePauses() */
+    console.log('');
+    console.log(`pauses of the whole machine: runs of >= ${PAUSE_RUN} consecutive streams (in start ` +
+        `order) each with TTFT+ > ${PAUSE_MS} ms:`);
+    const outside = {};
+    for (const t of targets) {
+        const rs = rounds[t] || [];
+        const runs = rs.reduce((n, r) => n + r.pauses.runs, 0);
+        const inRuns = rs.reduce((n, r) => n + r.pauses.inRuns, 0);
+        outside[t] = stats(rs.flatMap((r) => r.pauses.outside));
+        console.log(`${t.padEnd(10)} ${String(runs).padStart(3)} runs, ${String(inRuns).padStart(4)} ` +
+            `streams in them; TTFT+ p99 of the other streams ${f3(outside[t].p99).trim()} ms`);
+    }
+    if (outside[base] && outside[gw]) {
+        console.log(`${gw} - ${base} outside those runs: added TTFT p99 ` +
+            `${sign(outside[gw].p99 - outside[base].p99)} ms`);
     }
     console.log('');
     let stalledAny = 0;
