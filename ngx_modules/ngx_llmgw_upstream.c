@@ -541,11 +541,11 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
             break;
         }
 
-        ch = NULL;
-
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "llmgw: channel %L host \"%s\" has no address",
                       ch->id, ch->host);
+
+        ch = NULL;
 
         if (pc->tries > 1) {
             pc->tries--;

@@ -48,7 +48,7 @@ describe('routing and retries', { timeout: 240000 }, () => {
         const closed2 = await startClosedPort();
 
         for (const name of ['on500', 'on429', 'onConn', 'on504', 'on400', 'max3',
-            'allConn', 'stream', 'tries2', 'prio', 'weight']) {
+            'allConn', 'stream', 'tries2', 'prio', 'weight', 'noAddr', 'noAddrOnly']) {
             M[name] = uniq(`gpt-${name}`);
         }
         ch.on500 = [await channel(M.on500, failWith(500, 'A exploded'), { priority: 10 }),
@@ -88,6 +88,13 @@ describe('routing and retries', { timeout: 240000 }, () => {
             await channel(M.prio, answer('disabled'), { priority: 100, status: 'disabled' })];
         ch.weight = [await channel(M.weight, answer('heavy'), { priority: 0, weight: 3 }),
             await channel(M.weight, answer('light'), { priority: 0, weight: 1 })];
+
+        /* a host name with no "resolver" in the configuration: no address */
+        ch.noAddr = [await channel(M.noAddr, null,
+            { priority: 10, base_url: 'http://upstream-a.invalid:9' }),
+        await channel(M.noAddr, answer('from B'), { priority: 5 })];
+        ch.noAddrOnly = [await channel(M.noAddrOnly, null,
+            { base_url: 'http://upstream-b.invalid:9' })];
 
         ({ key } = await makeUserKey(gw));
         await settle();
@@ -153,6 +160,18 @@ describe('routing and retries', { timeout: 240000 }, () => {
     test('every channel unreachable: 502 do_request_failed', async () => {
         const r = await gw.chat(key, M.allConn);
         assertError(r, 502, { code: 'do_request_failed' });
+    });
+
+    test('a channel whose host has no address is passed over; alone it is a 502', async () => {
+        const pids = gw.workerPids().sort();
+        for (let i = 0; i < 4; i++) {
+            const r = await gw.chat(key, M.noAddr);
+            assertOk(r);
+            assert.equal(r.json.choices[0].message.content, 'from B');
+            assertError(await gw.chat(key, M.noAddrOnly), 502, { code: 'do_request_failed' });
+        }
+        assert.equal(count(ch.noAddr[1]), 4);
+        assert.deepEqual(gw.workerPids().sort(), pids, 'no worker died');
     });
 
     test('no retry once a stream has started', async () => {
