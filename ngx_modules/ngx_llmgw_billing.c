@@ -31,6 +31,7 @@ typedef struct {
     u_char                     kind;
     u_char                     unlimited;
     u_char                     stale;
+    uint32_t                   refs;        /* holds that point here */
     ngx_queue_t                lru;
     int64_t                    id;
     int64_t                    known;
@@ -80,7 +81,10 @@ ngx_llmgw_bal_find(ngx_llmgw_shm_t *sh, ngx_uint_t kind, int64_t id)
 }
 
 
-/* Frees idle balances (nothing held, nothing pending) to make room. */
+/*
+ * Frees idle balances to make room: nothing held, nothing pending, and no
+ * hold pointing at them (a free request holds 0 and still points here).
+ */
 static void
 ngx_llmgw_bal_expire(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t n)
 {
@@ -95,7 +99,7 @@ ngx_llmgw_bal_expire(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t n)
         prev = ngx_queue_prev(q);
         b = ngx_queue_data(q, ngx_llmgw_bal_t, lru);
 
-        if (b->hold != 0 || b->pending != 0) {
+        if (b->hold != 0 || b->pending != 0 || b->refs != 0) {
             continue;
         }
 
@@ -239,6 +243,8 @@ ngx_llmgw_release_locked(ngx_llmgw_shm_ctx_t *shm, ngx_llmgw_hold_t *h)
 
     h->token->hold -= h->amount;
     h->user->hold -= h->amount;
+    h->token->refs--;
+    h->user->refs--;
 
     ngx_slab_free_locked(shm->shpool, h);
 }
@@ -310,8 +316,18 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     tok = ngx_llmgw_bal_get(shm, NGX_LLMGW_BAL_TOKEN, ctx->token_id,
                             llmgw_token_remain_quota(t),
                             llmgw_token_unlimited(t), at);
+
+    /* the key's balance is not freed to make room for the user's */
+    if (tok) {
+        tok->refs++;
+    }
+
     usr = ngx_llmgw_bal_get(shm, NGX_LLMGW_BAL_USER, ctx->user_id,
                             llmgw_token_user_quota(t), 0, at);
+
+    if (tok) {
+        tok->refs--;
+    }
 
     h = NULL;
 
@@ -373,6 +389,8 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     h->amount = amount;
     tok->hold += amount;
     usr->hold += amount;
+    tok->refs++;
+    usr->refs++;
     ngx_queue_insert_tail(&ngx_llmgw_me->holds, &h->queue);
 
     ngx_shmtx_unlock(&shm->shpool->mutex);

@@ -1189,10 +1189,15 @@ ngx_llmgw_exit_process(ngx_cycle_t *cycle)
         return;
     }
 
+    /*
+     * The pool's connections close first: a COPY cut off halfway keeps its
+     * transaction open, with rows the exit-time writes below would wait on
+     * for ever; closed, the server rolls it back.
+     */
+    ngx_llmgw_pg_exit_process(cycle);
     ngx_llmgw_task_exit_process(cycle);
     ngx_llmgw_v8host_exit_process(cycle);
     ngx_llmgw_ledger_exit_process(cycle);
     ngx_llmgw_billing_exit_process(cycle);
     ngx_llmgw_cache_exit_process(cycle);
-    ngx_llmgw_pg_exit_process(cycle);
 }

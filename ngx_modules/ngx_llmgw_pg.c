@@ -11,8 +11,11 @@
 
 #include "ngx_llmgw.h"
 
+#include <sys/stat.h>
 
-#define NGX_LLMGW_PG_QUEUE_MAX  10000
+
+#define NGX_LLMGW_PG_QUEUE_MAX        10000
+#define NGX_LLMGW_PG_CONNECT_TIMEOUT  10000     /* ms */
 
 
 typedef enum {
@@ -46,12 +49,14 @@ typedef struct {
     PGresult                  *result;
     ngx_event_t                retry;
     ngx_msec_t                 backoff;
+    ino_t                      sock_ino;    /* the socket being watched */
     unsigned                   listen:1;
     unsigned                   flushing:1;
 } ngx_llmgw_pg_conn_t;
 
 
 static void ngx_llmgw_pg_connect(ngx_llmgw_pg_conn_t *pc);
+static ngx_int_t ngx_llmgw_pg_watch(ngx_llmgw_pg_conn_t *pc, ngx_socket_t fd);
 static void ngx_llmgw_pg_event(ngx_event_t *ev);
 static void ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc);
 static void ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why);
@@ -258,6 +263,13 @@ ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
         return NGX_ERROR;
     }
 
+    /*
+     * An exiting worker must not wait for ever on a lock: what it cannot
+     * write is left in the zone, where another worker reaps it.
+     */
+    res = PQexec(conn, "SET lock_timeout = '5s'; SET statement_timeout = '30s'");
+    PQclear(res);
+
     if (copy == NULL) {
         values[0] = param;
         res = PQexecParams(conn, sql, 1, NULL, values, NULL, NULL, 0);
@@ -309,11 +321,55 @@ ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
 }
 
 
+/* The inode of a socket: tells a new socket from an old one of one fd. */
+static ino_t
+ngx_llmgw_pg_sock_ino(ngx_socket_t fd)
+{
+    struct stat  st;
+
+    return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+
+/*
+ * Watches libpq's current socket for reading, under a connect deadline
+ * (libpq enforces none in non-blocking mode).
+ */
+static ngx_int_t
+ngx_llmgw_pg_watch(ngx_llmgw_pg_conn_t *pc, ngx_socket_t fd)
+{
+    ngx_connection_t  *c;
+
+    c = ngx_get_connection(fd, ngx_llmgw_pg_log);
+    if (c == NULL) {
+        ngx_llmgw_pg_fail(pc, "no free nginx connection");
+        return NGX_ERROR;
+    }
+
+    c->data = pc;
+    c->read->handler = ngx_llmgw_pg_event;
+    c->write->handler = ngx_llmgw_pg_event;
+    c->read->log = ngx_llmgw_pg_log;
+    c->write->log = ngx_llmgw_pg_log;
+
+    pc->c = c;
+    pc->sock_ino = ngx_llmgw_pg_sock_ino(fd);
+
+    if (ngx_add_event(c->read, NGX_READ_EVENT, 0) != NGX_OK) {
+        ngx_llmgw_pg_fail(pc, "cannot watch the socket");
+        return NGX_ERROR;
+    }
+
+    ngx_add_timer(c->read, NGX_LLMGW_PG_CONNECT_TIMEOUT);
+
+    return NGX_OK;
+}
+
+
 static void
 ngx_llmgw_pg_connect(ngx_llmgw_pg_conn_t *pc)
 {
     ngx_socket_t       fd;
-    ngx_connection_t  *c;
     const char *const  keys[] = { "dbname", "application_name", NULL };
     const char        *vals[] = { ngx_llmgw_pg_conninfo, "llmgw", NULL };
 
@@ -332,23 +388,9 @@ ngx_llmgw_pg_connect(ngx_llmgw_pg_conn_t *pc)
         return;
     }
 
-    c = ngx_get_connection(fd, ngx_llmgw_pg_log);
-    if (c == NULL) {
-        ngx_llmgw_pg_fail(pc, "no free nginx connection");
-        return;
-    }
-
-    c->data = pc;
-    c->read->handler = ngx_llmgw_pg_event;
-    c->write->handler = ngx_llmgw_pg_event;
-    c->read->log = ngx_llmgw_pg_log;
-    c->write->log = ngx_llmgw_pg_log;
-
-    pc->c = c;
     pc->state = NGX_LLMGW_PG_CONNECTING;
 
-    if (ngx_add_event(c->read, NGX_READ_EVENT, 0) != NGX_OK) {
-        ngx_llmgw_pg_fail(pc, "cannot watch the socket");
+    if (ngx_llmgw_pg_watch(pc, fd) != NGX_OK) {
         return;
     }
 
@@ -380,9 +422,19 @@ ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc, ngx_uint_t on)
 static void
 ngx_llmgw_pg_event(ngx_event_t *ev)
 {
-    ngx_connection_t  *c = ev->data;
+    ngx_connection_t     *c = ev->data;
+    ngx_llmgw_pg_conn_t  *pc = c->data;
 
-    ngx_llmgw_pg_drive(c->data);
+    if (ev->timedout) {
+        ev->timedout = 0;
+
+        if (pc->state == NGX_LLMGW_PG_CONNECTING) {
+            ngx_llmgw_pg_fail(pc, "connecting timed out");
+            return;
+        }
+    }
+
+    ngx_llmgw_pg_drive(pc);
 }
 
 
@@ -400,21 +452,15 @@ ngx_llmgw_pg_connecting(ngx_llmgw_pg_conn_t *pc)
         return;
     }
 
-    if (fd != pc->c->fd) {
-        /* libpq moved to another address: watch the new socket */
+    /*
+     * libpq moved to another address (or dropped SSL): a new socket, which
+     * the kernel often gives the old one's number.  The old one's watch
+     * went with it; the new one is watched.
+     */
+    if (fd != pc->c->fd || ngx_llmgw_pg_sock_ino(fd) != pc->sock_ino) {
         ngx_llmgw_pg_release(pc, 1);
-        pc->c = ngx_get_connection(fd, ngx_llmgw_pg_log);
-        if (pc->c == NULL) {
-            ngx_llmgw_pg_fail(pc, "no free nginx connection");
-            return;
-        }
-        pc->c->data = pc;
-        pc->c->read->handler = ngx_llmgw_pg_event;
-        pc->c->write->handler = ngx_llmgw_pg_event;
-        pc->c->read->log = ngx_llmgw_pg_log;
-        pc->c->write->log = ngx_llmgw_pg_log;
-        if (ngx_add_event(pc->c->read, NGX_READ_EVENT, 0) != NGX_OK) {
-            ngx_llmgw_pg_fail(pc, "cannot watch the socket");
+
+        if (ngx_llmgw_pg_watch(pc, fd) != NGX_OK) {
             return;
         }
     }
@@ -434,6 +480,10 @@ ngx_llmgw_pg_connecting(ngx_llmgw_pg_conn_t *pc)
     }
 
     ngx_llmgw_pg_want_write(pc, 0);
+
+    if (pc->c->read->timer_set) {
+        ngx_del_timer(pc->c->read);
+    }
 
     if (PQsetnonblocking(pc->conn, 1) != 0) {
         ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
