@@ -273,6 +273,36 @@ ngx_llmgw_dns_find(const char *host)
 }
 
 
+/* A new entry for host, or NULL when out of memory (nothing is added). */
+static ngx_llmgw_dns_t *
+ngx_llmgw_dns_add(const char *host)
+{
+    size_t            len;
+    u_char           *copy;
+    ngx_llmgw_dns_t  *d;
+
+    len = ngx_strlen(host);
+
+    copy = ngx_alloc(len, ngx_cycle->log);
+    if (copy == NULL) {
+        return NULL;
+    }
+
+    d = ngx_array_push(ngx_llmgw_dns);
+    if (d == NULL) {
+        ngx_free(copy);
+        return NULL;
+    }
+
+    ngx_memzero(d, sizeof(ngx_llmgw_dns_t));
+    ngx_memcpy(copy, host, len);
+    d->host = copy;
+    d->host_len = len;
+
+    return d;
+}
+
+
 /*
  * Host names of the routed channels are resolved with nginx's resolver
  * before the first try, so that no try waits on DNS and none blocks.
@@ -312,17 +342,10 @@ ngx_llmgw_resolve_next(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
                           "llmgw: channel %L host \"%s\" needs a "
                           "\"resolver\" directive", ch->id, ch->host);
             if (d == NULL) {
-                d = ngx_array_push(ngx_llmgw_dns);
+                d = ngx_llmgw_dns_add(ch->host);
                 if (d == NULL) {
                     return NGX_HTTP_INTERNAL_SERVER_ERROR;
                 }
-                ngx_memzero(d, sizeof(ngx_llmgw_dns_t));
-                d->host_len = ngx_strlen(ch->host);
-                d->host = ngx_alloc(d->host_len, ngx_cycle->log);
-                if (d->host == NULL) {
-                    return NGX_HTTP_INTERNAL_SERVER_ERROR;
-                }
-                ngx_memcpy(d->host, ch->host, d->host_len);
             }
             d->failed = 1;
             d->expire = ngx_time() + 5;
@@ -365,20 +388,19 @@ ngx_llmgw_resolved(ngx_resolver_ctx_t *rctx)
     c = r->connection;
     ctx = ngx_llmgw_get_ctx(r);
 
+    /*
+     * Kept under the channel's own spelling: the resolver shortens
+     * rctx->name by a trailing dot, and a lookup by the channel's host must
+     * find what was resolved for it (else it resolves again, for ever).
+     */
     d = ngx_llmgw_dns_find((char *) rctx->name.data);
 
     if (d == NULL) {
-        d = ngx_array_push(ngx_llmgw_dns);
+        d = ngx_llmgw_dns_add((char *) rctx->name.data);
         if (d == NULL) {
+            ngx_resolve_name_done(rctx);
             goto failed;
         }
-        ngx_memzero(d, sizeof(ngx_llmgw_dns_t));
-        d->host = ngx_alloc(rctx->name.len, ngx_cycle->log);
-        if (d->host == NULL) {
-            goto failed;
-        }
-        ngx_memcpy(d->host, rctx->name.data, rctx->name.len);
-        d->host_len = rctx->name.len;
     }
 
     if (rctx->state || rctx->naddrs == 0) {

@@ -1,12 +1,16 @@
-// Task requests to vendors named by host name: the HTTP client resolves
-// them with nginx's resolver (the http{} `resolver` directive), here a tiny
-// DNS server on loopback that knows one name.
+// Task requests to vendors, and chat requests to channels, named by host
+// name: they are resolved with nginx's resolver (the http{} `resolver`
+// directive), here a tiny DNS server on loopback that knows one name.
 
 import assert from 'node:assert/strict';
 import dgram from 'node:dgram';
 import { after, before, describe, test } from 'node:test';
 
-import { assertError, assertOk, createDb, dropDb, startGateway, stopAll } from '../lib/harness.mjs';
+import {
+    assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, settle, startGateway,
+    stopAll, uniq,
+} from '../lib/harness.mjs';
+import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
 import { expectUsed, startVendor, submitTask, taskSetup, waitStatus } from '../lib/vendor.mjs';
 
 const NAME = 'vendor.llmgw.test';
@@ -90,6 +94,33 @@ describe('task vendors named by host name', () => {
         assert.equal(vendor.submits().at(-1).headers.host, `${NAME}:${port}`);
         /* the mock answers polls IN_PROGRESS: the status moves only by a poll */
         await waitStatus(gw, env.acct.key, r.json.task_id, 'IN_PROGRESS', { ms: 10000 });
+    });
+
+    test('chat channels named by host name, with or without a trailing dot, are served', async () => {
+        const up = await startMock((req, res, rec) => sendJson(res, 200,
+            openaiChat({ model: rec.json.model, content: 'by name' })));
+        try {
+            const port = new URL(up.url).port;
+            const plain = uniq('gpt-named');
+            const dotted = uniq('gpt-dotted');
+            await makeChannel(gw, { base_url: `http://${NAME}:${port}`, models: [plain] });
+            /* the resolver drops the final dot; the worker must still find its answer */
+            await makeChannel(gw, { base_url: `http://${NAME}.:${port}`, models: [dotted] });
+            const { key } = await makeUserKey(gw);
+            await settle();
+            const pids = gw.workerPids().sort();
+            for (let i = 0; i < 3; i++) {
+                for (const model of [plain, dotted]) {
+                    const r = await gw.chat(key, model);
+                    assertOk(r, `chat to ${model}`);
+                    assert.equal(r.json.choices[0].message.content, 'by name');
+                }
+            }
+            assert.equal(up.requests.length, 6);
+            assert.deepEqual(gw.workerPids().sort(), pids, 'no worker died');
+        } finally {
+            await up.close();
+        }
     });
 
     test('a name the resolver does not know: 502 do_request_failed, nothing charged', async () => {
