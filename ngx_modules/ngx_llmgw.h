@@ -169,6 +169,7 @@ struct ngx_llmgw_ctx_s {
 
     /* upstream response */
     ngx_http_chunked_t         chunked;
+    ngx_http_status_t          status_line;  /* kept across reads */
     off_t                      length;       /* upstream body left, -1 */
     ngx_uint_t                 status;
     ngx_buf_t                 *error_body;   /* kept to rewrite an error */

@@ -231,6 +231,7 @@ ngx_llmgw_upstream_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     u->input_filter_ctx = r;
 
     ctx->upstream_start = ngx_current_msec;
+    r->state = 0;
 
     return ngx_llmgw_resolve_next(r, ctx);
 }
@@ -1000,6 +1001,7 @@ static void
 ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
 {
     ngx_memzero(&ctx->chunked, sizeof(ngx_http_chunked_t));
+    ngx_memzero(&ctx->status_line, sizeof(ngx_http_status_t));
     ctx->length = -1;
     ctx->status = 0;
     ctx->error_mode = 0;
@@ -1023,6 +1025,8 @@ ngx_llmgw_reinit_request(ngx_http_request_t *r)
 
     ngx_llmgw_reset_response(ctx);
 
+    /* a try cut off inside a status or header line left the parser's state */
+    r->state = 0;
     r->upstream->process_header = ngx_llmgw_process_header;
 
     return NGX_OK;
@@ -1075,7 +1079,7 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
 {
     ngx_int_t             rc;
     ngx_str_t             key, value;
-    ngx_http_status_t     status;
+    ngx_uint_t            code;
     ngx_llmgw_ctx_t      *ctx;
     ngx_http_upstream_t  *u;
 
@@ -1086,9 +1090,8 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
     }
 
     if (ctx->status == 0) {
-        ngx_memzero(&status, sizeof(ngx_http_status_t));
-
-        rc = ngx_http_parse_status_line(r, &u->buffer, &status);
+        /* a status line can arrive in pieces: its parse goes on in ctx */
+        rc = ngx_http_parse_status_line(r, &u->buffer, &ctx->status_line);
 
         if (rc == NGX_AGAIN) {
             return rc;
@@ -1101,19 +1104,20 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
             return NGX_HTTP_UPSTREAM_INVALID_HEADER;
         }
 
-        ctx->status = status.code;
-        u->headers_in.status_n = status.code;
-        u->state->status = status.code;
+        code = ctx->status_line.code;
+        ctx->status = code;
+        u->headers_in.status_n = code;
+        u->state->status = code;
 
         /* 5xx the upstream module does not retry by itself, except 504 */
-        if (status.code >= 500 && status.code != 500 && status.code != 502
-            && status.code != 503 && status.code != 504
+        if (code >= 500 && code != 500 && code != 502
+            && code != 503 && code != 504
             && u->peer.tries > 1)
         {
             return NGX_HTTP_UPSTREAM_INVALID_HEADER;
         }
 
-        ctx->error_mode = (status.code < 200 || status.code >= 300);
+        ctx->error_mode = (code < 200 || code >= 300);
     }
 
     for ( ;; ) {

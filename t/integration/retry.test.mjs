@@ -3,6 +3,7 @@
 // stream started.
 
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
 import {
@@ -48,7 +49,8 @@ describe('routing and retries', { timeout: 240000 }, () => {
         const closed2 = await startClosedPort();
 
         for (const name of ['on500', 'on429', 'onConn', 'on504', 'on400', 'max3',
-            'allConn', 'stream', 'tries2', 'prio', 'weight', 'noAddr', 'noAddrOnly']) {
+            'allConn', 'stream', 'tries2', 'prio', 'weight', 'noAddr', 'noAddrOnly',
+            'split', 'cutHeader']) {
             M[name] = uniq(`gpt-${name}`);
         }
         ch.on500 = [await channel(M.on500, failWith(500, 'A exploded'), { priority: 10 }),
@@ -96,9 +98,48 @@ describe('routing and retries', { timeout: 240000 }, () => {
         ch.noAddrOnly = [await channel(M.noAddrOnly, null,
             { base_url: 'http://upstream-b.invalid:9' })];
 
+        /* raw upstreams: a status line in two pieces; a header line cut off */
+        const split = await rawUpstream(async (sock) => {
+            const body = JSON.stringify(openaiChat({ model: M.split, content: 'split status' }));
+            sock.write('HTTP/1.1 2');
+            await new Promise((s) => setTimeout(s, 100));
+            sock.end(`00 OK\r\nContent-Type: application/json\r\nContent-Length: ${body.length}` +
+                `\r\nConnection: close\r\n\r\n${body}`);
+        });
+        ch.split = [await channel(M.split, null, { base_url: split.url })];
+        const cut = await rawUpstream(async (sock) => {
+            sock.write('HTTP/1.1 200 OK\r\nContent-Typ');
+            await new Promise((s) => setTimeout(s, 50));
+            sock.destroy();
+        });
+        ch.cutHeader = [await channel(M.cutHeader, null, { priority: 10, base_url: cut.url }),
+            await channel(M.cutHeader, answer('from B'), { priority: 5 })];
+
         ({ key } = await makeUserKey(gw));
         await settle();
     });
+
+    /* A TCP upstream that answers each request with answer(socket). */
+    async function rawUpstream(answer) {
+        const server = net.createServer((sock) => {
+            let seen = '';
+            sock.on('error', () => {});
+            sock.on('data', (d) => {
+                seen += d.toString('latin1');
+                const head = seen.indexOf('\r\n\r\n');
+                const len = /content-length: *(\d+)/i.exec(seen);
+                if (head >= 0 && (!len || seen.length >= head + 4 + Number(len[1]))) {
+                    seen = '';
+                    answer(sock);
+                }
+            });
+        });
+        await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+        const m = { url: `http://127.0.0.1:${server.address().port}`,
+            close: () => new Promise((r) => server.close(() => r())) };
+        mocks.push(m);
+        return m;
+    }
 
     after(async () => {
         try {
@@ -172,6 +213,22 @@ describe('routing and retries', { timeout: 240000 }, () => {
         }
         assert.equal(count(ch.noAddr[1]), 4);
         assert.deepEqual(gw.workerPids().sort(), pids, 'no worker died');
+    });
+
+    test('a status line that arrives in two pieces is read whole', async () => {
+        for (let i = 0; i < 2; i++) {
+            const r = await gw.chat(key, M.split);
+            assertOk(r);
+            assert.equal(r.json.choices[0].message.content, 'split status');
+        }
+    });
+
+    test('a try cut off inside a header line leaves nothing behind for the next channel', async () => {
+        for (let i = 0; i < 2; i++) {
+            const r = await gw.chat(key, M.cutHeader);
+            assertOk(r);
+            assert.equal(r.json.choices[0].message.content, 'from B');
+        }
     });
 
     test('no retry once a stream has started', async () => {
