@@ -686,7 +686,12 @@ ngx_llmgw_pg_dispatch(void)
          * ngx_llmgw_pg_query() returns.
          */
         if (ngx_llmgw_pg_flush(pc) != NGX_OK) {
-            ngx_llmgw_pg_fail(pc, PQerrorMessage(pc->conn));
+            /*
+             * Not failed here: that would answer the caller, whose
+             * ngx_llmgw_pg_query() has not returned yet.  The event loop
+             * flushes again, and fails the connection there.
+             */
+            ngx_post_event(pc->c->write, &ngx_posted_events);
         }
     }
 }
