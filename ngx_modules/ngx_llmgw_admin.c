@@ -205,7 +205,12 @@ ngx_llmgw_admin_done(void *data, PGresult *res, const char *err)
     }
 
     /* this worker applies the change before it answers */
-    (void) ngx_llmgw_cache_refresh_now(r, ngx_llmgw_admin_refreshed);
+    if (ngx_llmgw_cache_refresh_now(r, ngx_llmgw_admin_refreshed)
+        == NGX_ERROR)
+    {
+        /* the change is made: answer without waiting to see it here */
+        ngx_llmgw_admin_refreshed(r);
+    }
 
 done:
 

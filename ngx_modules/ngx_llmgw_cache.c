@@ -44,6 +44,8 @@ static void ngx_llmgw_cache_load(void);
 static void ngx_llmgw_cache_loaded(void *data, PGresult *res,
     const char *err);
 static void ngx_llmgw_cache_tick(ngx_event_t *ev);
+static void ngx_llmgw_cache_unloaded(ngx_event_t *ev);
+static void ngx_llmgw_cache_run_waiters(ngx_uint_t done, ngx_uint_t all);
 static void ngx_llmgw_cache_rev_checked(void *data, PGresult *res,
     const char *err);
 static void ngx_llmgw_cache_token_found(void *data, PGresult *res,
@@ -58,6 +60,8 @@ static ngx_uint_t                ngx_llmgw_epoch;
 static int64_t                   ngx_llmgw_seen_rev;
 static ngx_uint_t                ngx_llmgw_loading;
 static ngx_uint_t                ngx_llmgw_load_again;
+static ngx_uint_t                ngx_llmgw_load_failed;  /* retried by the tick */
+static ngx_event_t               ngx_llmgw_unloaded_ev;
 static ngx_uint_t                ngx_llmgw_loads_started;
 static ngx_llmgw_waiter_t       *ngx_llmgw_waiters;
 static ngx_event_t               ngx_llmgw_tick_ev;
@@ -79,6 +83,9 @@ ngx_llmgw_cache_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_tick_ev.handler = ngx_llmgw_cache_tick;
     ngx_llmgw_tick_ev.log = cycle->log;
     ngx_llmgw_tick_ev.cancelable = 1;
+
+    ngx_llmgw_unloaded_ev.handler = ngx_llmgw_cache_unloaded;
+    ngx_llmgw_unloaded_ev.log = cycle->log;
 
     ngx_llmgw_cache_load();
     ngx_add_timer(&ngx_llmgw_tick_ev, mcf->refresh_interval);
@@ -338,6 +345,22 @@ ngx_llmgw_cache_load(void)
         != NGX_OK)
     {
         ngx_llmgw_loading = 0;
+        ngx_llmgw_load_failed = 1;
+
+        /* waiters are told from the event loop: refresh_now has not returned */
+        if (!ngx_llmgw_unloaded_ev.posted) {
+            ngx_post_event(&ngx_llmgw_unloaded_ev, &ngx_posted_events);
+        }
+    }
+}
+
+
+/* A load that could not start: its waiters are answered all the same. */
+static void
+ngx_llmgw_cache_unloaded(ngx_event_t *ev)
+{
+    if (!ngx_llmgw_loading) {
+        ngx_llmgw_cache_run_waiters(ngx_llmgw_loads_started, 1);
     }
 }
 
@@ -377,6 +400,9 @@ ngx_llmgw_cache_loaded(void *data, PGresult *res, const char *err)
     ngx_llmgw_loading = 0;
     done = ngx_llmgw_loads_started;
 
+    /* until a load succeeds, the tick tries again */
+    ngx_llmgw_load_failed = 1;
+
     if (err != NULL) {
         ngx_log_error(NGX_LOG_ERR, ngx_llmgw_cache_log, 0,
                       "llmgw: loading the configuration failed: %s", err);
@@ -408,9 +434,16 @@ ngx_llmgw_cache_loaded(void *data, PGresult *res, const char *err)
     }
 
     ngx_llmgw_current = h;
+    ngx_llmgw_load_failed = 0;
 
+    /*
+     * The snapshot may be newer than the notices seen: those of the
+     * revisions it skips will be dropped as old, and a key change among
+     * them would go unseen, so every cached key goes.
+     */
     if (llmgw_snapshot_revision(s) > ngx_llmgw_seen_rev) {
         ngx_llmgw_seen_rev = llmgw_snapshot_revision(s);
+        ngx_llmgw_cache_invalidate_all();
     }
 
 next:
@@ -432,7 +465,7 @@ ngx_llmgw_cache_tick(ngx_event_t *ev)
         return;
     }
 
-    if (ngx_llmgw_current == NULL) {
+    if (ngx_llmgw_current == NULL || ngx_llmgw_load_failed) {
         ngx_llmgw_cache_load();
 
     } else {

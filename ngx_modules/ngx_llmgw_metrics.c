@@ -126,11 +126,59 @@ ngx_llmgw_series(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t ep, ngx_str_t *model,
 }
 
 
+/*
+ * A model name as a label value: at most NGX_LLMGW_LABEL_MAX bytes, cut
+ * between characters, each byte that is not valid UTF-8 a '?' (Prometheus
+ * refuses a whole scrape over one invalid label, and a Gemini model comes
+ * from a URL's decoded bytes).
+ */
+static size_t
+ngx_llmgw_label_text(u_char *dst, u_char *src, size_t len)
+{
+    u_char    *p, *end, *d, *start;
+    uint32_t   cp;
+
+    p = src;
+    end = src + len;
+    d = dst;
+
+    while (p < end) {
+        start = p;
+
+        if (*p < 0x80) {
+            p++;
+            cp = *start;
+
+        } else {
+            cp = ngx_utf8_decode(&p, end - p);
+
+            if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+                if ((size_t) (d - dst) + 1 > NGX_LLMGW_LABEL_MAX) {
+                    break;
+                }
+                *d++ = '?';
+                p = start + 1;
+                continue;
+            }
+        }
+
+        if ((size_t) (d - dst) + (p - start) > NGX_LLMGW_LABEL_MAX) {
+            break;
+        }
+
+        d = ngx_cpymem(d, start, p - start);
+    }
+
+    return d - dst;
+}
+
+
 void
 ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
     ngx_uint_t            i, ep;
     ngx_str_t             model;
+    u_char                label[NGX_LLMGW_LABEL_MAX];
     ngx_msec_t            ms;
     ngx_llmgw_shm_ctx_t  *shm;
     ngx_llmgw_series_t   *s;
@@ -145,8 +193,8 @@ ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         ep = 0;
     }
 
-    model = ctx->model;
-    model.len = ngx_min(model.len, NGX_LLMGW_LABEL_MAX);
+    model.data = label;
+    model.len = ngx_llmgw_label_text(label, ctx->model.data, ctx->model.len);
 
     ngx_shmtx_lock(&shm->shpool->mutex);
     s = ngx_llmgw_series(shm, ep, &model, r->headers_out.status);
@@ -244,10 +292,14 @@ ngx_llmgw_metrics_handler(ngx_http_request_t *r)
         return NGX_HTTP_SERVICE_UNAVAILABLE;
     }
 
+    /* sized under the mutex: series added meanwhile would not fit */
+    ngx_shmtx_lock(&shm->shpool->mutex);
+
     size = 4096 + shm->sh->m_count * (2 * NGX_LLMGW_LABEL_MAX + 128);
 
     b = ngx_create_temp_buf(r->pool, size);
     if (b == NULL) {
+        ngx_shmtx_unlock(&shm->shpool->mutex);
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
@@ -257,7 +309,6 @@ ngx_llmgw_metrics_handler(ngx_http_request_t *r)
         sizeof("# HELP llmgw_requests_total Requests by endpoint, model and "
                "status.\n# TYPE llmgw_requests_total counter\n") - 1);
 
-    ngx_shmtx_lock(&shm->shpool->mutex);
     ngx_llmgw_series_walk(shm->sh->m_tree.root, shm->sh->m_tree.sentinel, b);
     ngx_shmtx_unlock(&shm->shpool->mutex);
 

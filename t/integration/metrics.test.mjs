@@ -105,6 +105,30 @@ describe('metrics', { timeout: 180000 }, () => {
         }, { ms: 2000 });
     });
 
+    test('a model name that is not UTF-8, or too long, still makes valid labels', async () => {
+        /* a Gemini model comes from the URL, decoded: %FF is a raw byte */
+        const bad = `${uniq('bad')}%FFx`;
+        const r = await httpRequest(`${gw.url}/v1beta/models/${bad}:generateContent`, {
+            method: 'POST', headers: { 'x-goog-api-key': key, 'Content-Type': 'application/json' },
+            body: JSON.stringify({ contents: [] }),
+        });
+        assert.equal(r.status, 503, r.text);
+        /* 200 two-byte characters: cut between characters, at 128 bytes */
+        const long = `${uniq('l')}${'é'.repeat(200)}`;
+        assert.equal((await gw.chat(key, long)).status, 503);
+        await eventually(async () => {
+            const raw = await httpRequest(`${gw.url}/metrics`);
+            assert.ok(!raw.text.includes('\uFFFD'), 'every label is valid UTF-8');
+            const s = parseMetrics(raw.text);
+            const models = s.filter((x) => x.name === 'llmgw_requests_total')
+                .map((x) => x.labels.model);
+            assert.ok(models.includes(bad.replace('%FF', '?')), `the bad byte as '?': ${models}`);
+            const cut = models.find((m) => m.startsWith(long.slice(0, 10)));
+            assert.ok(cut && Buffer.byteLength(cut) <= 128 && Buffer.byteLength(cut) >= 127,
+                `cut at 128 bytes between characters: ${cut}`);
+        }, { ms: 2000 });
+    });
+
     test('an upstream 400 is counted under status 400', async () => {
         ok.handler = (req, res) => openaiError(res, 400, 'nope');
         const r = await gw.chat(key, BAD);
