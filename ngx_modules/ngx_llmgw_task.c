@@ -935,34 +935,54 @@ ngx_llmgw_poll_channel(int64_t channel_id)
 }
 
 
-/* Starts waiting jobs whose channel has room. */
+/*
+ * Starts waiting jobs whose channel has room.  A job can end inside its
+ * first step (the database queue full, the plugin runtime busy), and its
+ * end asks for more starts: that request is noted and served by another
+ * scan here, never by a second scan running inside this one's walk.
+ */
 static void
 ngx_llmgw_poll_start_more(void)
 {
     ngx_queue_t            *q, *next;
     ngx_llmgw_runner_t     *rn;
     ngx_llmgw_poll_busy_t  *b;
+    static ngx_uint_t       starting, again;
 
-    for (q = ngx_queue_head(&ngx_llmgw_poll_waiting);
-         q != ngx_queue_sentinel(&ngx_llmgw_poll_waiting);
-         q = next)
-    {
-        next = ngx_queue_next(q);
-        rn = ngx_queue_data(q, ngx_llmgw_runner_t, queue);
+    if (starting) {
+        again = 1;
+        return;
+    }
 
-        b = ngx_llmgw_poll_channel(rn->channel_id);
-        if (b->running >= ngx_llmgw_task_mcf->task_poll_concurrency) {
-            continue;
+    starting = 1;
+
+    do {
+        again = 0;
+
+        for (q = ngx_queue_head(&ngx_llmgw_poll_waiting);
+             q != ngx_queue_sentinel(&ngx_llmgw_poll_waiting);
+             q = next)
+        {
+            next = ngx_queue_next(q);
+            rn = ngx_queue_data(q, ngx_llmgw_runner_t, queue);
+
+            b = ngx_llmgw_poll_channel(rn->channel_id);
+            if (b->running >= ngx_llmgw_task_mcf->task_poll_concurrency) {
+                continue;
+            }
+
+            b->running++;
+            rn->busy = b;
+            ngx_queue_remove(q);
+            ngx_queue_insert_tail(&ngx_llmgw_poll_active, q);
+            ngx_llmgw_poll_running++;
+
+            ngx_llmgw_task_drive(rn);
         }
 
-        b->running++;
-        rn->busy = b;
-        ngx_queue_remove(q);
-        ngx_queue_insert_tail(&ngx_llmgw_poll_active, q);
-        ngx_llmgw_poll_running++;
+    } while (again);
 
-        ngx_llmgw_task_drive(rn);
-    }
+    starting = 0;
 }
 
 

@@ -58,7 +58,12 @@ function startTlsVendor(cert) {
 }
 
 describe('task requests over TLS', () => {
-    let dir, cert, vendor, db, trusted, untrusted, noverify;
+    let dir, cert, vendor, trusted, untrusted, noverify;
+    /*
+     * A database each: nodes sharing one poll each other's tasks, and these
+     * three are configured to disagree about the same vendor.
+     */
+    const dbs = [];
     const poll = 'llmgw_task_poll_interval 200ms;';
 
     before(async () => {
@@ -66,18 +71,20 @@ describe('task requests over TLS', () => {
         fs.chmodSync(dir, 0o755);
         cert = makeCert(dir);
         vendor = await startTlsVendor(cert);
-        db = await createDb();
-        trusted = await startGateway({ db, v8host: true,
+        for (let i = 0; i < 3; i++) {
+            dbs.push(await createDb());
+        }
+        trusted = await startGateway({ db: dbs[0], v8host: true,
             http: `${poll}\n  llmgw_task_ssl_trusted_certificate ${cert.crt};` });
-        untrusted = await startGateway({ db, v8host: true, http: poll });
-        noverify = await startGateway({ db, v8host: true,
+        untrusted = await startGateway({ db: dbs[1], v8host: true, http: poll });
+        noverify = await startGateway({ db: dbs[2], v8host: true,
             http: `${poll}\n  llmgw_task_ssl_verify off;` });
     });
 
     after(async () => {
         await stopAll(trusted, untrusted, noverify);
         await vendor?.close();
-        if (db) {
+        for (const db of dbs) {
             await dropDb(db);
         }
         fs.rmSync(dir, { recursive: true, force: true });
