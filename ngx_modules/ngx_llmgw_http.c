@@ -2411,6 +2411,19 @@ ngx_llmgw_http_idle_put(ngx_llmgw_http_t *h)
         return 0;
     }
 
+#if (NGX_SSL)
+    /*
+     * A vendor's close_notify read with the last bytes, or bytes OpenSSL
+     * still holds, do not show on the socket: such a connection is done.
+     */
+    if (c->ssl
+        && (SSL_pending(c->ssl->connection) > 0
+            || (SSL_get_shutdown(c->ssl->connection) & SSL_RECEIVED_SHUTDOWN)))
+    {
+        return 0;
+    }
+#endif
+
     if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
         return 0;
     }
