@@ -260,10 +260,15 @@ ngx_llmgw_billing_reap_locked(ngx_llmgw_shm_ctx_t *shm)
     for (i = 0; i < NGX_LLMGW_MAX_PROCS; i++) {
         p = &shm->sh->procs[i];
 
+        /*
+         * A slot with this process's pid that is not its own belonged to
+         * a process that died before this one was given the same pid.
+         */
         if (p->pid == 0
-            || (p->pid > 0 && (p->pid == ngx_pid
-                               || kill(p->pid, 0) == 0
-                               || ngx_errno != NGX_ESRCH)))
+            || (p->pid > 0 && ((p->pid == ngx_pid && p == ngx_llmgw_me)
+                               || (p->pid != ngx_pid
+                                   && (kill(p->pid, 0) == 0
+                                       || ngx_errno != NGX_ESRCH)))))
         {
             continue;
         }
