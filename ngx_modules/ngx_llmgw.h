@@ -268,6 +268,7 @@ char *ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
 /* ngx_llmgw_ratelimit.c */
 ngx_int_t ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data);
 ngx_llmgw_shm_ctx_t *ngx_llmgw_shm(void);
+void ngx_llmgw_shm_attach(ngx_shm_zone_t *zone);
 /* NGX_OK, or NGX_DECLINED with retry-after seconds in *retry. */
 ngx_int_t ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *ctx,
     const llmgw_rate_limit_t *rl, int64_t user_id, int *which,

@@ -525,6 +525,13 @@ ngx_llmgw_ctx_cleanup(void *data)
 
     ngx_llmgw_admit_cancel(ctx);
 
+    /*
+     * A request that ends without its log phase (an internal redirect to
+     * an error_page clears the module contexts) still gives its
+     * reservation back.
+     */
+    ngx_llmgw_billing_release(ctx);
+
     llmgw_token_free(ctx->token);
     llmgw_req_free(ctx->req);
     llmgw_resp_free(ctx->resp);
@@ -1145,6 +1152,8 @@ ngx_llmgw_init_process(ngx_cycle_t *cycle)
     if (mcf == NULL || mcf->database.len == 0) {
         return NGX_OK;
     }
+
+    ngx_llmgw_shm_attach(mcf->shm_zone);
 
     if (ngx_llmgw_billing_init_process(cycle) != NGX_OK) {
         return NGX_ERROR;

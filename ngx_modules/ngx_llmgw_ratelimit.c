@@ -127,6 +127,27 @@ ngx_llmgw_shm(void)
 }
 
 
+/*
+ * A worker takes the zone of its own cycle: a reload that failed after
+ * its zones were made left the context pointing at a zone it freed.
+ */
+void
+ngx_llmgw_shm_attach(ngx_shm_zone_t *zone)
+{
+    ngx_slab_pool_t  *shpool;
+
+    if (zone == NULL || zone->shm.addr == NULL) {
+        return;
+    }
+
+    shpool = (ngx_slab_pool_t *) zone->shm.addr;
+
+    ngx_llmgw_shm_ctx_storage.shpool = shpool;
+    ngx_llmgw_shm_ctx_storage.sh = shpool->data;
+    ngx_llmgw_shm_ctx = &ngx_llmgw_shm_ctx_storage;
+}
+
+
 static uint64_t
 ngx_llmgw_rl_key(int64_t user_id, const llmgw_rate_limit_t *rl)
 {
@@ -206,23 +227,19 @@ ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
 }
 
 
-ngx_int_t
-ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
-    int64_t user_id, int *which, ngx_uint_t *retry)
+/*
+ * The limiter of a user and limit, made when missing, moved to the head of
+ * the LRU and marked used now (expiry keeps a node a window past its last
+ * use, so the successes it records are still counted).  NULL when the zone
+ * has no room.  Under the mutex.
+ */
+static ngx_llmgw_rl_node_t *
+ngx_llmgw_rl_node(ngx_llmgw_shm_ctx_t *ctx, uint64_t key, int64_t user_id,
+    const llmgw_rate_limit_t *rl)
 {
-    size_t                 size;
-    int64_t                after;
-    uint64_t               key;
-    ngx_rbtree_node_t     *node;
-    ngx_llmgw_shm_ctx_t   *ctx;
-    ngx_llmgw_rl_node_t   *n;
-
-    ctx = ngx_llmgw_shm_ctx;
-    key = ngx_llmgw_rl_key(user_id, rl);
-
-    ngx_shmtx_lock(&ctx->shpool->mutex);
-
-    ngx_llmgw_rl_expire(ctx, 0);
+    size_t                size;
+    ngx_rbtree_node_t    *node;
+    ngx_llmgw_rl_node_t  *n;
 
     n = ngx_llmgw_rl_lookup(ctx->sh, key, user_id, rl);
 
@@ -239,11 +256,7 @@ ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
         }
 
         if (node == NULL) {
-            ngx_shmtx_unlock(&ctx->shpool->mutex);
-            ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
-                          "llmgw: the shared zone is full; raise "
-                          "llmgw_zone_size (the request was admitted)");
-            return NGX_OK;
+            return NULL;
         }
 
         node->key = key;
@@ -262,6 +275,36 @@ ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
 
     ngx_queue_insert_head(&ctx->sh->rl_lru, &n->queue);
     n->last = ngx_current_msec;
+
+    return n;
+}
+
+
+ngx_int_t
+ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
+    int64_t user_id, int *which, ngx_uint_t *retry)
+{
+    int64_t                after;
+    uint64_t               key;
+    ngx_llmgw_shm_ctx_t   *ctx;
+    ngx_llmgw_rl_node_t   *n;
+
+    ctx = ngx_llmgw_shm_ctx;
+    key = ngx_llmgw_rl_key(user_id, rl);
+
+    ngx_shmtx_lock(&ctx->shpool->mutex);
+
+    ngx_llmgw_rl_expire(ctx, 0);
+
+    n = ngx_llmgw_rl_node(ctx, key, user_id, rl);
+
+    if (n == NULL) {
+        ngx_shmtx_unlock(&ctx->shpool->mutex);
+        ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, 0,
+                      "llmgw: the shared zone is full; raise "
+                      "llmgw_zone_size (the request was admitted)");
+        return NGX_OK;
+    }
 
     *which = llmgw_rl_acquire(n->data, (int64_t) ngx_current_msec,
                               rl->window_ms, &after);
@@ -298,8 +341,8 @@ ngx_llmgw_rl_success(ngx_llmgw_ctx_t *rctx)
 
     ngx_shmtx_lock(&ctx->shpool->mutex);
 
-    /* the node may have been freed since: look it up again */
-    n = ngx_llmgw_rl_lookup(ctx->sh, rctx->rl_key, rctx->user_id, &rctx->rl);
+    /* the node may have been freed since: found, or made again */
+    n = ngx_llmgw_rl_node(ctx, rctx->rl_key, rctx->user_id, &rctx->rl);
 
     if (n != NULL && n->success > 0) {
         llmgw_rl_success(n->data, (int64_t) ngx_current_msec);

@@ -209,9 +209,15 @@ parse_rate_limit(const json_t *j)
         return rl;
     }
 
+    /* as the admin API bounds them, whatever else wrote the option */
+    auto count = [&](const char *name) {
+        int64_t v = json_int(j, name, 0);
+        return static_cast<uint32_t>(v < 0 ? 0 : std::min<int64_t>(v, 100000));
+    };
+
     rl.window_ms = json_int(j, "duration_minutes", 0) * 60000;
-    rl.total = static_cast<uint32_t>(json_int(j, "total", 0));
-    rl.success = static_cast<uint32_t>(json_int(j, "success", 0));
+    rl.total = count("total");
+    rl.success = count("success");
 
     if (rl.window_ms <= 0 || (rl.total == 0 && rl.success == 0)) {
         rl = llmgw_rate_limit_t {};
