@@ -116,6 +116,21 @@ utf8_seq(const unsigned char *p, size_t avail)
     return n;
 }
 
+size_t
+append_utf8_char(std::string &out, const unsigned char *p, size_t avail)
+{
+    size_t n = utf8_seq(p, avail);
+
+    if (n == 0) {
+        out += "\xef\xbf\xbd";
+        return 1;
+    }
+
+    out.append(reinterpret_cast<const char *>(p), n);
+    return n;
+}
+
+
 void
 append_json_string(std::string &out, std::string_view s)
 {
@@ -146,14 +161,7 @@ append_json_string(std::string &out, std::string_view s)
             out.push_back(static_cast<char>(c));
             i++;
         } else {
-            size_t n = utf8_seq(p + i, len - i);
-            if (n == 0) {
-                out += "\xef\xbf\xbd";
-                i++;
-            } else {
-                out.append(s.data() + i, n);
-                i += n;
-            }
+            i += append_utf8_char(out, p + i, len - i);
         }
     }
 

@@ -19,18 +19,6 @@ using llmgw::json_str;
 /* Raw upstream text is cut here so a huge HTML error page stays readable. */
 constexpr size_t kRawMessageMax = 512;
 
-constexpr uint32_t kReplacementChar = 0xfffd;
-
-
-void
-append_replacement(std::string *out)
-{
-    out->push_back(static_cast<char>(0xe0 | (kReplacementChar >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((kReplacementChar >> 6) & 0x3f)));
-    out->push_back(static_cast<char>(0x80 | (kReplacementChar & 0x3f)));
-}
-
-
 /*
  * jansson refuses strings that are not UTF-8; upstream bodies and request
  * ids are not guaranteed to be, and an error must never fail to render.
@@ -45,16 +33,7 @@ valid_utf8(std::string_view s)
     out.reserve(s.size());
 
     while (i < s.size()) {
-        size_t n = llmgw::utf8_seq(p + i, s.size() - i);
-
-        if (n == 0) {
-            append_replacement(&out);
-            i++;
-            continue;
-        }
-
-        out.append(s.data() + i, n);
-        i += n;
+        i += llmgw::append_utf8_char(out, p + i, s.size() - i);
     }
 
     return out;

@@ -59,6 +59,13 @@ double json_num(const json_t *obj, const char *key, double dflt);
 /* Length of the valid UTF-8 sequence at p (1..4), or 0 when invalid. */
 size_t utf8_seq(const unsigned char *p, size_t avail);
 
+/*
+ * Appends the UTF-8 sequence at p, or U+FFFD when it is invalid; returns
+ * the bytes of p consumed (at least 1).
+ */
+size_t append_utf8_char(std::string &out, const unsigned char *p,
+    size_t avail);
+
 /* Appends s as a JSON string literal; invalid UTF-8 becomes U+FFFD. */
 void append_json_string(std::string &out, std::string_view s);
 

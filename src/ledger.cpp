@@ -107,15 +107,7 @@ text(std::string &out, std::string_view s)
         unsigned char c = p[i];
 
         if (c >= 0x80) {
-            size_t n = utf8_seq(p + i, s.size() - i);
-
-            if (n == 0) {
-                out += "\xef\xbf\xbd";
-                i++;
-            } else {
-                out.append(s.data() + i, n);
-                i += n;
-            }
+            i += append_utf8_char(out, p + i, s.size() - i);
             continue;
         }
 
