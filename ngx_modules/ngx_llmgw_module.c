@@ -31,6 +31,7 @@ static void ngx_llmgw_ctx_cleanup(void *data);
 
 
 static char *ngx_llmgw_check_bounds(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data);
 
 
 static ngx_conf_num_bounds_t  ngx_llmgw_tries_bounds = {
@@ -43,6 +44,16 @@ static ngx_conf_num_bounds_t  ngx_llmgw_pool_bounds = {
 
 static ngx_conf_num_bounds_t  ngx_llmgw_task_bounds = {
     ngx_llmgw_check_bounds, 1, 100000
+};
+
+static ngx_conf_num_bounds_t  ngx_llmgw_backlog_bounds = {
+    ngx_llmgw_check_bounds, 1, 100000000
+};
+
+/* Durations that drive a timer or a deadline: 0 would spin or expire at
+ * once. */
+static ngx_conf_post_t  ngx_llmgw_interval_bounds = {
+    ngx_llmgw_check_interval
 };
 
 
@@ -67,21 +78,21 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, pg_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_flush_interval"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, flush_interval),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_ledger_backlog"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_num_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, ledger_backlog),
-      NULL },
+      &ngx_llmgw_backlog_bounds },
 
     { ngx_string("llmgw_ledger_wait"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -95,7 +106,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, refresh_interval),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_key_cache_size"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -151,7 +162,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, v8host_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_v8host_max_inflight"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -172,7 +183,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_poll_interval),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_task_poll_batch"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -207,28 +218,28 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_task_lease"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_lease),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_task_http_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_http_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_task_sse_idle_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_sse_idle_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_task_max_response"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -1091,6 +1102,20 @@ ngx_llmgw_check_bounds(ngx_conf_t *cf, void *post, void *data)
     *last = '\0';
 
     return (char *) p;
+}
+
+
+/* A duration between 1ms and a year (a longer timer would not fit). */
+static char *
+ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_msec_t  *mp = data;
+
+    if (*mp >= 1 && *mp <= (ngx_msec_t) 366 * 24 * 3600 * 1000) {
+        return NGX_CONF_OK;
+    }
+
+    return "must be between 1ms and 366d";
 }
 
 

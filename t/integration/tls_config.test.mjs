@@ -124,6 +124,11 @@ describe('nginx -t names the directive of a bad value', () => {
         ['llmgw_v8host 127.0.0.1:9;', /llmgw_v8host/],
         ['llmgw_database "";', /llmgw_database/],
         ['llmgw_ssl_verify maybe;', /llmgw_ssl_verify/],
+        ['llmgw_flush_interval 0;', /"llmgw_flush_interval" directive must be between 1ms/],
+        ['llmgw_refresh_interval 0;', /llmgw_refresh_interval/],
+        ['llmgw_task_poll_interval 0;', /llmgw_task_poll_interval/],
+        ['llmgw_pg_timeout 0;', /llmgw_pg_timeout/],
+        ['llmgw_ledger_backlog 0;', /llmgw_ledger_backlog/],
     ];
 
     for (const [line, re] of cases) {
