@@ -973,7 +973,20 @@ ngx_llmgw_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_llmgw_loc_conf_t *prev = parent;
     ngx_llmgw_loc_conf_t *conf = child;
 
+    ngx_http_core_loc_conf_t  *clcf;
+
     ngx_conf_merge_uint_value(conf->role, prev->role, NGX_LLMGW_ROLE_NONE);
+
+    if (conf->role != NGX_LLMGW_ROLE_NONE) {
+        /*
+         * Every answer of an llmgw location keeps the JSON error contract
+         * (and its request keeps its ledger row): an error_page, inherited
+         * or not, would send the client to another location instead.
+         * nginx merges its core module first, so this is the final value.
+         */
+        clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+        clcf->error_pages = NULL;
+    }
     ngx_conf_merge_uint_value(conf->max_tries, prev->max_tries, 3);
     ngx_conf_merge_uint_value(conf->reserve_tokens, prev->reserve_tokens,
                               1024);

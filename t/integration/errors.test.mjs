@@ -1,12 +1,14 @@
 // The error contract for the gateway's own refusals: bad bodies, bad URLs,
-// oversized bodies, unknown models, dead and slow upstreams.
+// oversized bodies, unknown models, dead and slow upstreams.  The server has
+// an error_page for every status used here: it must not replace the
+// contract on llmgw locations, and does elsewhere.
 
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, settle,
-    startGateway, stopAll, uniq,
+    startGateway, stopAll, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import { hang, startClosedPort, startMock } from '../lib/mock.mjs';
 
@@ -24,7 +26,12 @@ describe('error contract', { timeout: 180000 }, () => {
         mock = await startMock();
         slow = await startMock(hang);
         const closed = await startClosedPort();
-        gw = await startGateway({ db, http: 'llmgw_read_timeout 1s;' });
+        gw = await startGateway({
+            db, http: 'llmgw_read_timeout 1s;',
+            server: 'error_page 400 403 404 413 500 502 503 504 /oops;\n' +
+                '    location = /oops { default_type text/plain; return 200 "operator page\\n"; }\n' +
+                '    location = /plain502 { return 502; }',
+        });
         let r = await gw.admin('PUT', '/api/group', { default: 1, other: 1 });
         assert.equal(r.status, 200, r.text);
         await makeChannel(gw, { base_url: mock.url, models: [M] });
@@ -139,6 +146,15 @@ describe('error contract', { timeout: 180000 }, () => {
     test('502 do_request_failed when the upstream refuses connections', async () => {
         const r = await gw.chat(key, DOWN);
         assertError(r, 502, { code: 'do_request_failed' });
+        const id = r.headers['x-request-id'];
+        await waitLogs(gw, { model: DOWN },
+            (items) => items.some((i) => i.request_id === id && i.type === 'error'));
+    });
+
+    test('the server\'s error_page still serves locations without llmgw', async () => {
+        const r = await gw.req('GET', '/plain502');
+        assert.equal(r.status, 502);
+        assert.equal(r.text, 'operator page\n');
     });
 
     test('504 when the upstream does not answer within llmgw_read_timeout', async () => {
