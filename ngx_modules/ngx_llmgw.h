@@ -269,6 +269,15 @@ char *ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
 ngx_int_t ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data);
 ngx_llmgw_shm_ctx_t *ngx_llmgw_shm(void);
 void ngx_llmgw_shm_attach(ngx_shm_zone_t *zone);
+/*
+ * The node of a zone tree whose key is key and for which match() says yes.
+ * Nodes with one key may sit on both sides of each other once the tree
+ * rotates, so all of them are searched, not only a right-hand chain.
+ */
+ngx_rbtree_node_t *ngx_llmgw_rbtree_find(ngx_rbtree_t *tree,
+    ngx_rbtree_key_t key,
+    ngx_int_t (*match)(ngx_rbtree_node_t *node, const void *data),
+    const void *data);
 /* NGX_OK, or NGX_DECLINED with retry-after seconds in *retry. */
 ngx_int_t ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *ctx,
     const llmgw_rate_limit_t *rl, int64_t user_id, int *which,

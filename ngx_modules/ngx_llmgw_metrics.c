@@ -68,35 +68,47 @@ ngx_llmgw_metrics_ledger_wait(ngx_uint_t refused)
 }
 
 
+typedef struct {
+    ngx_uint_t                 ep;
+    ngx_uint_t                 status;
+    ngx_str_t                 *model;
+} ngx_llmgw_series_want_t;
+
+
+static ngx_int_t
+ngx_llmgw_series_match(ngx_rbtree_node_t *node, const void *data)
+{
+    const ngx_llmgw_series_want_t  *w = data;
+    ngx_llmgw_series_t             *s;
+
+    s = (ngx_llmgw_series_t *) &node->color;
+
+    return s->endpoint == w->ep && s->status == w->status
+           && s->len == w->model->len
+           && ngx_memcmp(s->model, w->model->data, w->model->len) == 0;
+}
+
+
 static ngx_llmgw_series_t *
 ngx_llmgw_series(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t ep, ngx_str_t *model,
     ngx_uint_t status)
 {
-    uint32_t             hash;
-    ngx_rbtree_node_t   *node, *sentinel;
-    ngx_llmgw_series_t  *s;
+    uint32_t                  hash;
+    ngx_rbtree_node_t        *node;
+    ngx_llmgw_series_t       *s;
+    ngx_llmgw_series_want_t   want;
 
     hash = ngx_crc32_short(model->data, model->len) ^ (uint32_t) (ep << 24)
            ^ (uint32_t) status;
 
-    node = ctx->sh->m_tree.root;
-    sentinel = ctx->sh->m_tree.sentinel;
+    want.ep = ep;
+    want.status = status;
+    want.model = model;
 
-    while (node != sentinel) {
-        if (hash != node->key) {
-            node = (hash < node->key) ? node->left : node->right;
-            continue;
-        }
-
-        s = (ngx_llmgw_series_t *) &node->color;
-
-        if (s->endpoint == ep && s->status == status && s->len == model->len
-            && ngx_memcmp(s->model, model->data, model->len) == 0)
-        {
-            return s;
-        }
-
-        node = node->right;
+    node = ngx_llmgw_rbtree_find(&ctx->sh->m_tree, hash,
+                                 ngx_llmgw_series_match, &want);
+    if (node) {
+        return (ngx_llmgw_series_t *) &node->color;
     }
 
     if (ctx->sh->m_count >= NGX_LLMGW_METRICS_MAX_SERIES) {

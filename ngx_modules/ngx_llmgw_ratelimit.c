@@ -161,15 +161,49 @@ ngx_llmgw_rl_key(int64_t user_id, const llmgw_rate_limit_t *rl)
 }
 
 
+typedef struct {
+    int64_t                    user_id;
+    const llmgw_rate_limit_t  *rl;
+} ngx_llmgw_rl_want_t;
+
+
+static ngx_int_t
+ngx_llmgw_rl_match(ngx_rbtree_node_t *node, const void *data)
+{
+    const ngx_llmgw_rl_want_t  *w = data;
+    ngx_llmgw_rl_node_t        *n;
+
+    n = (ngx_llmgw_rl_node_t *) &node->color;
+
+    return n->user_id == w->user_id && n->window_ms == w->rl->window_ms
+           && n->total == w->rl->total && n->success == w->rl->success;
+}
+
+
 static ngx_llmgw_rl_node_t *
 ngx_llmgw_rl_lookup(ngx_llmgw_shm_t *sh, uint64_t key, int64_t user_id,
     const llmgw_rate_limit_t *rl)
 {
-    ngx_rbtree_node_t    *node, *sentinel;
-    ngx_llmgw_rl_node_t  *n;
+    ngx_rbtree_node_t    *node;
+    ngx_llmgw_rl_want_t   want;
 
-    node = sh->rl_tree.root;
-    sentinel = sh->rl_tree.sentinel;
+    want.user_id = user_id;
+    want.rl = rl;
+
+    node = ngx_llmgw_rbtree_find(&sh->rl_tree, (ngx_rbtree_key_t) key,
+                                 ngx_llmgw_rl_match, &want);
+
+    return node ? (ngx_llmgw_rl_node_t *) &node->color : NULL;
+}
+
+
+static ngx_rbtree_node_t *
+ngx_llmgw_rbtree_find_in(ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel,
+    ngx_rbtree_key_t key,
+    ngx_int_t (*match)(ngx_rbtree_node_t *node, const void *data),
+    const void *data)
+{
+    ngx_rbtree_node_t  *found;
 
     while (node != sentinel) {
         if (key != node->key) {
@@ -177,18 +211,31 @@ ngx_llmgw_rl_lookup(ngx_llmgw_shm_t *sh, uint64_t key, int64_t user_id,
             continue;
         }
 
-        n = (ngx_llmgw_rl_node_t *) &node->color;
+        if (match(node, data)) {
+            return node;
+        }
 
-        if (n->user_id == user_id && n->window_ms == rl->window_ms
-            && n->total == rl->total && n->success == rl->success)
-        {
-            return n;
+        /* equal keys: both sides (the depth is bounded by the tree's) */
+        found = ngx_llmgw_rbtree_find_in(node->left, sentinel, key, match,
+                                         data);
+        if (found) {
+            return found;
         }
 
         node = node->right;
     }
 
     return NULL;
+}
+
+
+ngx_rbtree_node_t *
+ngx_llmgw_rbtree_find(ngx_rbtree_t *tree, ngx_rbtree_key_t key,
+    ngx_int_t (*match)(ngx_rbtree_node_t *node, const void *data),
+    const void *data)
+{
+    return ngx_llmgw_rbtree_find_in(tree->root, tree->sentinel, key, match,
+                                    data);
 }
 
 

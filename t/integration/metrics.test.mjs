@@ -129,6 +129,30 @@ describe('metrics', { timeout: 180000 }, () => {
         }, { ms: 2000 });
     });
 
+    test('model names whose CRC-32 collide keep one series each', async () => {
+        /* pairs with equal CRC-32 (the series tree's key), among others */
+        const pairs = [['crc-8facb8', 'crc-1699080'], ['crc-8facb9', 'crc-1699081'],
+            ['crc-8facb0', 'crc-1699088'], ['crc-8facb1', 'crc-1699089']];
+        const ROUNDS = 3;
+        for (let round = 0; round < ROUNDS; round++) {
+            for (const [a, b] of pairs) {
+                assert.equal((await gw.chat(key, a)).status, 503);
+                for (let i = 0; i < (round === 0 ? 12 : 0); i++) {
+                    assert.equal((await gw.chat(key, uniq('crc-fill'))).status, 503);
+                }
+                assert.equal((await gw.chat(key, b)).status, 503);
+            }
+        }
+        await eventually(async () => {
+            const s = (await scrape()).filter((x) => x.name === 'llmgw_requests_total');
+            for (const name of pairs.flat()) {
+                const lines = s.filter((x) => x.labels.model === name);
+                assert.equal(lines.length, 1, `one series for ${name}: ${JSON.stringify(lines)}`);
+                assert.equal(lines[0].value, ROUNDS, name);
+            }
+        }, { ms: 2000 });
+    });
+
     test('an upstream 400 is counted under status 400', async () => {
         ok.handler = (req, res) => openaiError(res, 400, 'nope');
         const r = await gw.chat(key, BAD);
