@@ -39,6 +39,27 @@ json_dump(const json_t *j)
     return out;
 }
 
+std::string
+json_dump_pg(const json_t *j)
+{
+    std::string out = json_dump(j);
+
+    /* backslashes appear only inside strings, each starting an escape */
+    for (size_t i = 0; i + 1 < out.size(); i++) {
+        if (out[i] != '\\') {
+            continue;
+        }
+
+        if (out.compare(i + 1, 5, "u0000") == 0) {
+            out.replace(i + 2, 4, "fffd");
+        }
+
+        i++;
+    }
+
+    return out;
+}
+
 std::string_view
 json_str(const json_t *obj, const char *key)
 {

@@ -48,6 +48,12 @@ llmgw_buf_t make_buf(std::string_view s);
 /* Compact JSON text of a value. */
 std::string json_dump(const json_t *j);
 
+/*
+ * The same, for a jsonb parameter: PostgreSQL refuses the escape \u0000
+ * (text cannot hold NUL), so a NUL in a string becomes U+FFFD.
+ */
+std::string json_dump_pg(const json_t *j);
+
 /* A string member or "" (never NULL). */
 std::string_view json_str(const json_t *obj, const char *key);
 

@@ -416,6 +416,11 @@ struct llmgw_tjob_s {
     Json                     results;           /* per task, by index */
     Json                     updates;
     size_t                   usage_at = 0;      /* next SUCCESS to price */
+    /* a batch save that failed is saved task by task; an update the
+     * database refuses becomes a counted poll failure */
+    size_t                   save_at = 0;
+    bool                     save_single = false;
+    bool                     save_refused = false;
     std::string              poll_reason;
 
     HookReply                hook;
@@ -711,6 +716,8 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *poll_parsed();
     const llmgw_tstep_t *poll_usage();
     const llmgw_tstep_t *poll_save();
+    const llmgw_tstep_t *poll_save_one();
+    const llmgw_tstep_t *poll_saved();
     json_t *query_ctx(const TaskRow &t);
     void poll_failure(size_t i, const std::string &reason);
     void poll_result(size_t i, const json_t *result, bool parse_2xx);
@@ -866,7 +873,7 @@ llmgw_tjob_s::start_request()
         Json ids(json_array());
         json_array_append_new(ids.get(), jstr(query_id));
         param[0] = std::to_string(llmgw_token_user_id(token));
-        param[1] = json_dump(ids.get());
+        param[1] = json_dump_pg(ids.get());
         return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
                    LOOKED_UP_QUERY, 2, 0);
     }
@@ -946,7 +953,7 @@ llmgw_tjob_s::start_request()
         Json ids(json_array());
         json_array_append_new(ids.get(), jstr(query_id));
         param[0] = std::to_string(llmgw_token_user_id(token));
-        param[1] = json_dump(ids.get());
+        param[1] = json_dump_pg(ids.get());
         return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
                    LOOKED_UP_QUERY, 2, 0);
     }
@@ -979,7 +986,7 @@ llmgw_tjob_s::after_intent()
         }
         query_id = "";
         param[0] = std::to_string(llmgw_token_user_id(token));
-        param[1] = json_dump(ids);
+        param[1] = json_dump_pg(ids);
         multi_query = true;
         return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
                    LOOKED_UP_QUERY, 2, 0);
@@ -1048,7 +1055,7 @@ llmgw_tjob_s::after_intent()
 
         if (json_array_size(ids) > 0) {
             param[0] = std::to_string(llmgw_token_user_id(token));
-            param[1] = json_dump(ids);
+            param[1] = json_dump_pg(ids);
             origin_ids = Json(json_incref(ids));
             return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
                        ORIGINS, 2, 0);
@@ -1426,7 +1433,7 @@ llmgw_tjob_s::create_task()
                     "the task data is larger than the host keeps");
     }
 
-    param[0] = json_dump(t.get());
+    param[0] = json_dump_pg(t.get());
     return sql("select llmgw_task_create($1::jsonb)", CREATED, 1, 1);
 }
 
@@ -2141,8 +2148,92 @@ const llmgw_tstep_t *
 llmgw_tjob_s::poll_save()
 {
     param[0] = owner;
-    param[1] = json_dump(updates.get());
+    param[1] = json_dump_pg(updates.get());
     return sql("select llmgw_task_update($1, $2::jsonb)", POLL_SAVED, 2, 1);
+}
+
+
+/* The update of task save_at alone (after the batch's was refused). */
+const llmgw_tstep_t *
+llmgw_tjob_s::poll_save_one()
+{
+    if (save_at >= tasks.size()) {
+        phase = FINISHED;
+        step = llmgw_tstep_t {};
+        return emit(LLMGW_TSTEP_DONE);
+    }
+
+    Json one(json_array());
+    json_array_append(one.get(), json_array_get(updates.get(), save_at));
+
+    param[0] = owner;
+    param[1] = json_dump_pg(one.get());
+    return sql("select llmgw_task_update($1, $2::jsonb)", POLL_SAVED, 2, 1);
+}
+
+
+/*
+ * The answer to a save.  A refused batch is saved task by task, so that
+ * one task's update (a value the database cannot store) holds up no other;
+ * a refused single update is replaced by one more failed poll, so that a
+ * task whose results cannot be stored ends after llmgw_task_poll_max_failures
+ * polls instead of at its deadline.  A database that refuses even that (it
+ * is down) leaves the task to the next poller once the lease ends.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::poll_saved()
+{
+    if (sql_error.empty()) {
+        if (save_single) {
+            save_at++;
+            save_refused = false;
+            return poll_save_one();
+        }
+        phase = FINISHED;
+        step = llmgw_tstep_t {};
+        return emit(LLMGW_TSTEP_DONE);
+    }
+
+    if (!save_single) {
+        if (tasks.size() > 1) {
+            poll_log.push_back("saving " + std::to_string(tasks.size())
+                               + " polled tasks together failed (" + sql_error
+                               + "); saving them one by one");
+        }
+        save_single = true;
+        save_at = 0;
+        if (tasks.size() > 1) {
+            return poll_save_one();
+        }
+    }
+
+    if (save_at >= tasks.size()) {
+        phase = FINISHED;
+        step = llmgw_tstep_t {};
+        return emit(LLMGW_TSTEP_DONE);
+    }
+
+    const TaskRow &t = tasks[save_at];
+    poll_log.push_back(t.task_id + ": the poll result could not be saved: "
+                       + sql_error);
+
+    if (save_refused) {
+        /* even the failure count was refused: the database is unwell */
+        save_at++;
+        save_refused = false;
+        return poll_save_one();
+    }
+
+    save_refused = true;
+
+    json_t *u = json_object();
+    json_object_set_new(u, "task_id", jstr(t.task_id));
+    json_object_set_new(u, "poll_failures", json_integer(t.failures));
+    json_object_set_new(u, "next_poll_ms", json_integer(conf.poll_interval_ms));
+    json_array_set_new(updates.get(), save_at, u);
+    poll_failure(save_at, "the poll result could not be saved");
+
+    return poll_save_one();
 }
 
 
@@ -2209,9 +2300,7 @@ llmgw_tjob_s::next_poll()
     }
 
     case POLL_SAVED:
-        phase = FINISHED;
-        step = llmgw_tstep_t {};
-        return emit(LLMGW_TSTEP_DONE);
+        return poll_saved();
 
     default:
         step = llmgw_tstep_t {};

@@ -313,7 +313,59 @@ describe('batch plugin', { timeout: 120000 }, () => {
         }
         await expectUsed(gw, db, env.acct, N * PER_TASK);
     });
+    test('a NUL in a poll result is stored; an update the database refuses holds up no other task of its batch', async () => {
+        const v = await startVendor();
+        const nul = uniq('up-nul');
+        const bad = uniq('up-bad');
+        const oks = [uniq('up-ok'), uniq('up-ok')];
+        /* the database refuses any update that sets this progress */
+        await psql(db.conninfo, `
+            CREATE FUNCTION poison_t() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.progress = 'poison' THEN RAISE EXCEPTION 'poisoned update'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER poison_t BEFORE UPDATE ON tasks
+                FOR EACH ROW EXECUTE FUNCTION poison_t();`);
+        try {
+            const env = await taskSetup(gw, { fixture: 'task-batch.js', vendors: [v], models: 1 });
+            v.pollAnswer = (id, n) => {
+                if (id === bad) {
+                    return running({ progress: 'poison' });
+                }
+                if (id === nul) {
+                    return running({ progress: 'a\u0000b' });
+                }
+                return n < 2 ? running() : { body: { status: 'done' } };
+            };
+            const rs = await Promise.all([nul, bad, ...oks].map((up) =>
+                submitTask(gw, env, { model: env.model, up_id: up })));
+            rs.forEach((r) => assertOk(r, 'submit'));
+            const [tNul, tBad, ...tOks] = rs.map((r) => r.json.task_id);
+            for (const id of tOks) {
+                await waitStatus(gw, env.acct.key, id, 'SUCCESS', { ms: 10000 });
+                await waitLedger(db, id, ['reserve', 'settle']);
+            }
+            /* the NUL is stored as U+FFFD */
+            await waitTask(gw, env.acct.key, tNul, (t) => t.progress === 'a\uFFFDb',
+                { what: 'the progress of the NUL task' });
+            /* the refused task: a failed poll each time, then FAILURE, refunded */
+            const vb = await waitStatus(gw, env.acct.key, tBad, 'FAILURE', { ms: 10000 });
+            assert.match(JSON.stringify(vb), /could not be saved/);
+            const led = await waitLedger(db, tBad, ['reserve', 'refund']);
+            assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+            assert.ok(v.batches().some((b) => b.json.ids.includes(bad) && b.json.ids.length > 1),
+                'the refused task was polled in a batch with others');
+            /* two settled, one still running (reserved), one refunded */
+            await expectUsed(gw, db, env.acct, 3 * PER_TASK);
+            assert.match(gw.errorLog(), /llmgw: polling: .*poisoned update/);
+        } finally {
+            await psql(db.conninfo, 'DROP TRIGGER poison_t ON tasks; DROP FUNCTION poison_t()');
+            await v.close();
+        }
+    });
 });
+
 
 describe('two nodes on one database poll 1,000 tasks', { timeout: 180000 }, () => {
     let db, a, b, vendor;
