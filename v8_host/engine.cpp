@@ -138,9 +138,14 @@ Engine::near_heap_limit(void *data, size_t current, size_t initial)
     e->memory_hit_ = true;
     e->isolate_->TerminateExecution();
 
-    /* Room to unwind the terminated call; the isolate is replaced after
-       it, so the raised limit never serves another call. */
-    return current + std::max<size_t>(initial / 2, 8u << 20);
+    /* Room to unwind the terminated call, above what is in use (one large
+       allocation can leave the heap well above the old limit); the isolate
+       is replaced after it, so the raised limit never serves another call. */
+    v8::HeapStatistics hs;
+    e->isolate_->GetHeapStatistics(&hs);
+
+    return std::max(current, hs.used_heap_size())
+           + std::max<size_t>(initial / 2, 8u << 20);
 }
 
 }  // namespace v8host

@@ -190,26 +190,39 @@ volc_values(Local<v8::Context> ctx, Local<Value> v, const std::string &name,
         return true;
     }
 
-    if (v->IsArray()) {
-        Local<v8::Array> a = v.As<v8::Array>();
-        for (uint32_t i = 0; i < a->Length(); i++) {
-            Local<Value> item;
-            if (!a->Get(ctx, i).ToLocal(&item)
-                || !volc_values(ctx, item, name, out))
-            {
-                return false;
-            }
+    auto primitive = [&](Local<Value> x) {
+        if (!x->IsString() && !x->IsNumber() && !x->IsBoolean()) {
+            throw_type_error(iso, "utils.volcSignV4: " + name
+                                  + " must be a string or an array of strings");
+            return false;
         }
+        out->push_back(stdstr(iso, x));
         return true;
+    };
+
+    if (!v->IsArray()) {
+        return primitive(v);
     }
 
-    if (!v->IsString() && !v->IsNumber() && !v->IsBoolean()) {
+    /* one level only: an array inside is refused, not walked */
+    Local<v8::Array> a = v.As<v8::Array>();
+    if (a->Length() > 1000) {
         throw_type_error(iso, "utils.volcSignV4: " + name
-                              + " must be a string or an array of strings");
+                              + " has more than 1000 values");
         return false;
     }
-
-    out->push_back(stdstr(iso, v));
+    for (uint32_t i = 0; i < a->Length(); i++) {
+        Local<Value> item;
+        if (!a->Get(ctx, i).ToLocal(&item)) {
+            return false;
+        }
+        if (item->IsUndefined() || item->IsNull()) {
+            continue;
+        }
+        if (!primitive(item)) {
+            return false;
+        }
+    }
     return true;
 }
 

@@ -534,6 +534,17 @@ Runtime::settle(bool fired, bool failed, bool terminated)
         iso->CancelTerminateExecution();
     }
 
+    /*
+     * Microtasks the entry left queued (by a hook that threw, or by a
+     * toJSON or getter run while its result was serialized) are dropped:
+     * the queue is the isolate's, and the next entry may be another
+     * plugin's.  A checkpoint entered while terminating empties the queue
+     * without running what is in it.
+     */
+    iso->TerminateExecution();
+    iso->PerformMicrotaskCheckpoint();
+    iso->CancelTerminateExecution();
+
     if (engine_->memory_exceeded()) {
         return Outcome::memory;
     }

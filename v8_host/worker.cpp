@@ -84,6 +84,7 @@ private:
     bool check_header(Conn &c);
     void serve(Conn &c);
     void flush(Conn &c);
+    static bool peer_gone(const Conn &c);
     void close_conn(Conn &c, const char *why);
 
     std::string handle(uint8_t type, std::string_view body, Outcome *o);
@@ -203,6 +204,17 @@ Worker::read_from(Conn &c)
             return;
         }
     }
+}
+
+/* Whether the client closed the connection (nothing more to read, EOF). */
+bool
+Worker::peer_gone(const Conn &c)
+{
+    char b;
+    ssize_t n = recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK
+                      && errno != EINTR);
 }
 
 void
@@ -362,6 +374,12 @@ Worker::run()
             if (!c.closed && !c.writing() && check_header(c)
                 && c.frame_ready())
             {
+                if (peer_gone(c)) {
+                    /* nginx gave up on the call (its timeout closes the
+                       connection) while it waited: nothing to run */
+                    close_conn(c, nullptr);
+                    continue;
+                }
                 serve(c);
                 flush(c);
             }

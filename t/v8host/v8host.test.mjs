@@ -577,3 +577,110 @@ test('kill -9 of a worker during a call: that call fails, the worker is restarte
         await c.close();
     }
 });
+
+// ---- isolation between calls and plugins ----
+
+/* A plugin of its own key whose buildSubmitRequest(ctx) is `body`. */
+const hookPlugin = (key, body) => `
+export const meta = { apiVersion: 1, key: '${key}', name: 'Hook', version: '1.0.0',
+  author: { name: 'tests' }, models: ['m'], fetchMode: 'per_task' };
+export function buildSubmitRequest(ctx) { ${body} }
+export function parseSubmitResponse() { return { taskId: '1' }; }
+export function parseTaskResult() { return { status: 'SUCCESS' }; }
+export function buildQueryRequest() { return { url: 'https://example.com/q' }; }
+`;
+
+/* A helper of one worker for a test of its own; stopped by the test. */
+async function soloHelper(t, opts = {}) {
+    const h = await startHelper({ workers: 1, deadlineMs: 500, heapMb: 32, ...opts });
+    t.after(() => h.stop());
+    return h;
+}
+
+test('microtasks a call leaves queued never run in the next call', async (t) => {
+    const h = await soloHelper(t);
+    const c = await h.connect();
+    const loop = 'Promise.resolve().then(() => { for (;;) {} });';
+    const victim = await c.load(hookPlugin('mt-victim', 'return { ok: 1 };'));
+    const viaJson = await c.load(hookPlugin('mt-tojson',
+        `return { toJSON() { ${loop} return 1; } };`));
+    const viaThrow = await c.load(hookPlugin('mt-throw', `${loop} throw new Error('boom');`));
+    for (const p of [victim, viaJson, viaThrow]) {
+        assert.equal(p.ok, true, JSON.stringify(p));
+    }
+
+    // queued while the result was serialized: the call itself succeeded
+    assert.deepEqual(await c.call(viaJson.sha, 'buildSubmitRequest', [{}]),
+                     { ok: true, result: 1 });
+    let t0 = Date.now();
+    assert.deepEqual(await c.call(victim.sha, 'buildSubmitRequest', [{}]),
+                     { ok: true, result: { ok: 1 } });
+    assert.ok(Date.now() - t0 < 300, 'the other plugin ran no leftover loop');
+
+    // queued by a hook that then threw
+    const r = await c.call(viaThrow.sha, 'buildSubmitRequest', [{}]);
+    assert.equal(r.error.kind, 'plugin');
+    t0 = Date.now();
+    assert.deepEqual(await c.call(victim.sha, 'buildSubmitRequest', [{}]),
+                     { ok: true, result: { ok: 1 } });
+    assert.ok(Date.now() - t0 < 300);
+    assert.equal((await c.status()).workers[0].timeouts, 0);
+    await c.close();
+});
+
+test('a builtin that ignores termination: the worker ends after deadline + 2 s and is restarted', async (t) => {
+    const h = await soloHelper(t);
+    const c = await h.connect();
+    const p = await c.load(hookPlugin('stuck-builtin',
+        'return Array.prototype.indexOf.call({ length: 2 ** 40 }, 1);'));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    const { pid } = await c.status();
+    const ready = h.readyCount();
+    const t0 = Date.now();
+    await assert.rejects(c.call(p.sha, 'buildSubmitRequest', [{}]), /connection closed/);
+    const took = Date.now() - t0;
+    assert.ok(took >= 2400 && took < 6000, `the worker ended after ${took} ms`);
+    assert.match(h.log(), /a call kept running 2000 ms after its deadline despite termination; worker exits/);
+    await waitFor('the restarted worker', () => h.readyCount() > ready);
+    const c2 = await h.connect();
+    const st = await c2.status();
+    assert.notEqual(st.workers[0].pid, pid);
+    const again = await c2.call(p.sha, 'buildQueryRequest', [{}]);
+    assert.deepEqual(again, { ok: true, result: { url: 'https://example.com/q' } });
+    await c2.close();
+});
+
+test('a call whose client hung up before it was served is not run', async (t) => {
+    const h = await soloHelper(t);
+    const [c1, c2, c3] = [await h.connect(), await h.connect(), await h.connect()];
+    const p = await c1.load(hookPlugin('hung-up', 'if (ctx.loop) for (;;) {} return 1;'));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    await c2.status();
+    await c3.status();
+    // c1 keeps the worker busy; c2's call arrives and c2 closes meanwhile
+    const busy = c1.call(p.sha, 'buildSubmitRequest', [{ loop: 1 }]);
+    c2.sock.write(frame(CALL, 7, { sha: p.sha, hook: 'buildSubmitRequest', args: [{ loop: 1 }] }));
+    c2.sock.destroy();
+    await new Promise((r) => setTimeout(r, 100));
+    assert.deepEqual(await c3.call(p.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 1 });
+    assert.equal((await busy).error.kind, 'timeout');
+    assert.equal((await c3.status()).workers[0].timeouts, 1, 'only the first loop ran');
+    await c1.close();
+    await c3.close();
+});
+
+test('volcSignV4: a value nested in an array, or more than 1000 values, is refused', async (t) => {
+    const h = await soloHelper(t);
+    const c = await h.connect();
+    const p = await c.load(hookPlugin('volc-nested', `
+        return utils.volcSignV4({ method: 'GET', accessKeyId: 'a', secretAccessKey: 'b',
+            region: 'r', service: 's', headers: { Host: 'h' }, query: { a: ctx.v } });`));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    const nested = await c.call(p.sha, 'buildSubmitRequest', [{ v: ['x', ['y']] }]);
+    assert.match(nested.error.message, /query\.a must be a string or an array of strings/);
+    const many = await c.call(p.sha, 'buildSubmitRequest', [{ v: Array(1001).fill('x') }]);
+    assert.match(many.error.message, /query\.a has more than 1000 values/);
+    const ok = await c.call(p.sha, 'buildSubmitRequest', [{ v: ['x', 'y'] }]);
+    assert.equal(ok.ok, true, JSON.stringify(ok));
+    await c.close();
+});
