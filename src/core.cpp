@@ -26,6 +26,65 @@ make_buf(std::string_view s)
     return b;
 }
 
+namespace {
+
+/* A whole number that a double holds exactly (|d| <= 2^53). */
+bool
+whole(double d)
+{
+    return d >= -9007199254740992.0 && d <= 9007199254740992.0
+           && d == static_cast<double>(static_cast<int64_t>(d));
+}
+
+/* Reals of a text read with JSON_DECODE_INT_AS_REAL back to integers. */
+void
+integers_again(json_t *j)
+{
+    const char *k;
+    json_t *v;
+    size_t i;
+    void *tmp;
+
+    if (json_is_object(j)) {
+        json_object_foreach_safe(j, tmp, k, v) {
+            if (json_is_real(v) && whole(json_real_value(v))) {
+                json_object_set_new(j, k, json_integer(
+                    static_cast<json_int_t>(json_real_value(v))));
+            } else {
+                integers_again(v);
+            }
+        }
+    } else if (json_is_array(j)) {
+        json_array_foreach(j, i, v) {
+            if (json_is_real(v) && whole(json_real_value(v))) {
+                json_array_set_new(j, i, json_integer(
+                    static_cast<json_int_t>(json_real_value(v))));
+            } else {
+                integers_again(v);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+Json
+json_parse(const char *data, size_t len)
+{
+    json_error_t err;
+    Json j(json_loadb(data, len, JSON_ALLOW_NUL, &err));
+
+    if (!j && json_error_code(&err) == json_error_numeric_overflow) {
+        j = Json(json_loadb(data, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL,
+                            &err));
+        if (j) {
+            integers_again(j.get());
+        }
+    }
+
+    return j;
+}
+
 std::string
 json_dump(const json_t *j)
 {

@@ -23,12 +23,13 @@ struct JsonDeleter {
 /* An owning reference to a jansson value. */
 using Json = std::unique_ptr<json_t, JsonDeleter>;
 
-inline Json
-json_parse(const char *data, size_t len)
-{
-    json_error_t err;
-    return Json(json_loadb(data, len, JSON_ALLOW_NUL, &err));
-}
+/*
+ * The value of a JSON text, or null when it is not JSON.  An integer beyond
+ * int64 (a 20-digit id a model wrote into tool arguments, say) is JSON: such
+ * a text is read with every number as a real, and the reals that hold whole
+ * numbers of up to 2^53 become integers again.
+ */
+Json json_parse(const char *data, size_t len);
 
 inline std::string_view
 sv(llmgw_str_t s)

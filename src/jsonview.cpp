@@ -61,6 +61,22 @@ utf8_length(uint32_t cp)
     return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
 }
 
+/* Whether an integer's text (a valid JSON integer) is within int64. */
+bool
+fits_int64(std::string_view t)
+{
+    static const char kMax[] = "9223372036854775807";
+    static const char kMin[] = "9223372036854775808";
+    bool negative = !t.empty() && t[0] == '-';
+    std::string_view d = negative ? t.substr(1) : t;
+    std::string_view limit(negative ? kMin : kMax, sizeof(kMax) - 1);
+
+    if (d.size() != limit.size()) {
+        return d.size() < limit.size();
+    }
+    return d.compare(limit) <= 0;
+}
+
 /* A real number's text parsed as strtod does (the text is a valid number). */
 double
 to_double(std::string_view text)
@@ -298,10 +314,8 @@ private:
     bool number()
     {
         const unsigned char *start = p_;
-        bool negative = false;
 
         if (*p_ == '-') {
-            negative = true;
             p_++;
         }
 
@@ -325,7 +339,12 @@ private:
         size_t int_digits = static_cast<size_t>(p_ - digits);
 
         if (p_ == end_ || (*p_ != '.' && *p_ != 'e' && *p_ != 'E')) {
-            return integer_fits(digits, int_digits, negative);
+            /* beyond int64 it is read as a real (json_parse does the
+               same), which overflows only past about 309 digits */
+            return int_digits < 300
+                   || !std::isinf(to_double(std::string_view(
+                          reinterpret_cast<const char *>(start),
+                          static_cast<size_t>(p_ - start))));
         }
 
         bool exponent = false;
@@ -362,19 +381,6 @@ private:
         std::string_view text(reinterpret_cast<const char *>(start),
                               static_cast<size_t>(p_ - start));
         return !std::isinf(to_double(text));
-    }
-
-    static bool integer_fits(const unsigned char *d, size_t n, bool negative)
-    {
-        static const char kMax[] = "9223372036854775807";
-        static const char kMin[] = "9223372036854775808";
-        const char *limit = negative ? kMin : kMax;
-        size_t limit_len = sizeof(kMax) - 1;
-
-        if (n != limit_len) {
-            return n < limit_len;
-        }
-        return std::memcmp(d, limit, limit_len) <= 0;
     }
 
     const unsigned char *p_;
@@ -582,6 +588,9 @@ JsonView::Walker::next()
             }
             pos++;
         }
+        if (k == Kind::integer && !fits_int64(text.substr(start, pos - start))) {
+            k = Kind::real;
+        }
     }
 
     return JsonView(k, text.substr(start, pos - start));
@@ -657,7 +666,15 @@ int64_t
 JsonView::integer(int64_t dflt) const
 {
     if (kind_ == Kind::real) {
-        return static_cast<int64_t>(to_double(raw_));
+        /* truncated as jansson's real is; clamped where int64 ends */
+        double d = to_double(raw_);
+        if (!(d > -9223372036854775808.0)) {
+            return INT64_MIN;
+        }
+        if (!(d < 9223372036854775808.0)) {
+            return INT64_MAX;
+        }
+        return static_cast<int64_t>(d);
     }
 
     if (kind_ != Kind::integer) {
@@ -670,7 +687,7 @@ JsonView::integer(int64_t dflt) const
     for (size_t i = negative ? 1 : 0; i < raw_.size(); i++) {
         v = v * 10 + static_cast<uint64_t>(raw_[i] - '0');
     }
-    /* in range: the checker refused anything beyond int64 */
+    /* in range: a longer integer is Kind::real */
     return negative ? static_cast<int64_t>(0 - v) : static_cast<int64_t>(v);
 }
 

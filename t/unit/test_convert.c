@@ -878,6 +878,30 @@ test_anthropic_server_tools_are_refused(void **state)
 /* ---- answers ---- */
 
 static void
+test_an_integer_beyond_int64_in_tool_input_still_converts(void **state)
+{
+    json_t *j = response(14, LLMGW_EP_CHAT,
+        "{'id':'msg_2','type':'message','role':'assistant','model':'claude',"
+        "'content':[{'type':'tool_use','id':'tu_1','name':'order',"
+        "'input':{'id':18446744073709551615,'n':3}}],"
+        "'stop_reason':'tool_use','usage':{'input_tokens':10,"
+        "'output_tokens':5}}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "object"), "chat.completion");
+    assert_string_equal(str_at(j, "choices/0/message/tool_calls/0/function/name"),
+                        "order");
+    /* the big id is kept as a number, the small one as an integer */
+    assert_string_equal(
+        str_at(j, "choices/0/message/tool_calls/0/function/arguments"),
+        "{\"id\":1.8446744073709552e19,\"n\":3}");
+    assert_int_equal(int_at(j, "usage/prompt_tokens"), 10);
+    assert_int_equal(int_at(j, "usage/completion_tokens"), 5);
+    json_decref(j);
+}
+
+
+static void
 test_anthropic_answer_becomes_chat_completion(void **state)
 {
     json_t *j = response(14, LLMGW_EP_CHAT,
@@ -1770,6 +1794,8 @@ main(void)
             test_anthropic_system_blocks_become_first_system_message),
         cmocka_unit_test(
             test_anthropic_tool_use_and_result_become_openai_tool_calls),
+        cmocka_unit_test(
+            test_an_integer_beyond_int64_in_tool_input_still_converts),
         cmocka_unit_test(test_anthropic_images_become_openai_image_urls),
         cmocka_unit_test(test_anthropic_stream_request_asks_openai_for_usage),
         cmocka_unit_test(test_anthropic_tools_and_tool_choice_map_to_openai),

@@ -25,6 +25,7 @@ static const llmgw_str_t no_path_model = { "", 0 };
 
 /*
  * 1 when jansson takes text as the gateway's JSON (an object), else 0.
+ * An integer beyond int64 is read as a real, as json_parse reads it.
  * One deliberate difference: jansson drops a NUL byte that directly follows
  * a number or a literal ("{\"a\":1\0}" loads); a NUL byte is never JSON,
  * and the gateway refuses any text that holds one outside an escape.
@@ -38,6 +39,13 @@ jansson_object(const char *text, size_t len)
 
     json_error_t  err;
     json_t       *j = json_loadb(text, len, JSON_ALLOW_NUL, &err);
+
+    /* an integer beyond int64 is read as a real (src/core.cpp json_parse) */
+    if (j == NULL && json_error_code(&err) == json_error_numeric_overflow) {
+        j = json_loadb(text, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL,
+                       &err);
+    }
+
     int           ok = json_is_object(j);
 
     json_decref(j);
@@ -140,6 +148,21 @@ test_edge_cases_match_jansson(void **state)
     SAME("{\"a\":-9223372036854775808}");
     SAME("{\"a\":-9223372036854775809}");
     SAME("{\"a\":10000000000000000000000}");
+    SAME("{\"a\":[18446744073709551615,-18446744073709551616,1]}");
+    {
+        /* 310 digits: beyond a double as well, refused by both */
+        char big[400] = "{\"a\":";
+        size_t n = strlen(big);
+        memset(big + n, '9', 310);
+        strcpy(big + n + 310, "}");
+        assert_same(big, strlen(big));
+        assert_int_equal(gateway_object(big, strlen(big)), 0);
+        /* 200 digits: a real */
+        big[n + 200] = '}';
+        big[n + 201] = '\0';
+        assert_same(big, strlen(big));
+        assert_int_equal(gateway_object(big, strlen(big)), 1);
+    }
     SAME("{\"a\":1e308}");
     SAME("{\"a\":1e309}");
     SAME("{\"a\":-1e309}");

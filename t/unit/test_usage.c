@@ -136,6 +136,24 @@ test_anthropic_json_usage_reads_cache_read_and_creation(void **state)
 
 
 static void
+test_usage_is_read_from_an_answer_with_an_integer_beyond_int64(void **state)
+{
+    static const char body[] =
+        "{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\","
+        "\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+        "\"input\":{\"id\":123456789012345678901234567890}}],"
+        "\"stop_reason\":\"tool_use\",\"usage\":{\"input_tokens\":21,"
+        "\"output_tokens\":9}}";
+    run_t r = run(LLMGW_EP_MESSAGES, 14, 0, 0, body);
+    (void) state;
+
+    assert_usage(&r.u, 21, 9, 0, 0);
+    assert_string_equal(r.out, body);
+    free(r.out);
+}
+
+
+static void
 test_gemini_usage_metadata_counts_thoughts_as_completion(void **state)
 {
     static const char body[] =
@@ -527,6 +545,8 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_openai_json_usage_is_read),
+        cmocka_unit_test(
+            test_usage_is_read_from_an_answer_with_an_integer_beyond_int64),
         cmocka_unit_test(
             test_anthropic_json_usage_reads_cache_read_and_creation),
         cmocka_unit_test(
