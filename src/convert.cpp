@@ -2446,8 +2446,15 @@ public:
             start(out, {});
             block_delta(out, j);
 
+        } else if (type == "content_block_stop") {
+            block_stop(out, j);
+
         } else if (type == "message_delta") {
             start(out, {});
+            /* a tool block the upstream never closed still gets arguments */
+            for (auto &t : tool_index_) {
+                tool_arguments_owed(out, t.second);
+            }
             usage_.take(json_object_get(j, "usage"));
             send_finish(out, chat_finish_from_anthropic(
                             json_str(json_object_get(j, "delta"),
@@ -2462,7 +2469,7 @@ public:
             send_error(out, json_str(e, "message"), json_str(e, "type"));
         }
 
-        /* ping, content_block_stop: nothing to say */
+        /* ping: nothing to say */
     }
 
 private:
@@ -2483,8 +2490,14 @@ private:
             int64_t n = tools_++;
             json_t *call = chat_function_call(json_str(block, "id"),
                                               json_str(block, "name"), "");
+            ToolBlock &t = tool_index_[json_int(j, "index", 0)];
 
-            tool_index_[json_int(j, "index", 0)] = n;
+            t.call = n;
+            t.sent = false;
+            /* an input given whole at the start (no deltas follow) */
+            const json_t *input = json_object_get(block, "input");
+            t.start_input = json_object_size(input) > 0 ? json_dump(input)
+                                                        : "{}";
             put_int(call, "index", n);
             send_tool(out, call);
 
@@ -2515,18 +2528,53 @@ private:
                 return;
             }
 
-            json_t *fn = json_object();
-            json_t *call = json_object();
-
-            put(fn, "arguments", part);
-            put_int(call, "index", it->second);
-            put(call, "function", fn);
-            send_tool(out, call);
+            it->second.sent = true;
+            send_arguments(out, it->second.call, part);
         }
     }
 
-    AnthropicUsage               usage_;
-    std::map<int64_t, int64_t>   tool_index_;   /* block -> tool call */
+    struct ToolBlock {
+        int64_t      call = 0;       /* the chat tool call's index */
+        bool         sent = false;   /* argument text sent */
+        std::string  start_input;    /* what to send when none came */
+    };
+
+    void send_arguments(std::string &out, int64_t call_index,
+                        std::string_view text)
+    {
+        json_t *fn = json_object();
+        json_t *call = json_object();
+
+        put(fn, "arguments", text);
+        put_int(call, "index", call_index);
+        put(call, "function", fn);
+        send_tool(out, call);
+    }
+
+    /*
+     * A tool call whose block ends without argument text (a tool with no
+     * parameters streams partial_json "" or nothing) gets "{}", as the
+     * answer without streaming does: clients parse the arguments as JSON.
+     */
+    void tool_arguments_owed(std::string &out, ToolBlock &t)
+    {
+        if (!t.sent) {
+            t.sent = true;
+            send_arguments(out, t.call, t.start_input);
+        }
+    }
+
+    void block_stop(std::string &out, const json_t *j)
+    {
+        auto it = tool_index_.find(json_int(j, "index", 0));
+
+        if (it != tool_index_.end()) {
+            tool_arguments_owed(out, it->second);
+        }
+    }
+
+    AnthropicUsage                usage_;
+    std::map<int64_t, ToolBlock>  tool_index_;   /* block -> tool call */
 };
 
 

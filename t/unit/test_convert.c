@@ -1247,6 +1247,44 @@ test_anthropic_stream_tool_use_becomes_tool_call_deltas(void **state)
 
 
 static void
+test_anthropic_stream_tool_without_arguments_gets_an_empty_object(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    /* a tool with no parameters: one empty partial_json, or none at all */
+    stream(14, LLMGW_EP_CHAT,
+        A_START
+        "event: content_block_start\ndata: {'type':'content_block_start',"
+        "'index':0,'content_block':{'type':'tool_use','id':'toolu_1',"
+        "'name':'now','input':{}}}\n\n"
+        "event: content_block_delta\ndata: {'type':'content_block_delta',"
+        "'index':0,'delta':{'type':'input_json_delta','partial_json':''}}\n\n"
+        A_STOP(0)
+        "event: content_block_start\ndata: {'type':'content_block_start',"
+        "'index':1,'content_block':{'type':'tool_use','id':'toolu_2',"
+        "'name':'later','input':{}}}\n\n"
+        "event: message_delta\ndata: {'type':'message_delta','delta':"
+        "{'stop_reason':'tool_use'},'usage':{'output_tokens':3}}\n\n"
+        "event: message_stop\ndata: {'type':'message_stop'}\n\n",
+        &evs);
+
+    /* role, start 0, "{}" for 0, start 1, "{}" for 1, finish, usage, DONE */
+    assert_int_equal(evs.n, 8);
+    json_t *call = at(evs.ev[2].data, "choices/0/delta/tool_calls/0");
+    assert_int_equal(int_at(call, "index"), 0);
+    assert_string_equal(str_at(call, "function/arguments"), "{}");
+    call = at(evs.ev[4].data, "choices/0/delta/tool_calls/0");
+    assert_int_equal(int_at(call, "index"), 1);
+    assert_string_equal(str_at(call, "function/arguments"), "{}");
+    assert_string_equal(str_at(evs.ev[5].data, "choices/0/finish_reason"),
+                        "tool_calls");
+    assert_true(evs.ev[7].done);
+    evs_free(&evs);
+}
+
+
+static void
 test_anthropic_stream_error_becomes_openai_error_chunk(void **state)
 {
     evs_t evs;
@@ -1811,6 +1849,8 @@ main(void)
         cmocka_unit_test(test_anthropic_stream_to_openai_chunks_keeps_usage),
         cmocka_unit_test(
             test_anthropic_stream_tool_use_becomes_tool_call_deltas),
+        cmocka_unit_test(
+            test_anthropic_stream_tool_without_arguments_gets_an_empty_object),
         cmocka_unit_test(
             test_anthropic_stream_error_becomes_openai_error_chunk),
         cmocka_unit_test(
