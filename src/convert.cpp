@@ -2086,6 +2086,36 @@ tool_use_block(std::string_view id, std::string_view name, json_t *input)
 }
 
 
+/* A chat message's (or delta's) reasoning text: reasoning_content as
+   DeepSeek and vLLM send it, or reasoning as others do. */
+std::string_view
+chat_reasoning(const json_t *m)
+{
+    std::string_view r = json_str(m, "reasoning_content");
+
+    return r.empty() ? json_str(m, "reasoning") : r;
+}
+
+
+/* Messages usage from chat usage: the cached part of the prompt counts as
+   cache_read_input_tokens, not input_tokens. */
+json_t *
+anthropic_usage_from_chat(const json_t *usage)
+{
+    json_t *u = json_object();
+    int64_t prompt = json_int(usage, "prompt_tokens", 0);
+    int64_t cached = json_int(json_object_get(usage, "prompt_tokens_details"),
+                              "cached_tokens", 0);
+
+    cached = std::max<int64_t>(0, std::min(cached, prompt));
+    put_int(u, "input_tokens", prompt - cached);
+    put_int(u, "cache_creation_input_tokens", 0);
+    put_int(u, "cache_read_input_tokens", cached);
+    put_int(u, "output_tokens", json_int(usage, "completion_tokens", 0));
+    return u;
+}
+
+
 bool
 chat_to_anthropic_answer(const json_t *in, std::string_view model, Json &out,
     std::string &err)
@@ -2103,8 +2133,23 @@ chat_to_anthropic_answer(const json_t *in, std::string_view model, Json &out,
         return false;
     }
 
+    std::string_view reasoning = chat_reasoning(message);
+    std::string_view refusal = json_str(message, "refusal");
+
+    if (!reasoning.empty()) {
+        json_t *b = json_object();
+        put(b, "type", "thinking");
+        put(b, "thinking", reasoning);
+        put(b, "signature", "");
+        append(content.get(), b);
+    }
+
     if (!text.empty()) {
         append(content.get(), text_block(text));
+    }
+
+    if (!refusal.empty()) {
+        append(content.get(), text_block(std::string(refusal)));
     }
 
     json_array_foreach(json_object_get(message, "tool_calls"), i, tc) {
@@ -2117,11 +2162,8 @@ chat_to_anthropic_answer(const json_t *in, std::string_view model, Json &out,
     }
 
     Json m(json_object());
-    json_t *u = json_object();
+    json_t *u = anthropic_usage_from_chat(usage);
     std::string_view id = json_str(in, "id");
-
-    put_int(u, "input_tokens", json_int(usage, "prompt_tokens", 0));
-    put_int(u, "output_tokens", json_int(usage, "completion_tokens", 0));
 
     put(m.get(), "id", id.empty() ? "msg_" + random_hex(12)
                                   : std::string(id));
@@ -2130,7 +2172,9 @@ chat_to_anthropic_answer(const json_t *in, std::string_view model, Json &out,
     put(m.get(), "model", model);
     put(m.get(), "content", content.release());
     put(m.get(), "stop_reason",
-        anthropic_stop_from_chat(json_str(choice, "finish_reason")));
+        refusal.empty()
+        ? anthropic_stop_from_chat(json_str(choice, "finish_reason"))
+        : std::string("refusal"));
     put(m.get(), "stop_sequence", json_null());
     put(m.get(), "usage", u);
 
@@ -2682,7 +2726,14 @@ public:
         size_t  i;
         json_t *tc;
 
+        thinking(out, chat_reasoning(delta));
         text(out, openai_text(json_object_get(delta, "content")));
+
+        std::string_view refusal = json_str(delta, "refusal");
+        if (!refusal.empty()) {
+            refused_ = true;
+            text(out, std::string(refusal));
+        }
 
         json_array_foreach(json_object_get(delta, "tool_calls"), i, tc) {
             tool_call(out, tc, static_cast<int64_t>(i));
@@ -2692,7 +2743,8 @@ public:
 
         if (!reason.empty() && stop_reason_.empty()) {
             close_block(out);
-            stop_reason_ = anthropic_stop_from_chat(reason);
+            stop_reason_ = refused_ ? std::string("refusal")
+                                    : anthropic_stop_from_chat(reason);
         }
 
         /* usage usually comes in a chunk of its own after finish_reason */
@@ -2701,7 +2753,12 @@ public:
         }
     }
 
-    void on_done(std::string &out) override { end(out); }
+    void on_done(std::string &out) override
+    {
+        done_seen_ = true;
+        end(out);
+    }
+
     void finish(std::string &out) override { end(out); }
 
 private:
@@ -2730,18 +2787,26 @@ private:
         put(ev.get(), "type", "message_start");
         put(ev.get(), "message", m);
         emit_event(out, "message_start", ev.get());
-
-        open_text(out);
     }
 
-    void open_text(std::string &out)
+    enum class Open { none, text, thinking, tool };
+
+    /* A text or thinking block (opened on its first piece: a block is
+       never left empty) */
+    void open_kind(std::string &out, Open kind)
     {
         json_t *block = json_object();
 
-        put(block, "type", "text");
-        put(block, "text", "");
+        if (kind == Open::text) {
+            put(block, "type", "text");
+            put(block, "text", "");
+        } else {
+            put(block, "type", "thinking");
+            put(block, "thinking", "");
+            put(block, "signature", "");
+        }
         open_block(out, block);
-        open_is_text_ = true;
+        open_kind_ = kind;
     }
 
     void open_block(std::string &out, json_t *block)
@@ -2749,7 +2814,7 @@ private:
         Json ev(json_object());
 
         open_ = next_block_++;
-        open_is_text_ = false;
+        open_kind_ = Open::tool;
         put(ev.get(), "type", "content_block_start");
         put_int(ev.get(), "index", open_);
         put(ev.get(), "content_block", block);
@@ -2786,15 +2851,33 @@ private:
             return;
         }
 
-        if (open_ < 0 || !open_is_text_) {
+        if (open_ < 0 || open_kind_ != Open::text) {
             close_block(out);
-            open_text(out);
+            open_kind(out, Open::text);
         }
 
         json_t *delta = json_object();
 
         put(delta, "type", "text_delta");
         put(delta, "text", t);
+        send_block_delta(out, open_, delta);
+    }
+
+    void thinking(std::string &out, std::string_view t)
+    {
+        if (t.empty() || !stop_reason_.empty()) {
+            return;
+        }
+
+        if (open_ < 0 || open_kind_ != Open::thinking) {
+            close_block(out);
+            open_kind(out, Open::thinking);
+        }
+
+        json_t *delta = json_object();
+
+        put(delta, "type", "thinking_delta");
+        put(delta, "thinking", t);
         send_block_delta(out, open_, delta);
     }
 
@@ -2837,6 +2920,8 @@ private:
 
         prompt_ = json_int(u, "prompt_tokens", prompt_);
         completion_ = json_int(u, "completion_tokens", completion_);
+        cached_ = json_int(json_object_get(u, "prompt_tokens_details"),
+                           "cached_tokens", cached_);
         usage_known_ = true;
     }
 
@@ -2855,8 +2940,11 @@ private:
         put(d, "stop_reason",
             stop_reason_.empty() ? "end_turn" : stop_reason_);
         put(d, "stop_sequence", json_null());
-        /* message_start went out before the prompt count was known */
-        put_int(u, "input_tokens", prompt_);
+        /* message_start went out before the prompt count was known; the
+           cached part of the prompt is cache_read_input_tokens */
+        int64_t cached = std::max<int64_t>(0, std::min(cached_, prompt_));
+        put_int(u, "input_tokens", prompt_ - cached);
+        put_int(u, "cache_read_input_tokens", cached);
         put_int(u, "output_tokens", completion_);
         put(ev.get(), "type", "message_delta");
         put(ev.get(), "delta", d);
@@ -2872,6 +2960,18 @@ private:
 
         stopped_ = true;
         close_block(out);
+
+        if (stop_reason_.empty() && !done_seen_) {
+            /* the upstream's stream ended before it said why: cut short,
+               which an end_turn would hide */
+            Json e(json_object());
+            put(e.get(), "type", "api_error");
+            put(e.get(), "message",
+                "the upstream stream ended before its finish reason");
+            send_error(out, e.get());
+            return;
+        }
+
         message_delta(out);
 
         Json ev(json_object());
@@ -2898,7 +2998,10 @@ private:
     std::map<int64_t, int64_t>   tool_block_;   /* tool call -> block */
     int64_t                      next_block_ = 0;
     int64_t                      open_ = -1;
-    bool                         open_is_text_ = false;
+    Open                         open_kind_ = Open::none;
+    bool                         refused_ = false;
+    bool                         done_seen_ = false;
+    int64_t                      cached_ = 0;
     bool                         started_ = false;
     bool                         delta_sent_ = false;
     bool                         stopped_ = false;

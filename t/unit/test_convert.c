@@ -1107,6 +1107,37 @@ test_openai_answer_becomes_anthropic_message(void **state)
 
 
 static void
+test_openai_reasoning_refusal_and_cache_reach_a_messages_client(void **state)
+{
+    /* all tokens spent thinking: empty content, finish_reason length */
+    json_t *j = response(1, LLMGW_EP_MESSAGES,
+        "{'id':'c','choices':[{'index':0,'message':{'role':'assistant',"
+        "'content':'','reasoning_content':'Let me think'},"
+        "'finish_reason':'length'}],'usage':{'prompt_tokens':100,"
+        "'completion_tokens':50,'prompt_tokens_details':"
+        "{'cached_tokens':80}}}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "content"), 1);
+    assert_string_equal(str_at(j, "content/0/type"), "thinking");
+    assert_string_equal(str_at(j, "content/0/thinking"), "Let me think");
+    assert_string_equal(str_at(j, "stop_reason"), "max_tokens");
+    assert_int_equal(int_at(j, "usage/input_tokens"), 20);
+    assert_int_equal(int_at(j, "usage/cache_read_input_tokens"), 80);
+    assert_int_equal(int_at(j, "usage/output_tokens"), 50);
+    json_decref(j);
+
+    j = response(1, LLMGW_EP_MESSAGES,
+        "{'choices':[{'message':{'role':'assistant','content':null,"
+        "'refusal':'I cannot help with that'},'finish_reason':'stop'}]}");
+    assert_string_equal(str_at(j, "content/0/type"), "text");
+    assert_string_equal(str_at(j, "content/0/text"), "I cannot help with that");
+    assert_string_equal(str_at(j, "stop_reason"), "refusal");
+    json_decref(j);
+}
+
+
+static void
 test_openai_finish_reasons_map_to_stop_reasons(void **state)
 {
     static const char *const map[][2] = {
@@ -1529,6 +1560,65 @@ test_openai_stream_without_usage_or_done_is_closed_at_finish(void **state)
 
 
 static void
+test_openai_stream_thinking_tools_and_cut_short_to_messages(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    /* reasoning first, then a tool call only: no empty text block */
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','reasoning_content':'Hm'}", "null")
+        O_CHUNK("{'reasoning_content':'m.'}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'id':'call_1','type':'function',"
+                "'function':{'name':'f','arguments':'{}'}}]}", "null")
+        O_CHUNK("{}", "'tool_calls'")
+        "data: {'id':'chatcmpl-1','object':'chat.completion.chunk',"
+        "'created':1,'model':'gpt','choices':[],'usage':{'prompt_tokens':"
+        "30,'completion_tokens':7,'prompt_tokens_details':"
+        "{'cached_tokens':10}}}\n\n"
+        "data: [DONE]\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 10);
+    assert_event(&evs, 0, "message_start");
+    assert_event(&evs, 1, "content_block_start");
+    assert_int_equal(int_at(evs.ev[1].data, "index"), 0);
+    assert_string_equal(str_at(evs.ev[1].data, "content_block/type"),
+                        "thinking");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/type"),
+                        "thinking_delta");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/thinking"), "Hm");
+    assert_string_equal(str_at(evs.ev[3].data, "delta/thinking"), "m.");
+    assert_event(&evs, 4, "content_block_stop");
+    assert_event(&evs, 5, "content_block_start");
+    assert_int_equal(int_at(evs.ev[5].data, "index"), 1);
+    assert_string_equal(str_at(evs.ev[5].data, "content_block/type"),
+                        "tool_use");
+    assert_event(&evs, 6, "content_block_delta");
+    assert_event(&evs, 7, "content_block_stop");
+    assert_event(&evs, 8, "message_delta");
+    assert_string_equal(str_at(evs.ev[8].data, "delta/stop_reason"),
+                        "tool_use");
+    assert_int_equal(int_at(evs.ev[8].data, "usage/input_tokens"), 20);
+    assert_int_equal(int_at(evs.ev[8].data, "usage/cache_read_input_tokens"),
+                     10);
+    assert_event(&evs, 9, "message_stop");
+    evs_free(&evs);
+
+    /* cut off: no finish reason and no [DONE] */
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','content':'Hel'}", "null"),
+        &evs);
+
+    assert_int_equal(evs.n, 5);
+    assert_event(&evs, 3, "content_block_stop");
+    assert_event(&evs, 4, "error");
+    assert_string_equal(str_at(evs.ev[4].data, "error/type"), "api_error");
+    evs_free(&evs);
+}
+
+
+static void
 test_openai_stream_error_becomes_anthropic_error_event(void **state)
 {
     evs_t evs;
@@ -1845,6 +1935,10 @@ main(void)
         cmocka_unit_test(test_gemini_function_call_answer_becomes_tool_calls),
         cmocka_unit_test(test_gemini_finish_reasons_map_to_finish_reasons),
         cmocka_unit_test(test_openai_answer_becomes_anthropic_message),
+        cmocka_unit_test(
+            test_openai_reasoning_refusal_and_cache_reach_a_messages_client),
+        cmocka_unit_test(
+            test_openai_stream_thinking_tools_and_cut_short_to_messages),
         cmocka_unit_test(test_openai_finish_reasons_map_to_stop_reasons),
         cmocka_unit_test(test_anthropic_stream_to_openai_chunks_keeps_usage),
         cmocka_unit_test(
