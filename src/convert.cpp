@@ -436,7 +436,9 @@ anthropic_media(const char *type, std::string_view url)
 
     if (parse_data_url(url, d)) {
         put(source.get(), "type", "base64");
-        put(source.get(), "media_type", d.mime);
+        /* a common misspelling that Anthropic refuses */
+        put(source.get(), "media_type",
+            d.mime == "image/jpg" ? std::string_view("image/jpeg") : d.mime);
         put(source.get(), "data", d.data);
     } else if (is_http_url(url)) {
         put(source.get(), "type", "url");

@@ -376,6 +376,15 @@ test_image_urls_become_anthropic_image_sources(void **state)
     assert_string_equal(str_at(j, "messages/0/content/2/source/data"),
                         "iVBORw0");
     json_decref(j);
+
+    /* image/jpg is sent as the image/jpeg Anthropic knows */
+    j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':["
+        "{'type':'image_url','image_url':"
+        "{'url':'data:image/jpg;base64,/9j'}}]}]}");
+    assert_string_equal(str_at(j, "messages/0/content/0/source/media_type"),
+                        "image/jpeg");
+    json_decref(j);
 }
 
 
