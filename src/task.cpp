@@ -2620,11 +2620,15 @@ llmgw_tjob_next(llmgw_tjob_t *j)
         return j->next();
 
     } catch (const std::exception &e) {
-        try {
-            return j->fail(500, "gateway_error", "internal_error",
-                           std::string("the task engine failed: ")
-                           + e.what());
-        } catch (...) {
+        /* a poll job has no client to answer: it ends (its lease lets
+           another pass take its tasks) */
+        if (j->mode != llmgw_tjob_s::POLL) {
+            try {
+                return j->fail(500, "gateway_error", "internal_error",
+                               std::string("the task engine failed: ")
+                               + e.what());
+            } catch (...) {
+            }
         }
     } catch (...) {
     }
