@@ -115,6 +115,15 @@ long snap_plugin_find(const llmgw_snapshot_t *s, std::string_view key);
 /* An enabled channel by id, or nullptr. */
 const llmgw_channel_t *snap_channel(const llmgw_snapshot_t *s, int64_t id,
     std::string_view *base_url, const json_t **settings);
+/*
+ * For polling tasks that are already running: a plugin or channel that was
+ * disabled since is still found (disabling stops new submits, not the work
+ * a vendor already accepted); a deleted one is not.  A plugin's number is
+ * for snap_plugin().
+ */
+long snap_poll_plugin_find(const llmgw_snapshot_t *s, std::string_view key);
+const llmgw_channel_t *snap_poll_channel(const llmgw_snapshot_t *s,
+    int64_t id, std::string_view *base_url, const json_t **settings);
 /* Whether a channel is bound to a plugin (type 61, 60, or a legacy type). */
 int snap_channel_binds(const llmgw_snapshot_t *s, int64_t channel_id,
     std::string_view plugin_key, const json_t *manifest);

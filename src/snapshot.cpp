@@ -46,6 +46,8 @@ struct llmgw_snapshot_s {
     std::deque<Channel>                                    channels;
     std::unordered_map<std::string, std::vector<Channel *>> by_model;
     std::unordered_map<int64_t, const Channel *>           by_id;
+    /* disabled channels: their running tasks are still polled */
+    std::unordered_map<int64_t, const Channel *>           poll_by_id;
     std::unordered_map<std::string, Group>                 groups;
     std::unordered_map<std::string, llmgw_price_t>         prices;
     Json                                                   price_entries;
@@ -53,6 +55,8 @@ struct llmgw_snapshot_s {
     std::unordered_map<std::string, llmgw_rate_limit_t>    rl_groups;
     std::vector<std::string>                               admin_hashes;
     std::vector<Plugin>                                    plugins;
+    /* disabled plugins (after plugins in snap_plugin's numbering) */
+    std::vector<Plugin>                                    poll_plugins;
 };
 
 namespace {
@@ -151,7 +155,7 @@ add_strings(const json_t *arr, std::unordered_set<std::string> &out)
 }
 
 bool
-parse_channel(const json_t *j, llmgw_snapshot_s &s)
+parse_channel(const json_t *j, llmgw_snapshot_s &s, bool routable = true)
 {
     Channel &c = s.channels.emplace_back();
 
@@ -187,6 +191,11 @@ parse_channel(const json_t *j, llmgw_snapshot_s &s)
     c.pub.host_header = c.host_header.c_str();
     c.pub.base_path = c.base_path.c_str();
     c.pub.key = c.key.c_str();
+
+    if (!routable) {
+        s.poll_by_id[c.pub.id] = &c;
+        return true;
+    }
 
     std::unordered_set<std::string> models;
     add_strings(json_object_get(j, "models"), models);
@@ -343,6 +352,10 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
             parse_channel(v, *s);
         }
 
+        json_array_foreach(json_object_get(root.get(), "poll_channels"), i, v) {
+            parse_channel(v, *s, false);
+        }
+
         const char *k;
 
         json_object_foreach(json_object_get(root.get(), "groups"), k, v) {
@@ -388,14 +401,20 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
             s->rl_groups[k] = parse_rate_limit(v);
         }
 
-        json_array_foreach(json_object_get(root.get(), "plugins"), i, v) {
-            Plugin p;
-            p.key = json_str(v, "key");
-            p.version = json_str(v, "version");
-            p.sha = json_str(v, "sha");
-            p.manifest = json_dump(json_object_get(v, "manifest"));
-            p.parsed = Json(json_incref(json_object_get(v, "manifest")));
-            s->plugins.push_back(std::move(p));
+        std::pair<const char *, std::vector<Plugin> *> lists[] = {
+            { "plugins", &s->plugins }, { "poll_plugins", &s->poll_plugins },
+        };
+
+        for (auto &[name, list] : lists) {
+            json_array_foreach(json_object_get(root.get(), name), i, v) {
+                Plugin p;
+                p.key = json_str(v, "key");
+                p.version = json_str(v, "version");
+                p.sha = json_str(v, "sha");
+                p.manifest = json_dump(json_object_get(v, "manifest"));
+                p.parsed = Json(json_incref(json_object_get(v, "manifest")));
+                list->push_back(std::move(p));
+            }
         }
 
         json_array_foreach(json_object_get(root.get(), "admin_hashes"), i, v) {
@@ -674,11 +693,13 @@ snap_plugin_count(const llmgw_snapshot_t *s)
 const json_t *
 snap_plugin(const llmgw_snapshot_t *s, size_t i, SnapPluginInfo *info)
 {
-    if (i >= s->plugins.size()) {
+    if (i >= s->plugins.size() + s->poll_plugins.size()) {
         return nullptr;
     }
 
-    const Plugin &p = s->plugins[i];
+    const Plugin &p = i < s->plugins.size()
+                      ? s->plugins[i]
+                      : s->poll_plugins[i - s->plugins.size()];
 
     if (info != nullptr) {
         info->key = p.key;
@@ -700,6 +721,44 @@ snap_plugin_find(const llmgw_snapshot_t *s, std::string_view key)
     }
 
     return -1;
+}
+
+
+long
+snap_poll_plugin_find(const llmgw_snapshot_t *s, std::string_view key)
+{
+    long i = snap_plugin_find(s, key);
+
+    for (size_t k = 0; i < 0 && k < s->poll_plugins.size(); k++) {
+        if (s->poll_plugins[k].key == key) {
+            i = static_cast<long>(s->plugins.size() + k);
+        }
+    }
+
+    return i;
+}
+
+
+const llmgw_channel_t *
+snap_poll_channel(const llmgw_snapshot_t *s, int64_t id,
+    std::string_view *base_url, const json_t **settings)
+{
+    const llmgw_channel_t *c = snap_channel(s, id, base_url, settings);
+    auto it = s->poll_by_id.find(id);
+
+    if (c != nullptr || it == s->poll_by_id.end()) {
+        return c;
+    }
+
+    if (base_url != nullptr) {
+        *base_url = it->second->base_url;
+    }
+
+    if (settings != nullptr) {
+        *settings = it->second->settings.get();
+    }
+
+    return &it->second->pub;
 }
 
 

@@ -799,8 +799,8 @@ llmgw_tjob_s::policy(llmgw_desc_policy_t &p, std::vector<llmgw_str_t> &hosts,
     const llmgw_channel_t *c = nullptr;
 
     if (mode == POLL) {
-        c = snap_channel(snap, tasks[0].channel_id, &base_url,
-                         &channel_settings);
+        c = snap_poll_channel(snap, tasks[0].channel_id, &base_url,
+                              &channel_settings);
     } else {
         c = channels[current];
     }
@@ -1805,8 +1805,8 @@ llmgw_tjob_s::query_ctx(const TaskRow &t)
 
     std::string_view url;
     const json_t *settings = nullptr;
-    const llmgw_channel_t *c = snap_channel(snap, t.channel_id, &url,
-                                            &settings);
+    const llmgw_channel_t *c = snap_poll_channel(snap, t.channel_id, &url,
+                                                 &settings);
     return channel_ctx(c, url, settings, ctx);
 }
 
@@ -1944,17 +1944,17 @@ llmgw_tjob_s::poll_build()
         json_array_append_new(results.get(), json_null());
     }
 
-    plugin = snap_plugin_find(snap, tasks[0].plugin);
+    plugin = snap_poll_plugin_find(snap, tasks[0].plugin);
     manifest = snap_plugin(snap, static_cast<size_t>(std::max(plugin, 0L)),
                            &pinfo);
-    const llmgw_channel_t *c = snap_channel(snap, tasks[0].channel_id,
-                                            &base_url, &channel_settings);
+    const llmgw_channel_t *c = snap_poll_channel(snap, tasks[0].channel_id,
+                                                 &base_url, &channel_settings);
 
     if (plugin < 0 || c == nullptr) {
         std::string why = plugin < 0
                           ? "the plugin " + tasks[0].plugin
-                            + " is not enabled"
-                          : std::string("the channel is not available");
+                            + " was deleted"
+                          : std::string("the channel was deleted");
         return fail_all(why);
     }
 
@@ -2050,7 +2050,7 @@ llmgw_tjob_s::poll_sent()
 
     if (batch) {
         json_array_append_new(a, channel_ctx(
-            snap_channel(snap, tasks[0].channel_id, nullptr, nullptr),
+            snap_poll_channel(snap, tasks[0].channel_id, nullptr, nullptr),
             base_url, channel_settings, json_object()));
     } else {
         json_array_append_new(a, query_ctx(tasks[0]));
@@ -2453,7 +2453,7 @@ llmgw_tjob_poll(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
             j->tasks.push_back(task_row(row));
         }
 
-        long p = snap_plugin_find(s, j->tasks[0].plugin);
+        long p = snap_poll_plugin_find(s, j->tasks[0].plugin);
         const json_t *m = p >= 0 ? snap_plugin(s, static_cast<size_t>(p),
                                                nullptr)
                                  : nullptr;
@@ -2492,7 +2492,7 @@ llmgw_task_poll_jobs(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
             (*ntasks)++;
 
             std::string_view key = json_str(row, "plugin_key");
-            long p = snap_plugin_find(s, key);
+            long p = snap_poll_plugin_find(s, key);
             const json_t *m = p >= 0 ? snap_plugin(s, static_cast<size_t>(p),
                                                    nullptr)
                                      : nullptr;

@@ -367,6 +367,62 @@ describe('batch plugin', { timeout: 120000 }, () => {
 });
 
 
+describe('disabling a channel or a plugin', { timeout: 120000 }, () => {
+    let db, gw, vendor;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true, http: HTTP });
+        vendor = await startVendor();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('running tasks are still polled to SUCCESS and settled; new submits are refused', async () => {
+        for (const what of ['channel', 'plugin']) {
+            const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+            const g = gate();
+            const up = uniq('up-off');
+            vendor.queuePoll(up, held(g, running()));
+            vendor.setPoll(up, { body: { status: 'done' } });
+            const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up }));
+            const id = r.json.task_id;
+            await waitFor(() => vendor.polls(up).length >= 1, 8000, { what: 'the first poll' });
+            const off = what === 'channel'
+                ? await gw.admin('PATCH', `/api/channel/${env.channels[0].id}`, { status: 'disabled' })
+                : await gw.admin('PATCH', `/api/plugin/task/${env.key}`, { enabled: false });
+            assertOk(off, `disable the ${what}`);
+            await sleep(1500);      /* every worker has the new configuration */
+            g.open();
+            await waitStatus(gw, env.acct.key, id, 'SUCCESS', { ms: 10000 });
+            const led = await waitLedger(db, id, ['reserve', 'settle']);
+            assert.ok(!('refund' in led), `settled, not refunded (${what}): ${JSON.stringify(led)}`);
+            assert.equal(await pollFailures(db, id), 0, 'no poll counted as failed');
+            const again = await submitTask(gw, env, { model: env.model, up_id: uniq('up-new') });
+            assert.ok(again.status >= 400, `a new submit after disabling the ${what}: ${again.status}`);
+        }
+    });
+
+    test('a deleted channel: its running task fails and is refunded', async () => {
+        const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        const up = uniq('up-del');
+        vendor.setPoll(up, running());
+        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up }));
+        await waitFor(() => vendor.polls(up).length >= 1, 8000, { what: 'the first poll' });
+        assertOk(await gw.admin('DELETE', `/api/channel/${env.channels[0].id}`));
+        await waitStatus(gw, env.acct.key, r.json.task_id, 'FAILURE', { ms: 10000 });
+        const led = await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+    });
+});
+
 describe('two nodes on one database poll 1,000 tasks', { timeout: 180000 }, () => {
     let db, a, b, vendor;
 

@@ -368,8 +368,9 @@ ANS=$SNAP
 expect "snapshot revision" ".revision == $(rev)"
 expect "snapshot has the enabled channel with its key" "[.channels[] | select(.id == $CID1)][0] | .key == \"sk-upstream-secret\" and .base_url == \"https://api.example.com/v1\" and .models == [\"gpt-4o\",\"gpt-4o-mini\"] and .groups == [\"default\",\"vip\"] and .priority == 5 and .weight == 3 and .model_mapping == {\"gpt-4o\":\"gpt-4o-2024-08-06\"} and .settings == {\"x\":1} and .type == 1 and .name == \"oa\""
 expect "snapshot leaves out disabled channels" "[.channels[].id] | index($CID2) == null"
+expect "snapshot keeps disabled channels for polling only" "[.poll_channels[].id] | index($CID2) != null"
 expect "snapshot groups has default" '.groups.default.ratio != null and (.groups.default | has("deprecated"))'
-expect "snapshot shape" '(. | keys) == ["admin_hashes","channels","groups","plugins","pricing","rate_limit","revision"]'
+expect "snapshot shape" '(. | keys) == ["admin_hashes","channels","groups","plugins","poll_channels","poll_plugins","pricing","rate_limit","revision"]'
 
 r0=$(rev)
 api DELETE "/channel/$CID1"
@@ -378,7 +379,7 @@ expect_eq "DELETE /channel bumps" "$(rev)" $((r0 + 1))
 api GET "/channel/$CID1"
 expect_err "deleted channel is gone" 404 not_found "channel $CID1 not found"
 ANS=$(sql "SELECT llmgw_snapshot()")
-expect "snapshot leaves out deleted channels" "[.channels[].id] | index($CID1) == null"
+expect "snapshot leaves out deleted channels" "[.channels[].id, .poll_channels[].id] | index($CID1) == null"
 
 
 echo "== /pricing"
