@@ -1903,6 +1903,21 @@ llmgw_tjob_s::poll_result(size_t i, const json_t *r, bool parse_2xx)
         }
     }
 
+    /* persisted data and state: at most 1 MiB each, never cut */
+    for (const char *what : { "data", "state" }) {
+        json_t *v = json_object_get(u, what);
+        if (v != nullptr
+            && json_dumpb(v, nullptr, 0, JSON_COMPACT) > kMaxTaskBody)
+        {
+            json_object_del(u, "data");
+            json_object_del(u, "state");
+            json_object_del(u, "progress");
+            poll_failure(i, std::string("the parse hook's ") + what
+                            + " is larger than 1 MiB");
+            return;
+        }
+    }
+
     if (status == "FAILURE") {
         std::string reason(json_str(r, "reason"));
         poll_terminal(i, "FAILURE", reason.empty() ? "the task failed"

@@ -219,6 +219,17 @@ describe('poll classification', { timeout: 300000 }, () => {
         await expectFailedAndRefunded(t, { polled: 4 });
     });
 
+    test('data or state over 1 MiB is not stored, not cut: each such poll counts as failed', async () => {
+        const big = 'x'.repeat(1100 * 1024);
+        const t = await startTask([{ body: { status: 'queued' } },
+            { body: { status: 'running', result: big } },
+            { body: { status: 'running', state: { big } } },
+            { body: { status: 'done', result: big } }]);
+        const v = await expectFailedAndRefunded(t, { polled: 4 });
+        assert.match(v.fail_reason, /larger than 1 MiB/);
+        assert.ok(JSON.stringify(v).length < 100000, 'nothing of the big values was kept');
+    });
+
     test('a valid non-terminal 2xx resets the failure counter', async () => {
         const g = [gate(), gate(), gate()];
         const fail = { status: 500, body: { error: 'oops' } };
