@@ -421,6 +421,7 @@ struct llmgw_tjob_s {
     size_t                   save_at = 0;
     bool                     save_single = false;
     bool                     save_refused = false;
+    bool                     create_retried = false;
     std::string              poll_reason;
 
     HookReply                hook;
@@ -1753,9 +1754,18 @@ llmgw_tjob_s::next_request()
     }
 
     case CREATED:
+        if (!sql_error.empty() && !create_retried) {
+            /*
+             * The statement may have committed all the same (it ran past
+             * llmgw_pg_timeout): the create is idempotent by task id, so
+             * it is sent once more, and answers the task if it was saved.
+             */
+            create_retried = true;
+            return sql("select llmgw_task_create($1::jsonb)", CREATED, 1, 1);
+        }
         if (!sql_error.empty()) {
             return fail(500, "gateway_error", "task_store_failed",
-                        "the task could not be saved; it was not charged");
+                        "the task could not be saved");
         }
         charged = true;
         created = Json(json_incref(sql_result.get()));

@@ -699,6 +699,54 @@ describe('task timeout: the outer deadline fails and refunds', { timeout: 120000
     });
 });
 
+describe('a task create that outlives llmgw_pg_timeout', { timeout: 120000 }, () => {
+    let db, gw, vendor;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({
+            db, v8host: true, workers: 1,
+            http: `${HTTP}\n  llmgw_pg_timeout 1s;`,
+        });
+        vendor = await startVendor();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('commits late: the submit still answers the task, charged once', async () => {
+        const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        /* a task insert commits 1.5 s after its row is in: past the 1 s
+           statement deadline (a repeat waits for it, then finds the row) */
+        await psql(db.conninfo, `
+            CREATE FUNCTION slow_create_t() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_sleep(1.5); RETURN NEW; END $$;
+            CREATE TRIGGER slow_create_t AFTER INSERT ON tasks
+                FOR EACH ROW EXECUTE FUNCTION slow_create_t();`);
+        let r;
+        try {
+            r = await submitTask(gw, env, { model: env.model });
+        } finally {
+            await psql(db.conninfo, 'DROP TRIGGER slow_create_t ON tasks');
+        }
+        assertOk(r, 'the submit');
+        const id = r.json.task_id;
+        const rows = await psql(db.conninfo,
+            `select count(*) from tasks where task_id = '${id}'`);
+        assert.equal(Number(rows), 1);
+        const led = await waitLedger(db, id, ['reserve']);
+        assert.equal(led.reserve, PER_TASK);
+        assert.equal(vendor.submits().length, 1, 'one task at the vendor');
+        await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+});
+
 /* Watches a task until FAILURE: -> {view, at: ms after t0}; it must not
    be SUCCESS on the way. */
 async function waitTask2(gw, key, id, t0, ms = 15000) {
