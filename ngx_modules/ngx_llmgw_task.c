@@ -32,6 +32,7 @@ struct ngx_llmgw_runner_s {
     ngx_http_request_t        *request;     /* NULL for a poll job */
     ngx_llmgw_http_t          *http;        /* an HTTP call in flight */
     int64_t                    channel_id;
+    ngx_msec_t                 claimed;     /* a poll job's claim */
     ngx_uint_t                 sent;        /* the HTTP request is out */
     void                      *busy;        /* its channel's poll count */
     ngx_queue_t                queue;       /* the poller's lists */
@@ -944,6 +945,7 @@ ngx_llmgw_poll_channel(int64_t channel_id)
 static void
 ngx_llmgw_poll_start_more(void)
 {
+    ngx_uint_t              dropped;
     ngx_queue_t            *q, *next;
     ngx_llmgw_runner_t     *rn;
     ngx_llmgw_poll_busy_t  *b;
@@ -955,6 +957,7 @@ ngx_llmgw_poll_start_more(void)
     }
 
     starting = 1;
+    dropped = 0;
 
     do {
         again = 0;
@@ -965,6 +968,21 @@ ngx_llmgw_poll_start_more(void)
         {
             next = ngx_queue_next(q);
             rn = ngx_queue_data(q, ngx_llmgw_runner_t, queue);
+
+            /*
+             * A job that waited through most of its lease is left alone:
+             * once the lease ends another pass (of any worker or node)
+             * claims its tasks, and polling them now could make two polls
+             * of one task at once.
+             */
+            if (ngx_current_msec - rn->claimed
+                >= ngx_llmgw_task_mcf->task_lease / 4 * 3)
+            {
+                ngx_queue_remove(q);
+                ngx_llmgw_runner_free(rn);
+                dropped++;
+                continue;
+            }
 
             b = ngx_llmgw_poll_channel(rn->channel_id);
             if (b->running >= ngx_llmgw_task_mcf->task_poll_concurrency) {
@@ -983,6 +1001,19 @@ ngx_llmgw_poll_start_more(void)
     } while (again);
 
     starting = 0;
+
+    if (dropped) {
+        ngx_log_error(NGX_LOG_INFO, ngx_llmgw_task_log, 0,
+                      "llmgw: %ui poll jobs waited through 3/4 of "
+                      "llmgw_task_lease and are left to a later pass",
+                      dropped);
+
+        if (ngx_llmgw_poll_running == 0
+            && ngx_queue_empty(&ngx_llmgw_poll_waiting))
+        {
+            ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
+        }
+    }
 }
 
 
@@ -1077,6 +1108,7 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
         }
 
         rn->channel_id = llmgw_tjob_channel(jobs[i]);
+        rn->claimed = ngx_current_msec;
         ngx_queue_insert_tail(&ngx_llmgw_poll_waiting, &rn->queue);
     }
 

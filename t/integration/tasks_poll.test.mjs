@@ -434,6 +434,48 @@ describe('disabling a channel or a plugin', { timeout: 120000 }, () => {
     });
 });
 
+describe('a pass larger than its lease', { timeout: 120000 }, () => {
+    let db, gw, vendor;
+
+    before(async () => {
+        db = await createDb();
+        /* one poll at a time per channel, each 400 ms, a 1 s lease */
+        gw = await startGateway({
+            db, v8host: true, workers: 2,
+            http: `${HTTP}\n  llmgw_task_lease 1s;\n  llmgw_task_poll_concurrency 1;`,
+        });
+        vendor = await startVendor();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('jobs still waiting when most of their lease is gone are left to a later pass: never two polls of one task at once', async () => {
+        const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        vendor.pollAnswer = () => ({ ...running(), before: () => sleep(400) });
+        const ups = Array.from({ length: 6 }, () => uniq('up-lease'));
+        const rs = await Promise.all(ups.map((up) =>
+            submitTask(gw, env, { model: env.model, up_id: up })));
+        rs.forEach((r) => assertOk(r, 'submit'));
+        await sleep(5000);
+        for (const up of ups) {
+            const polls = vendor.polls(up).sort((a, b) => a.t - b.t);
+            assert.ok(polls.length >= 1, `${up} was polled`);
+            for (let i = 1; i < polls.length; i++) {
+                assert.ok(polls[i].t >= polls[i - 1].tEnd,
+                    `two polls of ${up} at once: ${polls.map((p) => `${p.t}-${p.tEnd}`)}`);
+            }
+        }
+        assert.match(gw.errorLog(), /poll jobs waited through 3\/4 of llmgw_task_lease/);
+    });
+});
+
 describe('two nodes on one database poll 1,000 tasks', { timeout: 180000 }, () => {
     let db, a, b, vendor;
 
