@@ -583,19 +583,43 @@ Runtime::failure_reply(Outcome o, const std::string &what, int budget_ms,
 void
 Runtime::replace_engine_if_needed()
 {
+    size_t cap = static_cast<size_t>(limits_.heap_mb) << 20;
+    bool kept = false;
+
     if (!engine_->memory_exceeded()) {
-        return;
+        /*
+         * The heap is shared by every plugin of this worker: one that keeps
+         * memory in its module's globals would leave the others too little
+         * to run.  Over half the cap even after a full collection, the
+         * isolate is replaced as if the cap had been hit (the call that
+         * just ended has its answer).
+         */
+        v8::Isolate *iso = engine_->isolate();
+        v8::HeapStatistics hs;
+
+        iso->GetHeapStatistics(&hs);
+        if (hs.used_heap_size() <= cap / 2) {
+            return;
+        }
+
+        iso->LowMemoryNotification();
+        iso->GetHeapStatistics(&hs);
+        if (hs.used_heap_size() <= cap / 2) {
+            return;
+        }
+
+        kept = true;
     }
 
     size_t n = lru_.size();
 
     index_.clear();
     lru_.clear();
-    engine_ = std::make_unique<Engine>(
-        static_cast<size_t>(limits_.heap_mb) << 20);
+    engine_ = std::make_unique<Engine>(cap);
 
-    log(Level::warn, "isolate replaced after a call hit the heap limit of "
-        "%d MiB (%zu plugin(s) dropped, compiled again on demand)",
+    log(Level::warn, "isolate replaced after %s the heap limit of %d MiB "
+        "(%zu plugin(s) dropped, compiled again on demand)",
+        kept ? "plugins kept more than half of" : "a call hit",
         limits_.heap_mb, n);
 }
 

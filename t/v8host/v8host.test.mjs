@@ -684,3 +684,21 @@ test('volcSignV4: a value nested in an array, or more than 1000 values, is refus
     assert.equal(ok.ok, true, JSON.stringify(ok));
     await c.close();
 });
+
+test('a plugin that keeps memory in its globals does not starve the others', async (t) => {
+    const h = await soloHelper(t);
+    const c = await h.connect();
+    const hog = await c.load(`const keep = [];
+${hookPlugin('heap-hog', 'for (let i = 0; i < 20; i++) keep.push(new Array(1 << 17).fill(i)); return keep.length;')}`);
+    const other = await c.load(hookPlugin('heap-other',
+        'const a = []; for (let i = 0; i < 12; i++) a.push(new Array(1 << 17).fill(i)); return a.length;'));
+    assert.equal(hog.ok, true, JSON.stringify(hog));
+    assert.equal(other.ok, true, JSON.stringify(other));
+
+    assert.deepEqual(await c.call(hog.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 20 });
+    assert.deepEqual(await c.call(other.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 12 });
+    assert.match(h.log(), /isolate replaced after plugins kept more than half of the heap limit of 32 MiB/);
+    // the hog starts over (its globals went with the isolate)
+    assert.deepEqual(await c.call(hog.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 20 });
+    await c.close();
+});
