@@ -9,6 +9,8 @@
  * its plugins come back from the shared source store on their next call.
  */
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 
 #include <jansson.h>
@@ -762,6 +764,7 @@ std::string
 Runtime::call(const CallRequest &req, Outcome *outcome)
 {
     std::string sha = req.sha;
+    auto started = std::chrono::steady_clock::now();
 
     /* A dry run sends the source itself; a published hook sends its sha
        and the source is compiled from the shared store when this worker
@@ -809,7 +812,11 @@ Runtime::call(const CallRequest &req, Outcome *outcome)
                                      + clean_plugin_message(req.hook));
     }
 
-    std::string reply = call_in_isolate(p, req, outcome);
+    /* one deadline for the frame: compiling on the way counts */
+    auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::now() - started).count();
+    std::string reply = call_in_isolate(p, req, outcome,
+                                        static_cast<int>(spent));
     replace_engine_if_needed();
     return reply;
 }
@@ -840,7 +847,8 @@ make_args(Local<v8::Context> ctx, const std::string &json,
 }
 
 std::string
-Runtime::call_in_isolate(Plugin &p, const CallRequest &req, Outcome *outcome)
+Runtime::call_in_isolate(Plugin &p, const CallRequest &req, Outcome *outcome,
+    int spent_ms)
 {
     v8::Isolate *iso = engine_->isolate();
     v8::Isolate::Scope is(iso);
@@ -851,6 +859,7 @@ Runtime::call_in_isolate(Plugin &p, const CallRequest &req, Outcome *outcome)
     const Hook &hook = p.hooks.find(req.hook)->second;
     int budget = (req.deadline_ms > 0 && req.deadline_ms < limits_.deadline_ms)
                  ? req.deadline_ms : limits_.deadline_ms;
+    budget = std::max(1, budget - spent_ms);
     std::vector<Local<Value>> argv;
     Local<Value> result;
     std::string fail, json;

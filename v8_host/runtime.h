@@ -66,8 +66,9 @@ public:
 private:
     std::string load_in_isolate(std::string_view source,
                                 const std::string &sha, Outcome *outcome);
+    /* spent_ms: what compiling the plugin for this frame took already */
     std::string call_in_isolate(Plugin &p, const CallRequest &req,
-                                Outcome *outcome);
+                                Outcome *outcome, int spent_ms);
     Outcome settle(bool fired, bool failed, bool terminated);
     std::string failure_reply(Outcome o, const std::string &what,
                               int budget_ms, const std::string &message,

@@ -702,3 +702,17 @@ ${hookPlugin('heap-hog', 'for (let i = 0; i < 20; i++) keep.push(new Array(1 << 
     assert.deepEqual(await c.call(hog.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 20 });
     await c.close();
 });
+
+test('a call that compiles its plugin first has one deadline for both', async (t) => {
+    const h = await soloHelper(t, { deadlineMs: 1000 });
+    const c = await h.connect();
+    // a module whose top level takes 600 ms, and a hook that never ends
+    const source = `const until = Date.now() + 600; while (Date.now() < until) {}
+${hookPlugin('slow-compile', 'for (;;) {}')}`;
+    const t0 = Date.now();
+    const r = await c.request(CALL, { source, hook: 'buildSubmitRequest', args: [{}] });
+    const took = Date.now() - t0;
+    assert.equal(r.error.kind, 'timeout', JSON.stringify(r));
+    assert.ok(took < 1000 + 450, `the frame took ${took} ms, its deadline is 1000 ms`);
+    await c.close();
+});
