@@ -256,7 +256,21 @@ redact_secrets(std::string_view s)
 std::string
 clean_plugin_message(std::string_view raw)
 {
-    std::string s = redact_secrets(utf8_prefix(raw, kMaxRawMessage));
+    std::string_view head = utf8_prefix(raw, kMaxRawMessage);
+
+    /* a key cut by the limit could be too short to be recognised: a run of
+       key characters that goes on past the cut goes */
+    if (head.size() < raw.size()
+        && key_char(static_cast<unsigned char>(raw[head.size()])))
+    {
+        size_t n = head.size();
+        while (n > 0 && key_char(static_cast<unsigned char>(head[n - 1]))) {
+            n--;
+        }
+        head = head.substr(0, n);
+    }
+
+    std::string s = redact_secrets(head);
 
     if (s.size() > kMaxPluginMessage) {
         std::string cut(utf8_prefix(s, kMaxPluginMessage - 3));

@@ -716,3 +716,18 @@ ${hookPlugin('slow-compile', 'for (;;) {}')}`;
     assert.ok(took < 1000 + 450, `the frame took ${took} ms, its deadline is 1000 ms`);
     await c.close();
 });
+
+test('a key cut by the 8 KiB limit on raw messages is not shown in part', async (t) => {
+    const h = await soloHelper(t);
+    const c = await h.connect();
+    // "Error: " + 8,176 bytes whose secret field shrinks to [redacted], then
+    // a key that the 8 KiB cut leaves 9 characters of
+    const p = await c.load(hookPlugin('cut-key',
+        'throw new Error(\'{"password":"\' + "p".repeat(8160) + \'"} sk-\' + "a1".repeat(30));'));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    const r = await c.call(p.sha, 'buildSubmitRequest', [{}]);
+    assert.equal(r.error.kind, 'plugin');
+    assert.match(r.error.message, /"password":"\[redacted\]"/);
+    assert.ok(!r.error.message.includes('sk-a1'), r.error.message);
+    await c.close();
+});
