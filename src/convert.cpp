@@ -1182,6 +1182,76 @@ gemini_schema_type(const json_t *type, json_t *out)
 }
 
 
+/*
+ * What Gemini's Schema refuses, made into what it takes: a format other
+ * than its own for the type (string: enum, date-time; number: float,
+ * double; integer: int32, int64) is dropped; an enum of other than
+ * strings, and a const, become words of the description ("one of: 1, 2"),
+ * except a string const, which is a one-value enum.
+ */
+void
+gemini_schema_values(const json_t *s, json_t *out)
+{
+    std::string_view type = json_str(out, "type");
+    std::string_view format = json_str(out, "format");
+
+    if (!format.empty()) {
+        bool ok = (type == "string" && (format == "enum"
+                                        || format == "date-time"))
+                  || (type == "number" && (format == "float"
+                                           || format == "double"))
+                  || (type == "integer" && (format == "int32"
+                                            || format == "int64"));
+        if (!ok) {
+            json_object_del(out, "format");
+        }
+    }
+
+    const json_t *values = json_object_get(s, "enum");
+    const json_t *konst = json_object_get(s, "const");
+    std::string note;
+    auto text = [](const json_t *x) {
+        char b[64];
+        size_t n = json_dumpb(x, b, sizeof(b), JSON_COMPACT | JSON_ENCODE_ANY);
+        return n <= sizeof(b) ? std::string(b, n) : std::string("...");
+    };
+    size_t  i;
+    json_t *v;
+
+    if (json_is_array(values)) {
+        bool strings = true;
+        json_array_foreach(values, i, v) {
+            strings = strings && json_is_string(v);
+        }
+        if (!strings) {
+            json_object_del(out, "enum");
+            json_array_foreach(values, i, v) {
+                note += (i ? ", " : "") + text(v);
+            }
+            note = "one of: " + note;
+        }
+    }
+
+    if (konst != nullptr) {
+        if (json_is_string(konst)) {
+            json_t *one = json_array();
+            append(one, json_incref(const_cast<json_t *>(konst)));
+            put(out, "enum", one);
+            if (type.empty()) {
+                put(out, "type", "string");
+            }
+        } else {
+            note = "always " + text(konst);
+        }
+    }
+
+    if (!note.empty()) {
+        std::string d(json_str(out, "description"));
+        put(out, "description", d.empty() ? note : d + " (" + note + ")");
+    }
+}
+
+
 json_t *
 gemini_schema(const json_t *s, int depth)
 {
@@ -1201,6 +1271,8 @@ gemini_schema(const json_t *s, int depth)
         gemini_schema_type(type, out);
     }
 
+    gemini_schema_values(s, out);
+
     if (json_is_object(json_object_get(s, "properties"))) {
         put(out, "properties",
             gemini_schema_map(json_object_get(s, "properties"), depth));
@@ -1215,8 +1287,11 @@ gemini_schema(const json_t *s, int depth)
     json_t *v;
     Json any(json_array());
 
-    json_array_foreach(json_object_get(s, "anyOf"), i, v) {
-        append(any.get(), gemini_schema(v, depth + 1));
+    /* Gemini has anyOf only: oneOf's alternatives are taken as anyOf's */
+    for (const char *alt : { "anyOf", "oneOf" }) {
+        json_array_foreach(json_object_get(s, alt), i, v) {
+            append(any.get(), gemini_schema(v, depth + 1));
+        }
     }
 
     if (json_array_size(any.get()) > 0) {
@@ -1341,6 +1416,14 @@ gemini_generation_config(const json_t *in, json_t *body)
 
     if (format == "json_object" || format == "json_schema") {
         put(gc.get(), "responseMimeType", "application/json");
+    }
+
+    const json_t *schema = json_object_get(
+        json_object_get(json_object_get(in, "response_format"), "json_schema"),
+        "schema");
+
+    if (format == "json_schema" && json_is_object(schema)) {
+        put(gc.get(), "responseSchema", gemini_schema(schema, 0));
     }
 
     if (json_object_size(gc.get()) > 0) {

@@ -713,6 +713,42 @@ test_gemini_tool_result_needs_a_matching_call(void **state)
 
 
 static void
+test_gemini_schema_formats_enums_consts_and_one_of(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'f',"
+        "'parameters':{'type':'object','properties':{"
+        "'u':{'type':'string','format':'uri'},"
+        "'t':{'type':'string','format':'date-time'},"
+        "'n':{'type':'integer','enum':[1,2],'description':'count'},"
+        "'k':{'const':'x'},"
+        "'o':{'oneOf':[{'type':'string'},{'type':'integer'}]}}}}}],"
+        "'response_format':{'type':'json_schema','json_schema':{'name':'r',"
+        "'schema':{'type':'object','properties':{'v':{'type':'string',"
+        "'format':'email'}}}}},"
+        "'messages':[{'role':'user','content':'q'}]}");
+    json_t *p = at(j, "tools/0/functionDeclarations/0/parameters/properties");
+    (void) state;
+
+    assert_null(at(p, "u/format"));
+    assert_string_equal(str_at(p, "t/format"), "date-time");
+    assert_null(at(p, "n/enum"));
+    assert_string_equal(str_at(p, "n/description"), "count (one of: 1, 2)");
+    assert_string_equal(str_at(p, "k/enum/0"), "x");
+    assert_string_equal(str_at(p, "k/type"), "string");
+    assert_string_equal(str_at(p, "o/anyOf/1/type"), "integer");
+    /* a JSON schema answer: its schema too */
+    assert_string_equal(str_at(j, "generationConfig/responseMimeType"),
+                        "application/json");
+    assert_string_equal(
+        str_at(j, "generationConfig/responseSchema/properties/v/type"),
+        "string");
+    assert_null(at(j, "generationConfig/responseSchema/properties/v/format"));
+    json_decref(j);
+}
+
+
+static void
 test_gemini_tool_schema_keeps_only_keys_gemini_knows(void **state)
 {
     json_t *j = request(LLMGW_EP_CHAT, 24,
@@ -1927,6 +1963,7 @@ main(void)
         cmocka_unit_test(test_gemini_tool_result_needs_a_matching_call),
         cmocka_unit_test(
             test_gemini_tool_schema_keeps_only_keys_gemini_knows),
+        cmocka_unit_test(test_gemini_schema_formats_enums_consts_and_one_of),
         cmocka_unit_test(
             test_anthropic_system_blocks_become_first_system_message),
         cmocka_unit_test(
