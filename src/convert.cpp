@@ -802,7 +802,12 @@ anthropic_params(const json_t *in, json_t *body)
             json_real(std::clamp(json_number_value(t), 0.0, 1.0)));
     }
 
-    copy_number(body, "top_p", in, "top_p");
+    /* top_p 1 samples from everything, as if it were not given; newer
+       Claude models refuse a request with both it and a temperature */
+    const json_t *top_p = json_object_get(in, "top_p");
+    if (json_is_number(top_p) && json_number_value(top_p) < 1.0) {
+        copy_number(body, "top_p", in, "top_p");
+    }
 
     if (json_t *stop = stop_list(json_object_get(in, "stop"))) {
         put(body, "stop_sequences", stop);

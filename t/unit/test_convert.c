@@ -584,6 +584,14 @@ test_sampling_fields_carry_over_to_anthropic(void **state)
     assert_true(json_is_true(at(j, "stream")));
     json_decref(j);
 
+    /* top_p 1 is the same as none: not sent beside a temperature */
+    j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','temperature':0.5,'top_p':1,"
+        "'messages':[{'role':'user','content':'q'}]}");
+    assert_true(num_at(j, "temperature") == 0.5);
+    assert_null(at(j, "top_p"));
+    json_decref(j);
+
     /* OpenAI's range is 0..2, Anthropic's 0..1 */
     j = request(LLMGW_EP_CHAT, 14,
         "{'model':'m','temperature':1.7,'stop':['a','b'],"
