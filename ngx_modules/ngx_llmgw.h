@@ -195,6 +195,7 @@ struct ngx_llmgw_ctx_s {
     unsigned                   responded:1;  /* a body was sent by us */
     unsigned                   upstream_header:1;
     unsigned                   error_mode:1;
+    unsigned                   whole_for_stream:1;  /* JSON, stream asked */
     unsigned                   errpage:1;
     unsigned                   errpage_sent:1;
     unsigned                   waiting:1;

@@ -1005,6 +1005,7 @@ ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
     ctx->length = -1;
     ctx->status = 0;
     ctx->error_mode = 0;
+    ctx->whole_for_stream = 0;
     ctx->upstream_header = 0;
     ctx->error_body = NULL;
 
@@ -1143,6 +1144,24 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
                 continue;
             }
 
+            /*
+             * A stream was asked for and the upstream answers one JSON
+             * body (it ignored "stream"): the client still gets a stream,
+             * made of that answer at its end.
+             */
+            if (!ctx->error_mode
+                && key.len == 12
+                && ngx_strncasecmp(key.data, (u_char *) "Content-Type", 12)
+                   == 0
+                && (llmgw_req_stream(ctx->req) || ctx->endpoint.stream)
+                && ngx_strlcasestrn(value.data, value.data + value.len,
+                                    (u_char *) "application/json", 16 - 1)
+                   != NULL)
+            {
+                ctx->whole_for_stream = 1;
+                ngx_str_set(&value, "text/event-stream");
+            }
+
             key.data = ngx_pstrdup(r->pool, &key);
             value.data = ngx_pstrdup(r->pool, &value);
 
@@ -1200,10 +1219,19 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
 
     ctx->resp = llmgw_resp_new(ctx->endpoint.ep,
                                ctx->channels[ctx->current]->type,
-                               llmgw_req_stream(ctx->req)
-                               || ctx->endpoint.stream,
+                               (llmgw_req_stream(ctx->req)
+                                || ctx->endpoint.stream)
+                               && !ctx->whole_for_stream,
                                ctx->usage_injected);
-    if (ctx->resp == NULL || llmgw_resp_convert(ctx->resp, ctx->req) != 0) {
+    if (ctx->resp == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ctx->whole_for_stream) {
+        llmgw_resp_whole_for_stream(ctx->resp);
+    }
+
+    if (llmgw_resp_convert(ctx->resp, ctx->req) != 0) {
         return NGX_ERROR;
     }
 

@@ -3212,6 +3212,166 @@ StreamConverter::finish(std::string &out)
 }
 
 
+/* ---- a whole answer as a stream ---- */
+
+namespace {
+
+/* One chunk with the whole message, the usage chunk when asked, [DONE]. */
+std::string
+chat_stream_of(const json_t *a, bool include_usage)
+{
+    std::string out;
+    const json_t *choice = json_array_get(json_object_get(a, "choices"), 0);
+    const json_t *msg = json_object_get(choice, "message");
+    Json c(json_object());
+    json_t *delta = json_object();
+    json_t *ch = json_object();
+    json_t *choices = json_array();
+    size_t  i;
+    json_t *tc;
+
+    put_copy(c.get(), "id", json_object_get(a, "id"));
+    put(c.get(), "object", "chat.completion.chunk");
+    put_copy(c.get(), "created", json_object_get(a, "created"));
+    put_copy(c.get(), "model", json_object_get(a, "model"));
+
+    put(delta, "role", "assistant");
+    for (const char *k : { "content", "reasoning_content", "refusal" }) {
+        if (json_is_string(json_object_get(msg, k))) {
+            put_copy(delta, k, json_object_get(msg, k));
+        }
+    }
+    if (json_array_size(json_object_get(msg, "tool_calls")) > 0) {
+        json_t *calls = json_deep_copy(json_object_get(msg, "tool_calls"));
+        json_array_foreach(calls, i, tc) {
+            put_int(tc, "index", static_cast<int64_t>(i));
+        }
+        put(delta, "tool_calls", calls);
+    }
+
+    put_int(ch, "index", 0);
+    put(ch, "delta", delta);
+    put_copy(ch, "finish_reason", json_object_get(choice, "finish_reason"));
+    append(choices, ch);
+    put(c.get(), "choices", choices);
+    emit_data(out, c.get());
+
+    if (include_usage && json_is_object(json_object_get(a, "usage"))) {
+        put(c.get(), "choices", json_array());
+        put_copy(c.get(), "usage", json_object_get(a, "usage"));
+        emit_data(out, c.get());
+    }
+
+    out += "data: [DONE]\n\n";
+    return out;
+}
+
+
+/* message_start, each block whole, message_delta, message_stop. */
+std::string
+messages_stream_of(const json_t *m)
+{
+    std::string out;
+    const json_t *usage = json_object_get(m, "usage");
+    Json start(json_object());
+    json_t *msg = json_deep_copy(m);
+    size_t  i;
+    json_t *b;
+
+    put(msg, "content", json_array());
+    put(msg, "stop_reason", json_null());
+    put(msg, "stop_sequence", json_null());
+    put(start.get(), "type", "message_start");
+    put(start.get(), "message", msg);
+    emit_event(out, "message_start", start.get());
+
+    json_array_foreach(json_object_get(m, "content"), i, b) {
+        std::string_view type = json_str(b, "type");
+        Json ev(json_object());
+        json_t *block = json_object();
+        json_t *delta = json_object();
+
+        put(block, "type", type);
+        if (type == "text") {
+            put(block, "text", "");
+            put(delta, "type", "text_delta");
+            put_copy(delta, "text", json_object_get(b, "text"));
+        } else if (type == "thinking") {
+            put(block, "thinking", "");
+            put(block, "signature", "");
+            put(delta, "type", "thinking_delta");
+            put_copy(delta, "thinking", json_object_get(b, "thinking"));
+        } else if (type == "tool_use") {
+            put_copy(block, "id", json_object_get(b, "id"));
+            put_copy(block, "name", json_object_get(b, "name"));
+            put(block, "input", json_object());
+            put(delta, "type", "input_json_delta");
+            put(delta, "partial_json", json_dump(json_object_get(b, "input")));
+        } else {
+            json_decref(block);
+            json_decref(delta);
+            block = json_deep_copy(b);
+            delta = nullptr;
+        }
+
+        put(ev.get(), "type", "content_block_start");
+        put_int(ev.get(), "index", static_cast<int64_t>(i));
+        put(ev.get(), "content_block", block);
+        emit_event(out, "content_block_start", ev.get());
+
+        if (delta != nullptr) {
+            Json d(json_object());
+            put(d.get(), "type", "content_block_delta");
+            put_int(d.get(), "index", static_cast<int64_t>(i));
+            put(d.get(), "delta", delta);
+            emit_event(out, "content_block_delta", d.get());
+        }
+
+        Json stop(json_object());
+        put(stop.get(), "type", "content_block_stop");
+        put_int(stop.get(), "index", static_cast<int64_t>(i));
+        emit_event(out, "content_block_stop", stop.get());
+    }
+
+    Json md(json_object());
+    json_t *d = json_object();
+    put_copy(d, "stop_reason", json_object_get(m, "stop_reason"));
+    put_copy(d, "stop_sequence", json_object_get(m, "stop_sequence"));
+    put(md.get(), "type", "message_delta");
+    put(md.get(), "delta", d);
+    if (json_is_object(usage)) {
+        put(md.get(), "usage", json_deep_copy(usage));
+    }
+    emit_event(out, "message_delta", md.get());
+
+    Json stop(json_object());
+    put(stop.get(), "type", "message_stop");
+    emit_event(out, "message_stop", stop.get());
+    return out;
+}
+
+}  // namespace
+
+
+std::string
+stream_of_answer(llmgw_endpoint_e client, const json_t *answer,
+    bool include_usage)
+{
+    switch (client) {
+    case LLMGW_EP_CHAT:
+        return chat_stream_of(answer, include_usage);
+    case LLMGW_EP_MESSAGES:
+        return messages_stream_of(answer);
+    default: {
+        /* Gemini's stream is a series of whole answers: this one */
+        std::string out;
+        emit_data(out, answer);
+        return out;
+    }
+    }
+}
+
+
 /* ---- errors ---- */
 
 namespace {

@@ -81,6 +81,15 @@ private:
 };
 
 /*
+ * An answer the upstream sent whole although the client asked for a stream
+ * (it ignored "stream"), as the stream the client expects: chat chunks and
+ * [DONE], Messages events, or one Gemini event.  The answer is already in
+ * the client's format.
+ */
+std::string stream_of_answer(llmgw_endpoint_e client, const json_t *answer,
+    bool include_usage);
+
+/*
  * An error body in the client's format.  message already ends with the
  * request id.  Messages clients get Anthropic's shape
  * {"type":"error","error":{"type","message"}}, everyone else

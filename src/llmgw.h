@@ -353,6 +353,12 @@ int llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
  * changes (its length is no longer the upstream's).
  */
 int llmgw_resp_convert(llmgw_resp_t *resp, const llmgw_req_t *req);
+/*
+ * Before llmgw_resp_convert, for a resp made with stream 0: the client asked
+ * for a stream but the upstream answers with one whole JSON body; it is
+ * held and sent as the stream the client expects at llmgw_resp_finish.
+ */
+void llmgw_resp_whole_for_stream(llmgw_resp_t *resp);
 int llmgw_resp_rewrites(const llmgw_resp_t *resp);
 
 /* End of the upstream body; may return trailing bytes for the client. */

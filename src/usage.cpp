@@ -39,6 +39,8 @@ struct llmgw_resp_s {
     std::string                       client_model;
     const json_t                     *client_req = nullptr;
     bool                              hold_json = false;
+    /* the client asked for a stream, the upstream answered whole */
+    bool                              whole_for_stream = false;
     std::unique_ptr<StreamConverter>  conv;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
@@ -437,6 +439,20 @@ converted_json(llmgw_resp_s &r)
     Json out;
     std::string err;
 
+    if (in && r.whole_for_stream) {
+        bool same = !can_convert(r.client, r.type);
+        if (same || convert_response(r.type, r.client, in.get(),
+                                     r.client_model, out, err))
+        {
+            return stream_of_answer(r.client, same ? in.get() : out.get(),
+                                    json_is_true(json_object_get(
+                                        json_object_get(r.client_req,
+                                                        "stream_options"),
+                                        "include_usage")));
+        }
+        return r.body;
+    }
+
     if (in) {
         bool ok = r.client == LLMGW_EP_RERANK
                   ? rerank_response(r.type, in.get(), r.client_req, out, err)
@@ -487,7 +503,9 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
 
         r->client = client;
 
-        if (client != LLMGW_EP_RERANK && !can_convert(client, r->type)) {
+        if (client != LLMGW_EP_RERANK && !can_convert(client, r->type)
+            && !r->whole_for_stream)
+        {
             return 0;
         }
 
@@ -496,6 +514,11 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
 
         r->client_req = body;
         r->client_model = json_str(body, "model");
+
+        if (r->whole_for_stream) {
+            r->hold_json = true;
+            return 0;
+        }
 
         if (client == LLMGW_EP_RERANK) {
             r->hold_json = !r->stream;
@@ -524,6 +547,13 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
     } catch (...) {
         return -1;
     }
+}
+
+
+extern "C" void
+llmgw_resp_whole_for_stream(llmgw_resp_t *r)
+{
+    r->whole_for_stream = true;
 }
 
 

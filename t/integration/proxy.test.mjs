@@ -7,7 +7,7 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, hex, makeChannel, makeUserKey,
-    settle, sseEvents, startGateway, stopAll, times, uniq,
+    settle, sseEvents, startGateway, stopAll, times, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
     anthropicError, anthropicMessage, anthropicStream, echo, openaiChat,
@@ -210,6 +210,43 @@ describe('proxy', { timeout: 180000 }, () => {
         assert.ok(first.t <= written[1] - GAP_MS / 2,
             `first chunk reached the client ${first.t - written[0]} ms after it was ` +
             `written; the next was written ${written[1] - written[0]} ms after it`);
+    });
+
+    test('an upstream that answers a stream request whole: the client still gets its stream, billed from the answer', async () => {
+        oa.handler = (req, res, rec) => sendJson(res, 200, openaiChat({
+            model: rec.json.model, content: 'whole answer',
+            usage: { prompt_tokens: 7, completion_tokens: 31 },
+        }));
+        try {
+            const r = await gw.chat(key, M, { extra: { stream: true } });
+            assertOk(r);
+            assert.match(r.headers['content-type'], /^text\/event-stream/);
+            const ev = sseEvents(r.text);
+            assert.equal(ev[ev.length - 1].data, '[DONE]');
+            const first = JSON.parse(ev[0].data);
+            assert.equal(first.object, 'chat.completion.chunk');
+            assert.equal(first.choices[0].delta.content, 'whole answer');
+            assert.equal(first.choices[0].finish_reason, 'stop');
+            assert.equal(ev.length, 2, 'no usage chunk the client did not ask for');
+            const id = r.headers['x-request-id'];
+            await waitLogs(gw, { model: M }, (items) => items.some((i) =>
+                i.request_id === id && i.completion_tokens === 31 && i.prompt_tokens === 7));
+
+            /* a Messages client of the same OpenAI channel */
+            const m = await gw.messages(key, M, { extra: { stream: true } });
+            assertOk(m);
+            assert.deepEqual(sseEvents(m.text).map((e) => e.event), [
+                'message_start', 'content_block_start', 'content_block_delta',
+                'content_block_stop', 'message_delta', 'message_stop',
+            ]);
+            const delta = JSON.parse(sseEvents(m.text)[2].data);
+            assert.equal(delta.delta.text, 'whole answer');
+            const md = JSON.parse(sseEvents(m.text)[4].data);
+            assert.equal(md.delta.stop_reason, 'end_turn');
+            assert.equal(md.usage.output_tokens, 31);
+        } finally {
+            oa.handler = echo;
+        }
     });
 
     test('Anthropic streaming reaches the client event by event', async () => {
