@@ -234,8 +234,23 @@ llmgw_upstream_error_for(int client_ep, int status, const char *body,
         message += llmgw::sv(request_id);
         message += ")";
 
+        /* an Anthropic upstream's own error type (overloaded_error, ...)
+           is kept: that format's own style */
+        std::string type = "upstream_error";
+        const json_t *err = json_object_get(root.get(), "error");
+        std::string_view own = llmgw::json_str(err, "type");
+
+        if (llmgw::json_str(root.get(), "type") == "error" && own.size() > 6
+            && own.size() < 64
+            && own.substr(own.size() - 6) == "_error"
+            && own.find_first_not_of("abcdefghijklmnopqrstuvwxyz_")
+               == std::string_view::npos)
+        {
+            type = std::string(own);
+        }
+
         return llmgw::make_buf(llmgw::convert_error(
-            LLMGW_EP_MESSAGES, status, valid_utf8(message), "upstream_error",
+            LLMGW_EP_MESSAGES, status, valid_utf8(message), type,
             upstream_code(root.get())));
 
     } catch (...) {

@@ -258,8 +258,8 @@ clean_plugin_message(std::string_view raw)
 {
     std::string_view head = utf8_prefix(raw, kMaxRawMessage);
 
-    /* a key cut by the limit could be too short to be recognised: a run of
-       key characters that goes on past the cut goes */
+    /* a key cut by the limit could be left too short to be recognised
+       (24 characters): such a short run that went on past the cut goes */
     if (head.size() < raw.size()
         && key_char(static_cast<unsigned char>(raw[head.size()])))
     {
@@ -267,7 +267,9 @@ clean_plugin_message(std::string_view raw)
         while (n > 0 && key_char(static_cast<unsigned char>(head[n - 1]))) {
             n--;
         }
-        head = head.substr(0, n);
+        if (head.size() - n < 24) {
+            head = head.substr(0, n);
+        }
     }
 
     std::string s = redact_secrets(head);

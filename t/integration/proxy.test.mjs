@@ -179,6 +179,15 @@ describe('proxy', { timeout: 180000 }, () => {
         assert.equal(r.status, 400, r.text);
         assert.ok(r.text.includes('max_tokens: must be positive'), r.text);
         assert.ok(r.headers['x-request-id']);
+        /* in Anthropic's shape, with Anthropic's own error type */
+        assert.equal(r.json.type, 'error');
+        assert.equal(r.json.error.type, 'invalid_request_error');
+
+        an.handler = (req, res) => anthropicError(res, 529, 'Overloaded', { type: 'overloaded_error' });
+        const o = await gw.messages(key, AM);
+        an.handler = echo;
+        assert.equal(o.status, 529, o.text);
+        assert.equal(o.json.error.type, 'overloaded_error');
     });
 
     test('OpenAI streaming reaches the client chunk by chunk', async () => {
