@@ -2219,6 +2219,20 @@ llmgw_tjob_s::poll_saved()
         return emit(LLMGW_TSTEP_DONE);
     }
 
+    /*
+     * Only a statement the database ran and refused ("ERROR: ...") is about
+     * the update itself; no answer in time, a full queue or a lost
+     * connection is about the database, and every further statement would
+     * wait as long: the tasks are left to the next pass after the lease.
+     */
+    if (sql_error.rfind("ERROR:", 0) != 0) {
+        poll_log.push_back("saving polled tasks failed (" + sql_error
+                           + "); they are polled again after the lease");
+        phase = FINISHED;
+        step = llmgw_tstep_t {};
+        return emit(LLMGW_TSTEP_DONE);
+    }
+
     if (!save_single) {
         if (tasks.size() > 1) {
             poll_log.push_back("saving " + std::to_string(tasks.size())
@@ -2243,7 +2257,7 @@ llmgw_tjob_s::poll_saved()
                        + sql_error);
 
     if (save_refused) {
-        /* even the failure count was refused: the database is unwell */
+        /* even the failure count was refused */
         save_at++;
         save_refused = false;
         return poll_save_one();
