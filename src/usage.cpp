@@ -567,9 +567,19 @@ llmgw_resp_rewrites(const llmgw_resp_t *r)
 extern "C" void
 llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u)
 {
+    /* what an upstream says is bounded: never below 0 (a credit), never
+       past 2^40 tokens (where the quota arithmetic would overflow) */
+    static constexpr int64_t kMaxTokens = int64_t(1) << 40;
+    auto bound = [](int64_t v) { return std::clamp<int64_t>(v, 0, kMaxTokens); };
+
     *u = r->usage;
 
     if (!u->known) {
         u->completion_tokens = static_cast<int64_t>(r->text_bytes / 4);
     }
+
+    u->prompt_tokens = bound(u->prompt_tokens);
+    u->completion_tokens = bound(u->completion_tokens);
+    u->cache_read_tokens = bound(u->cache_read_tokens);
+    u->cache_creation_tokens = bound(u->cache_creation_tokens);
 }

@@ -154,6 +154,24 @@ test_usage_is_read_from_an_answer_with_an_integer_beyond_int64(void **state)
 
 
 static void
+test_usage_counts_are_bounded(void **state)
+{
+    static const char body[] =
+        "{\"id\":\"c\",\"choices\":[{\"index\":0,\"message\":"
+        "{\"role\":\"assistant\",\"content\":\"x\"}}],"
+        "\"usage\":{\"prompt_tokens\":99999999999999999999,"
+        "\"completion_tokens\":-5}}";
+    run_t r = run(LLMGW_EP_CHAT, 1, 0, 0, body);
+    (void) state;
+
+    assert_int_equal(r.u.known, 1);
+    assert_int_equal(r.u.prompt_tokens, (int64_t) 1 << 40);
+    assert_int_equal(r.u.completion_tokens, 0);
+    free(r.out);
+}
+
+
+static void
 test_gemini_usage_metadata_counts_thoughts_as_completion(void **state)
 {
     static const char body[] =
@@ -547,6 +565,7 @@ main(void)
         cmocka_unit_test(test_openai_json_usage_is_read),
         cmocka_unit_test(
             test_usage_is_read_from_an_answer_with_an_integer_beyond_int64),
+        cmocka_unit_test(test_usage_counts_are_bounded),
         cmocka_unit_test(
             test_anthropic_json_usage_reads_cache_read_and_creation),
         cmocka_unit_test(
