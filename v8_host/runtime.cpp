@@ -583,7 +583,7 @@ Runtime::failure_reply(Outcome o, const std::string &what, int budget_ms,
 }
 
 void
-Runtime::replace_engine_if_needed()
+Runtime::replace_engine_if_needed(bool after_call)
 {
     size_t cap = static_cast<size_t>(limits_.heap_mb) << 20;
     bool kept = false;
@@ -592,10 +592,15 @@ Runtime::replace_engine_if_needed()
         /*
          * The heap is shared by every plugin of this worker: one that keeps
          * memory in its module's globals would leave the others too little
-         * to run.  Over half the cap even after a full collection, the
-         * isolate is replaced as if the cap had been hit (the call that
-         * just ended has its answer).
+         * to run.  After a call (not a load, whose plugin is about to be
+         * called), with other plugins loaded, over half the cap in use even
+         * after a full collection: the isolate is replaced as if the cap
+         * had been hit (the call that just ended has its answer).
          */
+        if (!after_call || lru_.size() < 2) {
+            return;
+        }
+
         v8::Isolate *iso = engine_->isolate();
         v8::HeapStatistics hs;
 
@@ -668,7 +673,7 @@ Runtime::load(std::string_view source, Outcome *outcome)
     }
 
     std::string reply = load_in_isolate(source, sha, outcome);
-    replace_engine_if_needed();
+    replace_engine_if_needed(false);
 
     if (*outcome == Outcome::ok && store_ != nullptr) {
         store_->put(sha, source);
@@ -817,7 +822,7 @@ Runtime::call(const CallRequest &req, Outcome *outcome)
                      std::chrono::steady_clock::now() - started).count();
     std::string reply = call_in_isolate(p, req, outcome,
                                         static_cast<int>(spent));
-    replace_engine_if_needed();
+    replace_engine_if_needed(true);
     return reply;
 }
 

@@ -73,7 +73,9 @@ private:
     std::string failure_reply(Outcome o, const std::string &what,
                               int budget_ms, const std::string &message,
                               bool list_errors);
-    void replace_engine_if_needed();
+    /* after_call: also when plugins keep over half the heap (not after a
+       load, whose plugin is about to be called) */
+    void replace_engine_if_needed(bool after_call);
     void remember(Plugin &&p);
 
     Limits                     limits_;
