@@ -1396,6 +1396,58 @@ gemini_tool_config(const json_t *choice, json_t *body, std::string &err)
 }
 
 
+/*
+ * Whether Gemini's Schema can say what a JSON schema says: no references
+ * ($ref, $defs) and no object without properties (a free-form object or a
+ * map, which Gemini refuses).  When not, JSON mode alone is asked for.
+ */
+bool
+gemini_schema_expressible(const json_t *s, int depth)
+{
+    if (!json_is_object(s) || depth > kMaxSchemaDepth) {
+        return false;
+    }
+
+    const char *k;
+    json_t *v;
+
+    json_object_foreach(const_cast<json_t *>(s), k, v) {
+        std::string_view key(k);
+        if (key == "$ref" || key == "$defs" || key == "definitions") {
+            return false;
+        }
+    }
+
+    if (json_str(s, "type") == "object"
+        && json_object_size(json_object_get(s, "properties")) == 0)
+    {
+        return false;
+    }
+
+    json_object_foreach(json_object_get(s, "properties"), k, v) {
+        if (!gemini_schema_expressible(v, depth + 1)) {
+            return false;
+        }
+    }
+
+    size_t i;
+    if (json_is_object(json_object_get(s, "items"))
+        && !gemini_schema_expressible(json_object_get(s, "items"), depth + 1))
+    {
+        return false;
+    }
+    for (const char *alt : { "anyOf", "oneOf" }) {
+        json_array_foreach(json_object_get(s, alt), i, v) {
+            if (!gemini_schema_expressible(v, depth + 1)) {
+                return false;
+            }
+        }
+    }
+
+    return true;
+}
+
+
 void
 gemini_generation_config(const json_t *in, json_t *body)
 {
@@ -1427,7 +1479,9 @@ gemini_generation_config(const json_t *in, json_t *body)
         json_object_get(json_object_get(in, "response_format"), "json_schema"),
         "schema");
 
-    if (format == "json_schema" && json_is_object(schema)) {
+    if (format == "json_schema" && json_is_object(schema)
+        && gemini_schema_expressible(schema, 0))
+    {
         put(gc.get(), "responseSchema", gemini_schema(schema, 0));
     }
 
@@ -2804,6 +2858,7 @@ public:
 
         if (json_is_object(e)) {
             send_error(out, e);
+            errored_ = true;
             return;
         }
 
@@ -3049,6 +3104,12 @@ private:
         }
 
         stopped_ = true;
+
+        if (errored_) {
+            /* the upstream's error event said how the stream ended */
+            return;
+        }
+
         close_block(out);
 
         if (stop_reason_.empty() && !done_seen_) {
@@ -3091,6 +3152,7 @@ private:
     Open                         open_kind_ = Open::none;
     bool                         refused_ = false;
     bool                         done_seen_ = false;
+    bool                         errored_ = false;
     int64_t                      cached_ = 0;
     bool                         started_ = false;
     bool                         delta_sent_ = false;

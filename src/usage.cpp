@@ -390,11 +390,31 @@ llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
 
     try {
         if (!r->stream) {
-            if (r->body.size() + len > kMaxJsonBody && !r->hold_json) {
-                r->overflow = true;
+            if (r->overflow) {
+                /* past the JSON limit: passed on, billed by its size */
                 r->text_bytes += len;
+                return 0;
+            }
+
+            if (r->body.size() + len > kMaxJsonBody && r->hold_json) {
+                /* too large to hold for conversion: what was held and the
+                   rest go out as they came, billed by their size */
+                r->hold_json = false;
+                r->overflow = true;
+                r->text_bytes += r->body.size() + len;
+                r->body.append(data, len);
+                *out = make_buf(r->body);
                 r->body.clear();
-            } else if (!r->overflow) {
+                r->body.shrink_to_fit();
+                return out->data ? 0 : -1;
+            }
+
+            if (r->body.size() + len > kMaxJsonBody) {
+                r->overflow = true;
+                r->text_bytes += r->body.size() + len;
+                r->body.clear();
+                r->body.shrink_to_fit();
+            } else {
                 r->body.append(data, len);
             }
 

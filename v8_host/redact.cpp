@@ -257,9 +257,14 @@ std::string
 clean_plugin_message(std::string_view raw)
 {
     std::string_view head = utf8_prefix(raw, kMaxRawMessage);
+    bool cut_key = false;
 
-    /* a key cut by the limit could be left too short to be recognised
-       (24 characters): such a short run that went on past the cut goes */
+    /*
+     * A run of key characters the limit cuts could be part of a key that
+     * what is left no longer looks like (too short, or no digit yet): it
+     * goes, and a long one is shown as redacted (unless it is one
+     * character repeated, which is no key).
+     */
     if (head.size() < raw.size()
         && key_char(static_cast<unsigned char>(raw[head.size()])))
     {
@@ -267,12 +272,20 @@ clean_plugin_message(std::string_view raw)
         while (n > 0 && key_char(static_cast<unsigned char>(head[n - 1]))) {
             n--;
         }
-        if (head.size() - n < 24) {
+        std::string_view run = head.substr(n);
+        if (run.size() < 24
+            || run.find_first_not_of(run[0]) != std::string_view::npos)
+        {
             head = head.substr(0, n);
+            cut_key = run.size() >= 24;
         }
     }
 
     std::string s = redact_secrets(head);
+
+    if (cut_key) {
+        s += kRedacted;
+    }
 
     if (s.size() > kMaxPluginMessage) {
         std::string cut(utf8_prefix(s, kMaxPluginMessage - 3));

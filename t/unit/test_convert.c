@@ -753,6 +753,26 @@ test_gemini_schema_formats_enums_consts_and_one_of(void **state)
         "string");
     assert_null(at(j, "generationConfig/responseSchema/properties/v/format"));
     json_decref(j);
+
+    /* what Gemini's Schema cannot say (a free-form object, a reference):
+       JSON mode alone */
+    j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','response_format':{'type':'json_schema','json_schema':"
+        "{'name':'r','schema':{'type':'object','properties':{"
+        "'meta':{'type':'object'}}}}},"
+        "'messages':[{'role':'user','content':'q'}]}");
+    assert_string_equal(str_at(j, "generationConfig/responseMimeType"),
+                        "application/json");
+    assert_null(at(j, "generationConfig/responseSchema"));
+    json_decref(j);
+
+    j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','response_format':{'type':'json_schema','json_schema':"
+        "{'name':'r','schema':{'type':'object','properties':{"
+        "'a':{'$ref':'#/$defs/A'}},'$defs':{'A':{'type':'string'}}}}},"
+        "'messages':[{'role':'user','content':'q'}]}");
+    assert_null(at(j, "generationConfig/responseSchema"));
+    json_decref(j);
 }
 
 
@@ -1685,6 +1705,17 @@ test_openai_stream_error_becomes_anthropic_error_event(void **state)
     assert_event(&evs, 0, "error");
     assert_string_equal(str_at(evs.ev[0].data, "error/type"), "server_error");
     assert_string_equal(str_at(evs.ev[0].data, "error/message"), "boom");
+    evs_free(&evs);
+
+    /* after some text: the one error event ends it */
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','content':'Hel'}", "null")
+        "data: {'error':{'message':'boom','type':'server_error'}}\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 4);
+    assert_event(&evs, 3, "error");
+    assert_string_equal(str_at(evs.ev[3].data, "error/message"), "boom");
     evs_free(&evs);
 }
 

@@ -172,6 +172,34 @@ test_usage_counts_are_bounded(void **state)
 
 
 static void
+test_json_over_the_limit_passes_and_is_billed_by_its_size(void **state)
+{
+    size_t  total = (17u << 20) + 8;
+    char   *body = malloc(total + 1);
+    size_t  cuts[17];
+    (void) state;
+
+    assert_non_null(body);
+    memcpy(body, "{\"x\":\"", 6);
+    memset(body + 6, 'a', total - 8);
+    memcpy(body + total - 2, "\"}", 2);
+    body[total] = '\0';
+    for (size_t i = 0; i < 17; i++) {
+        cuts[i] = (i + 1) << 20;
+    }
+
+    run_t r = run_cuts(LLMGW_EP_CHAT, 1, 0, 0, body, cuts, 17);
+
+    assert_int_equal(r.len, total);
+    assert_int_equal(r.u.known, 0);
+    /* every byte counts, those before the limit too */
+    assert_int_equal(r.u.completion_tokens, (int64_t) (total / 4));
+    free(r.out);
+    free(body);
+}
+
+
+static void
 test_gemini_usage_metadata_counts_thoughts_as_completion(void **state)
 {
     static const char body[] =
@@ -566,6 +594,8 @@ main(void)
         cmocka_unit_test(
             test_usage_is_read_from_an_answer_with_an_integer_beyond_int64),
         cmocka_unit_test(test_usage_counts_are_bounded),
+        cmocka_unit_test(
+            test_json_over_the_limit_passes_and_is_billed_by_its_size),
         cmocka_unit_test(
             test_anthropic_json_usage_reads_cache_read_and_creation),
         cmocka_unit_test(

@@ -739,5 +739,12 @@ test('a key cut by the 8 KiB limit on raw messages is not shown in part', async 
     assert.equal(r.error.kind, 'plugin');
     assert.match(r.error.message, /"password":"\[redacted\]"/);
     assert.ok(!r.error.message.includes('sk-a1'), r.error.message);
+
+    // 40 characters left of a key whose digits all come after the cut
+    const q = await c.load(hookPlugin('cut-key-2',
+        'throw new Error(\'{"password":"\' + "p".repeat(8129) + \'"} \' + "abcdefghij".repeat(4) + "0123456789".repeat(3));'));
+    const r2 = await c.call(q.sha, 'buildSubmitRequest', [{}]);
+    assert.ok(!r2.error.message.includes('abcdefghij'), r2.error.message);
+    assert.match(r2.error.message, /\[redacted\]$/);
     await c.close();
 });
