@@ -16,7 +16,8 @@ const char *const usage_text =
     "[--deadline-ms MS (5000)]\n"
     "                    [--heap-mb MB (64)] [--max-frame BYTES (16777216)] "
     "[--pidfile path]\n"
-    "                    [--source-cache-mb MB (64; 0: off)]\n";
+    "                    [--source-cache-mb MB (64; 0: off)] "
+    "[--max-memory-mb MB (8 x heap + 1024)]\n";
 
 static bool
 parse_long(const char *s, long lo, long hi, long *out)
@@ -46,6 +47,7 @@ static const IntOption int_options[] = {
     { "--heap-mb", 16, 4096 },
     { "--max-frame", 4096, 1L << 30 },
     { "--source-cache-mb", 0, 4096 },
+    { "--max-memory-mb", 128, 1L << 20 },
 };
 
 int
@@ -104,8 +106,10 @@ parse_options(int argc, char **argv, Options *o, std::string *err)
             o->heap_mb = static_cast<int>(v);
         } else if (io == &int_options[3]) {
             o->max_frame = static_cast<size_t>(v);
-        } else {
+        } else if (io == &int_options[4]) {
             o->source_cache_mb = static_cast<int>(v);
+        } else {
+            o->max_memory_mb = v;
         }
     }
 

@@ -18,6 +18,8 @@ struct Options {
     int          heap_mb = 64;           /* V8 heap cap per isolate */
     size_t       max_frame = 16777216;   /* largest frame body, both ways */
     int          source_cache_mb = 64;   /* sources shared by the workers */
+    long         max_memory_mb = 0;      /* a worker's data; 0: 8 x heap
+                                            + 1024 */
 };
 
 /* 0, or -1 with a message in err (the caller prints usage). */

@@ -15,11 +15,13 @@
 #include <csignal>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -276,16 +278,27 @@ Worker::handle(uint8_t type, std::string_view body, Outcome *o)
         return stats_reply(shared_, store_ != nullptr ? store_->count() : 0);
     }
 
-    if (type == LLMGW_FRAME_LOAD) {
-        std::string source;
-        if (read_load_body(body, &source, &err)) {
-            return runtime_.load(source, o);
+    try {
+        if (type == LLMGW_FRAME_LOAD) {
+            std::string source;
+            if (read_load_body(body, &source, &err)) {
+                return runtime_.load(source, o);
+            }
+        } else {
+            CallRequest req;
+            if (read_call_body(body, &req, &err)) {
+                return runtime_.call(req, o);
+            }
         }
-    } else {
-        CallRequest req;
-        if (read_call_body(body, &req, &err)) {
-            return runtime_.call(req, o);
-        }
+
+    } catch (const std::bad_alloc &) {
+        /* a result too large for the worker's memory (RLIMIT_DATA), met
+           outside JavaScript, where V8's own handler does not see it */
+        *o = Outcome::memory;
+        log(Level::warn, "a %s ran out of the worker's memory",
+            type == LLMGW_FRAME_LOAD ? "LOAD" : "CALL");
+        return error_reply("memory", "the plugin's result does not fit in "
+                                     "the runtime's memory");
     }
 
     *o = Outcome::bad_request;
@@ -415,6 +428,21 @@ run_worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
     sigaction(SIGTERM, &sa, nullptr);       /* no SA_RESTART: poll wakes */
     signal(SIGINT, SIG_IGN);                /* the supervisor forwards it */
     signal(SIGPIPE, SIG_IGN);
+
+    /*
+     * Memory outside V8's heap cap (one huge string is allowed past it
+     * before the call is stopped, ArrayBuffers, malloc) is bounded too: at
+     * --max-memory-mb (8 x the heap cap + 1 GiB) of data a worker's
+     * allocations fail, and
+     * V8's out-of-memory handler ends it (the supervisor starts another).
+     */
+    struct rlimit rl;
+    rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>(
+        o.max_memory_mb > 0 ? o.max_memory_mb
+                            : static_cast<long>(o.heap_mb) * 8 + 1024) << 20;
+    if (setrlimit(RLIMIT_DATA, &rl) != 0) {
+        log(Level::warn, "setrlimit(RLIMIT_DATA): %s", std::strerror(errno));
+    }
 
     v8_process_init();
 

@@ -748,3 +748,23 @@ test('a key cut by the 8 KiB limit on raw messages is not shown in part', async 
     assert.match(r2.error.message, /\[redacted\]$/);
     await c.close();
 });
+
+test('--max-memory-mb bounds a worker: a call needing more fails, the next is served', async (t) => {
+    const h = await soloHelper(t, { heapMb: 64, extra: ['--max-memory-mb', '160'] });
+    const c = await h.connect();
+    const p = await c.load(hookPlugin('mem-bound', "return { s: 'x'.repeat(ctx.n) };"));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    assert.equal((await c.call(p.sha, 'buildSubmitRequest', [{ n: 1 << 20 }])).ok, true);
+    const ready = h.readyCount();
+    // 48 MiB of string, then its JSON: more than 160 MiB in all
+    const big = await c.call(p.sha, 'buildSubmitRequest', [{ n: 48 << 20 }])
+        .then((r) => r.error && r.error.kind, (e) => e.message);
+    assert.ok(big === 'memory' || big === 'connection closed', String(big));
+    if (big === 'connection closed') {
+        await waitFor('the restarted worker', () => h.readyCount() > ready);
+    }
+    const c2 = await h.connect();
+    assert.deepEqual(await c2.call(p.sha, 'buildQueryRequest', [{}]),
+                     { ok: true, result: { url: 'https://example.com/q' } });
+    await c2.close();
+});
