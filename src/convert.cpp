@@ -3389,6 +3389,18 @@ messages_stream_of(const json_t *m)
             emit_event(out, "content_block_delta", d.get());
         }
 
+        /* a thinking block's signature comes as its own delta */
+        if (type == "thinking" && !json_str(b, "signature").empty()) {
+            Json d(json_object());
+            json_t *sig = json_object();
+            put(sig, "type", "signature_delta");
+            put_copy(sig, "signature", json_object_get(b, "signature"));
+            put(d.get(), "type", "content_block_delta");
+            put_int(d.get(), "index", static_cast<int64_t>(i));
+            put(d.get(), "delta", sig);
+            emit_event(out, "content_block_delta", d.get());
+        }
+
         Json stop(json_object());
         put(stop.get(), "type", "content_block_stop");
         put_int(stop.get(), "index", static_cast<int64_t>(i));

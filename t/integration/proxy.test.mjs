@@ -256,6 +256,25 @@ describe('proxy', { timeout: 180000 }, () => {
         } finally {
             oa.handler = echo;
         }
+
+        /* an Anthropic channel: thinking keeps its signature */
+        an.handler = (req, res, rec) => sendJson(res, 200, {
+            id: 'msg_w', type: 'message', role: 'assistant', model: rec.json.model,
+            content: [{ type: 'thinking', thinking: 'hm', signature: 'sig-123' },
+                { type: 'text', text: 'ok' }],
+            stop_reason: 'end_turn', stop_sequence: null,
+            usage: { input_tokens: 3, output_tokens: 4 },
+        });
+        try {
+            const a = await gw.messages(key, AM, { extra: { stream: true } });
+            assertOk(a);
+            const ev = sseEvents(a.text).map((e) => JSON.parse(e.data));
+            assert.ok(ev.some((e) => e.delta && e.delta.type === 'signature_delta' &&
+                e.delta.signature === 'sig-123'), a.text);
+            assert.ok(ev.some((e) => e.delta && e.delta.text === 'ok'), a.text);
+        } finally {
+            an.handler = echo;
+        }
     });
 
     test('Anthropic streaming reaches the client event by event', async () => {
