@@ -192,7 +192,12 @@ ngx_llmgw_task_request_gone(void *data)
     rn->request = NULL;
     rn->gone = 1;
 
-    if (!rn->inflight && !rn->driving) {
+    /*
+     * A stream being read (an SSE submit the vendor accepted) goes on, as
+     * a JSON submit would, until the task is stored: the vendor's task
+     * must not be left without a row and its charge.
+     */
+    if (!rn->inflight && !rn->driving && rn->http == NULL) {
         ngx_llmgw_runner_free(rn);
     }
 }
