@@ -526,6 +526,14 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
     fresh = 0;
 
     /*
+     * Not a kept-alive connection unless one is found below: nginx adds a
+     * try whenever a connection marked cached fails, so a mark left from
+     * an earlier try would retry for ever.
+     */
+    pc->cached = 0;
+    pc->connection = NULL;
+
+    /*
      * nginx adds a try when a kept-alive connection failed (the channel may
      * simply have closed it): that try goes to the same channel, afresh.
      */

@@ -266,3 +266,50 @@ describe('routing and retries', { timeout: 240000 }, () => {
         assert.ok(heavy > light, `weight 3: ${heavy}, weight 1: ${light}`);
     });
 });
+
+describe('a kept-alive channel connection that closes without answering', { timeout: 60000 }, () => {
+    let db, gw, key, a, b;
+    const M = uniq('gpt-kaclose');
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, workers: 1 });
+        a = await startMock(answer('from A'));
+        b = await startMock(answer('from B'));
+        await makeChannel(gw, { base_url: a.url, models: [M], priority: 10 });
+        await makeChannel(gw, { base_url: b.url, models: [M], priority: 5 });
+        ({ key } = await makeUserKey(gw));
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await a?.close();
+            await b?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('is retried once afresh, then the next channel: the tries stay bounded', async () => {
+        assertOk(await gw.chat(key, M));        /* A's connection is kept */
+        /* from now on A reads each request and hangs up */
+        a.handler = (req) => { req.socket.destroy(); };
+        a.reset();
+        const t0 = Date.now();
+        const r = await gw.chat(key, M, { timeoutMs: 10000 });
+        assertOk(r);
+        assert.equal(r.json.choices[0].message.content, 'from B');
+        assert.ok(Date.now() - t0 < 3000, `answered after ${Date.now() - t0} ms`);
+        assert.equal(a.requests.length, 2, 'A: the kept connection, then one new one');
+        /* A alone: a 502, after the same two tries */
+        b.handler = (req) => { req.socket.destroy(); };
+        a.reset();
+        b.reset();
+        const r2 = await gw.chat(key, M, { timeoutMs: 10000 });
+        assertError(r2, 502, { code: 'do_request_failed' });
+        assert.ok(a.requests.length <= 2 && b.requests.length <= 2,
+            `tries: A ${a.requests.length}, B ${b.requests.length}`);
+    });
+});
