@@ -103,6 +103,28 @@ ngx_llmgw_admin_handler(ngx_http_request_t *r)
 }
 
 
+/* A POST, PUT or PATCH body whose text cannot start a JSON object. */
+static ngx_uint_t
+ngx_llmgw_admin_not_object(ngx_http_request_t *r, ngx_str_t *body)
+{
+    u_char  *p, *last;
+
+    if (!(r->method & (NGX_HTTP_POST | NGX_HTTP_PUT | NGX_HTTP_PATCH))
+        || body->len == 0)
+    {
+        return 0;
+    }
+
+    for (p = body->data, last = p + body->len; p < last; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            return *p != '{';
+        }
+    }
+
+    return 0;
+}
+
+
 static void
 ngx_llmgw_admin_body(ngx_http_request_t *r)
 {
@@ -129,6 +151,14 @@ ngx_llmgw_admin_body(ngx_http_request_t *r)
 
     /* what needs v8_host is answered here, the rest by llmgw_api() */
     if (ngx_llmgw_admin_plugin(r, ctx, &path) == NGX_OK) {
+        return;
+    }
+
+    /* a body that is not a JSON object: the same 400 as the client API's */
+    if (ngx_llmgw_admin_not_object(r, &body)) {
+        ngx_http_finalize_request(r, ngx_llmgw_admin_refuse(r, ctx,
+                                  NGX_HTTP_BAD_REQUEST, "invalid_json",
+                                  "request body must be a JSON object"));
         return;
     }
 

@@ -320,6 +320,10 @@ finish_json(llmgw_resp_s &r)
 
     if (r.ep == LLMGW_EP_RERANK) {
         take_rerank(b, r.usage);
+        if (!r.usage.known) {
+            /* as any answer without usage: its bytes, 4 to a token */
+            r.text_bytes = r.body.size();
+        }
         return;
     }
 

@@ -176,6 +176,14 @@ describe('admin API', { timeout: 180000 }, () => {
             assert.equal(r.status, 400, `${method} ${p} ${JSON.stringify(body)}: ${r.status} ${r.text}`);
             assertError(r, 400, {});
         }
+        /* a body that is JSON but not an object, or not JSON: invalid_json */
+        for (const [method, p, body] of [['POST', '/api/user', '[]'],
+            ['PUT', '/api/pricing', '"x"'], ['PATCH', `/api/user/${u.id}`, '{"quota":'],
+            ['POST', '/api/channel', 'not json']]) {
+            const r = await gw.admin(method, p, body,
+                { headers: { 'Content-Type': 'application/json' } });
+            assertError(r, 400, { code: 'invalid_json' });
+        }
     });
 
     test('unknown admin objects and paths get 404', async () => {
