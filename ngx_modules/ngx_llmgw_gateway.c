@@ -236,10 +236,6 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
     ctx->group_ratio = ratio;
 
-    if (ctx->endpoint.ep == LLMGW_EP_MODELS) {
-        return ngx_llmgw_models(r, ctx);
-    }
-
     llmgw_snapshot_rate_limit(ctx->snapshot, group, &rl);
 
     if (rl.window_ms > 0
@@ -267,6 +263,11 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         }
 
         return ngx_llmgw_send_error(r, ctx, &v);
+    }
+
+    /* a listing is a request of the key's like any other: counted above */
+    if (ctx->endpoint.ep == LLMGW_EP_MODELS) {
+        return ngx_llmgw_models(r, ctx);
     }
 
     rc = ngx_http_read_client_request_body(r, ngx_llmgw_body_ready);

@@ -535,11 +535,18 @@ llmgw_models_json(const llmgw_snapshot_t *s, llmgw_str_t group,
         std::vector<std::string> names;
 
         for (const auto &kv : s->by_model) {
-            bool served = false;
+            bool served = false, task = false;
 
             for (const Channel *c : kv.second) {
-                served = served || c->groups.count(g) > 0;
+                if (c->groups.count(g) > 0) {
+                    served = true;
+                    task = task || c->pub.type == 61;
+                }
             }
+
+            /* a model without a price is refused (model_price_error), so
+               not listed; task models are priced per plugin */
+            served = served && (task || s->prices.count(kv.first) > 0);
 
             llmgw_verdict_t v;
 

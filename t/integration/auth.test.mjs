@@ -18,6 +18,7 @@ describe('authentication', { timeout: 180000 }, () => {
     const M = uniq('gpt-auth');
     const M2 = uniq('gpt-auth-other');
     const AM = uniq('claude-auth');
+    const NOPRICE = uniq('gpt-auth-noprice');
     const k = {};
 
     before(async () => {
@@ -32,6 +33,7 @@ describe('authentication', { timeout: 180000 }, () => {
             base_url: mock.url, models: [M, M2], groups: ['default', 'g1', 'g2', 'old'],
         });
         await makeChannel(gw, { type: 14, base_url: mock.url, models: [AM] });
+        await makeChannel(gw, { base_url: mock.url, models: [NOPRICE], free: false });
 
         const user = await makeUser(gw);
         const now = Math.floor(Date.now() / 1000);
@@ -192,6 +194,22 @@ describe('authentication', { timeout: 180000 }, () => {
     test('a key whose group is gone gets 403 no access to group', async () => {
         const r = await gw.chat(k.g2, M);
         assertError(r, 403, { code: 'group_unavailable', message: 'no access to group g2' });
+    });
+
+    test('GET /v1/models lists what the key may use: its list, its group, priced models', async () => {
+        const ids = async (key) => {
+            const r = await gw.req('GET', '/v1/models', { key });
+            assertOk(r);
+            assert.equal(r.json.object, 'list');
+            return r.json.data.map((m) => m.id).sort();
+        };
+        assert.deepEqual(await ids(k.ok), [M, M2, AM].sort(),
+            'every priced model of the default group (no unpriced one)');
+        assert.deepEqual(await ids(k.models), [M]);
+        assert.deepEqual(await ids(k.noModels), []);
+        assert.deepEqual(await ids(k.g1), [M, M2].sort());
+        assertError(await gw.chat(k.ok, NOPRICE), 400, { code: 'model_price_error' });
+        assertError(await gw.req('GET', '/v1/models', { key: 'sk-nope' }), 401, {});
     });
 
     test('a key in a deprecated group gets 403 group deprecated', async () => {

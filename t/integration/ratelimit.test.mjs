@@ -78,6 +78,15 @@ describe('rate limits', { timeout: 180000 }, () => {
         assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
     });
 
+    test('model listings count toward the total limit, and are limited too', async () => {
+        const { key } = await makeUserKey(gw, { group: 'two' });
+        assertOk(await gw.req('GET', '/v1/models', { key }));
+        assertOk(await gw.chat(key, M));
+        assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minutes?\b/);
+        assertLimited(await gw.req('GET', '/v1/models', { key }),
+            /at most 2 requests in 1 minutes?\b/);
+    });
+
     test('keys of other users keep their own budget', async () => {
         const a = await makeUserKey(gw);
         const b = await makeUserKey(gw);
