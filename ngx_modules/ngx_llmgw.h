@@ -71,6 +71,10 @@ typedef enum {
 
 typedef struct {
     ngx_uint_t                 role;
+    /* set on a server's own configuration when one of its locations has
+     * an llmgw role: errors nginx makes before any location (a request
+     * line or header it refuses) keep the JSON contract too */
+    ngx_flag_t                 server_errors;
     ngx_uint_t                 max_tries;
     ngx_uint_t                 reserve_tokens;
     ngx_str_t                  request_id_header;

@@ -54,6 +54,23 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
                           "the request body did not arrive in time");
         return;
 
+    case NGX_HTTP_REQUEST_URI_TOO_LARGE:
+        llmgw_verdict_set(v, status, "gateway_error", "uri_too_long",
+                          "the request URI is too long");
+        return;
+
+    case NGX_HTTP_NOT_IMPLEMENTED:
+        llmgw_verdict_set(v, status, "gateway_error", "not_implemented",
+                          "the request uses something the gateway does not "
+                          "implement (a transfer encoding, say)");
+        return;
+
+    case NGX_HTTP_BAD_REQUEST:
+        llmgw_verdict_set(v, status, "gateway_error", "bad_request",
+                          "the request is not valid HTTP, or its headers "
+                          "are too large");
+        return;
+
     default:
         llmgw_verdict_set(v, status, "gateway_error",
                           status >= 500 ? "internal_error" : "bad_request",
@@ -74,7 +91,13 @@ ngx_llmgw_header_filter(ngx_http_request_t *r)
 
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
 
-    if (lcf->role == NGX_LLMGW_ROLE_NONE || r != r->main) {
+    /* an llmgw location, or an error nginx made before any location was
+       chosen, in a server that has llmgw locations */
+    if (r != r->main
+        || (lcf->role == NGX_LLMGW_ROLE_NONE
+            && !(lcf->server_errors
+                 && r->headers_out.status >= NGX_HTTP_BAD_REQUEST)))
+    {
         return ngx_llmgw_next_header_filter(r);
     }
 

@@ -977,12 +977,16 @@ ngx_llmgw_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     ngx_conf_merge_uint_value(conf->role, prev->role, NGX_LLMGW_ROLE_NONE);
 
-    if (conf->role != NGX_LLMGW_ROLE_NONE) {
+    if (conf->role != NGX_LLMGW_ROLE_NONE || conf->server_errors) {
         /*
          * Every answer of an llmgw location keeps the JSON error contract
          * (and its request keeps its ledger row): an error_page, inherited
-         * or not, would send the client to another location instead.
-         * nginx merges its core module first, so this is the final value.
+         * or not, would send the client to another location instead.  So
+         * do errors nginx makes before any location in a server with llmgw
+         * locations (the server's own configuration, server_errors).
+         * nginx merges its core module first, at every level, so this is
+         * the final value, and the server's other locations keep the
+         * error pages they inherited.
          */
         clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
         clcf->error_pages = NULL;
@@ -1024,7 +1028,9 @@ ngx_llmgw_role(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_llmgw_loc_conf_t *lcf = conf;
 
+    ngx_llmgw_loc_conf_t      *slcf;
     ngx_http_core_loc_conf_t  *clcf;
+    ngx_http_core_srv_conf_t  *cscf;
 
     if (lcf->role != NGX_CONF_UNSET_UINT) {
         return "is duplicate, or the location already has another llmgw role";
@@ -1034,6 +1040,10 @@ ngx_llmgw_role(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
     clcf->handler = ngx_llmgw_content_handler;
+
+    cscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_core_module);
+    slcf = cscf->ctx->loc_conf[ngx_http_llmgw_module.ctx_index];
+    slcf->server_errors = 1;
 
     return NGX_CONF_OK;
 }

@@ -4,6 +4,7 @@
 // contract on llmgw locations, and does elsewhere.
 
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
 import {
@@ -149,6 +150,49 @@ describe('error contract', { timeout: 180000 }, () => {
         const id = r.headers['x-request-id'];
         await waitLogs(gw, { model: DOWN },
             (items) => items.some((i) => i.request_id === id && i.type === 'error'));
+    });
+
+    /* Raw HTTP/1.1 text to the gateway; -> {status, headers, body}. */
+    function raw(text) {
+        return new Promise((resolve, reject) => {
+            const sock = net.connect(gw.port, '127.0.0.1');
+            let got = '';
+            sock.on('data', (d) => { got += d; });
+            sock.on('error', reject);
+            sock.on('close', () => {
+                const [head, ...rest] = got.split('\r\n\r\n');
+                const lines = head.split('\r\n');
+                const headers = {};
+                for (const l of lines.slice(1)) {
+                    const i = l.indexOf(':');
+                    headers[l.slice(0, i).toLowerCase()] = l.slice(i + 1).trim();
+                }
+                resolve({ status: Number(lines[0].split(' ')[1]), headers,
+                    body: rest.join('\r\n\r\n') });
+            });
+            sock.setTimeout(5000, () => sock.destroy());
+            sock.end(text);
+        });
+    }
+
+    test('errors nginx makes before any location are JSON too', async () => {
+        const cases = [
+            [`GET /v1/models?${'a'.repeat(20000)} HTTP/1.1\r\nHost: x\r\n\r\n`, 414, 'uri_too_long'],
+            [`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: ${'b'.repeat(20000)}\r\n\r\n`, 400, 'bad_request'],
+            ['POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n', 400, 'bad_request'],
+            ['POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n', 501, 'not_implemented'],
+        ];
+        for (const [text, status, code] of cases) {
+            const r = await raw(text);
+            assert.equal(r.status, status, `${text.slice(0, 60)}: ${r.status} ${r.body}`);
+            assert.match(r.headers['content-type'] || '', /application\/json/, r.body);
+            const id = r.headers['x-request-id'];
+            assert.ok(id, 'a request id header');
+            const j = JSON.parse(r.body);
+            assert.equal(j.error.code, code);
+            assert.equal(j.error.type, 'gateway_error');
+            assert.ok(j.error.message.endsWith(`(request id: ${id})`), j.error.message);
+        }
     });
 
     test('the server\'s error_page still serves locations without llmgw', async () => {
