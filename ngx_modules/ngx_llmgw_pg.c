@@ -802,6 +802,7 @@ ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
 static void
 ngx_llmgw_pg_release(ngx_llmgw_pg_conn_t *pc, ngx_uint_t closed)
 {
+    ngx_uint_t         flags;
     ngx_connection_t  *c = pc->c;
 
     if (c) {
@@ -813,14 +814,20 @@ ngx_llmgw_pg_release(ngx_llmgw_pg_conn_t *pc, ngx_uint_t closed)
             ngx_del_timer(c->write);
         }
 
+        /*
+         * libpq closes the socket itself when the server hangs up
+         * ("server closed the connection unexpectedly"): the closed file
+         * left epoll already, and removing it again would fail.
+         */
+        flags = (closed || pc->conn == NULL || PQsocket(pc->conn) != c->fd)
+                ? NGX_CLOSE_EVENT : 0;
+
         if (c->read->active) {
-            ngx_del_event(c->read, NGX_READ_EVENT,
-                          closed ? NGX_CLOSE_EVENT : 0);
+            ngx_del_event(c->read, NGX_READ_EVENT, flags);
         }
 
         if (c->write->active) {
-            ngx_del_event(c->write, NGX_WRITE_EVENT,
-                          closed ? NGX_CLOSE_EVENT : 0);
+            ngx_del_event(c->write, NGX_WRITE_EVENT, flags);
         }
 
         if (c->read->posted) {

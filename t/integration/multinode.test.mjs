@@ -6,7 +6,7 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, eventually, makeChannel, makeKey,
-    makeUser, settle, startGateway, stopAll, times, uniq, PROPAGATION_MS,
+    makeUser, psql, settle, startGateway, stopAll, times, uniq, PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -85,5 +85,32 @@ describe('two nodes on one database', { timeout: 180000 }, () => {
         assert.equal(r.status, 200, r.text);
         assert.equal(r.json.remain_quota, 4242);
         assert.equal(r.json.id, t.id);
+    });
+
+    test('database connections the server ends: both nodes reconnect, serve, and log no alert', async () => {
+        const u = await makeUser(a);
+        const t = await makeKey(a, u.id);
+        const M = uniq('gpt-mn-drop');
+        await makeChannel(a, { base_url: mock.url, models: [M] });
+        await settle();
+        (await times(4, () => b.chat(t.key, M))).forEach((r) => assertOk(r));
+        /* every connection of both nodes, LISTEN ones included */
+        const n = await psql(db.conninfo, `select count(pg_terminate_backend(pid))
+            from pg_stat_activity where datname = current_database()
+             and pid <> pg_backend_pid()`);
+        assert.ok(Number(n) >= 4, `ended ${n} connections`);
+        await eventually(async () => {
+            (await times(4, () => a.chat(t.key, M))).forEach((r) => assertOk(r));
+            (await times(4, () => b.chat(t.key, M))).forEach((r) => assertOk(r));
+        }, { ms: 8000 });
+        /* and a change still reaches the other node */
+        assertOk(await a.admin('PATCH', `/api/token/${t.id}`, { status: 'disabled' }));
+        await eventually(async () => {
+            assertError(await b.chat(t.key, M), 401, {});
+        }, { ms: 3000 });
+        for (const gw of [a, b]) {
+            const alerts = gw.errorLog().split('\n').filter((l) => /\[alert\]/.test(l));
+            assert.deepEqual(alerts, [], 'no alert lines');
+        }
     });
 });
