@@ -177,6 +177,20 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         }
     });
 
+    test('the list is in display order: larger sortPriority first, then by key', async () => {
+        const prio = (key, n) => variant(key).replace('sortPriority: 10,', `sortPriority: ${n},`);
+        for (const [key, n] of [['zsort-b', 7], ['zsort-a', 7], ['zsort-c', 2000000], ['zsort-d', -5]]) {
+            assertOk(await upload(a, { source: prio(key, n), enabled: false }), key);
+        }
+        const list = await a.admin('GET', '/api/plugin/task');
+        assertOk(list);
+        const order = list.json.items.map((p) => p.key).filter((k) => k.startsWith('zsort-'));
+        assert.deepEqual(order, ['zsort-c', 'zsort-a', 'zsort-b', 'zsort-d']);
+        for (const key of order) {
+            assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
+        }
+    });
+
     test('versions: 1.1.0 uploads, activate 1.0.0, disable, delete', async () => {
         const key = 'itest-life';
         assertUploaded(await upload(a, { source: variant(key), enabled: true }), key, '1.0.0');
