@@ -257,6 +257,13 @@ api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\"1.2.3.4\",\"300.1.1.1\"]
 expect_err "bad ip" 400 invalid_request 'allow_ips[1]: "300.1.1.1" is not an IP address or CIDR'
 api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\"10.0.0.0/33\"]}"
 expect_err "bad cidr" 400 invalid_request 'allow_ips[0]: "10.0.0.0/33" is not an IP address or CIDR'
+api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\"0127.0.0.1\"]}"
+expect_err "ip with a leading zero" 400 invalid_request 'allow_ips[0]: "0127.0.0.1" is not an IP address or CIDR'
+api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\"10.0.0.01/32\"]}"
+expect_err "last part with a leading zero" 400 invalid_request 'allow_ips[0]: "10.0.0.01/32" is not an IP address or CIDR'
+api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\"2001:0db8::0001\",\"10.0.0.0/8\",\"::ffff:10.0.0.1\"]}"
+expect "v6 groups with leading zeros stay valid" '.status == 200'
+api DELETE "/token/$(jq .body.id <<<"$ANS")"
 api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\" 1.2.3.4\"]}"
 expect_err "ip with space" 400 invalid_request 'allow_ips[0]: " 1.2.3.4" is not an IP address or CIDR'
 api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[5]}"
