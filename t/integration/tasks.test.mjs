@@ -22,7 +22,7 @@ import {
 import {
     account, assertErrorShape, bareMessage, expectUsed, getTask, ledgerSum,
     multipartBody, parseMultipart, sseFrame, startVendor, submitTask, taskSetup,
-    TERMINAL, VIEW_KEYS, waitFor, waitLedger, waitStatus,
+    TERMINAL, vendorSuite, VIEW_KEYS, waitFor, waitLedger, waitStatus,
 } from '../lib/vendor.mjs';
 
 const PER_TASK = 5000;      /* 0.01 USD */
@@ -659,29 +659,14 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
 });
 
 describe('task timeout: the outer deadline fails and refunds', { timeout: 120000 }, () => {
-    let db, gw, vendor;
     const TIMEOUT_S = 3;
-
-    before(async () => {
-        db = await createDb();
-        gw = await startGateway({
-            db, v8host: true,
-            http: `llmgw_task_poll_interval ${POLL_MS}ms;\n  llmgw_task_poll_max_failures 3;\n  ` +
-                `llmgw_task_timeout ${TIMEOUT_S}s;`,
-        });
-        vendor = await startVendor();
-    });
-
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await vendor?.close();
-            await dropDb(db);
-        }
+    const s = vendorSuite({
+        http: `llmgw_task_poll_interval ${POLL_MS}ms;\n  llmgw_task_poll_max_failures 3;\n  ` +
+            `llmgw_task_timeout ${TIMEOUT_S}s;`,
     });
 
     test('a task still IN_PROGRESS after llmgw_task_timeout is FAILURE and refunded', async () => {
+        const { db, gw, vendor } = s;
         const env = await taskSetup(gw, { vendors: [vendor] });
         const t0 = Date.now();
         const r = assertOk(await submitTask(gw, env, { model: env.model }));
@@ -700,27 +685,10 @@ describe('task timeout: the outer deadline fails and refunds', { timeout: 120000
 });
 
 describe('a task create that outlives llmgw_pg_timeout', { timeout: 120000 }, () => {
-    let db, gw, vendor;
-
-    before(async () => {
-        db = await createDb();
-        gw = await startGateway({
-            db, v8host: true, workers: 1,
-            http: `${HTTP}\n  llmgw_pg_timeout 1s;`,
-        });
-        vendor = await startVendor();
-    });
-
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await vendor?.close();
-            await dropDb(db);
-        }
-    });
+    const s = vendorSuite({ workers: 1, http: `${HTTP}\n  llmgw_pg_timeout 1s;` });
 
     test('commits late: the submit still answers the task, charged once', async () => {
+        const { db, gw, vendor } = s;
         const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
         /* a task insert commits 1.5 s after its row is in: past the 1 s
            statement deadline (a repeat waits for it, then finds the row) */

@@ -27,7 +27,7 @@ import {
 import {
     account, expectUsed, gate, getTask, ledgerRows, mapLimit, pidOwningPort,
     pollFailures, startVendor, stopAfterKill, submitTask, taskSetup, TERMINAL,
-    waitFor, waitLedger, waitStatus, waitTask,
+    vendorSuite, waitFor, waitLedger, waitStatus, waitTask,
 } from '../lib/vendor.mjs';
 
 const POLL_MS = 200;
@@ -379,24 +379,10 @@ describe('batch plugin', { timeout: 120000 }, () => {
 
 
 describe('disabling a channel or a plugin', { timeout: 120000 }, () => {
-    let db, gw, vendor;
-
-    before(async () => {
-        db = await createDb();
-        gw = await startGateway({ db, v8host: true, http: HTTP });
-        vendor = await startVendor();
-    });
-
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await vendor?.close();
-            await dropDb(db);
-        }
-    });
+    const s = vendorSuite({ http: HTTP });
 
     test('running tasks are still polled to SUCCESS and settled; new submits are refused', async () => {
+        const { db, gw, vendor } = s;
         for (const what of ['channel', 'plugin']) {
             const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
             const g = gate();
@@ -422,6 +408,7 @@ describe('disabling a channel or a plugin', { timeout: 120000 }, () => {
     });
 
     test('a deleted channel: its running task fails and is refunded', async () => {
+        const { db, gw, vendor } = s;
         const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
         const up = uniq('up-del');
         vendor.setPoll(up, running());
@@ -435,28 +422,14 @@ describe('disabling a channel or a plugin', { timeout: 120000 }, () => {
 });
 
 describe('a pass larger than its lease', { timeout: 120000 }, () => {
-    let db, gw, vendor;
-
-    before(async () => {
-        db = await createDb();
-        /* one poll at a time per channel, each 400 ms, a 1 s lease */
-        gw = await startGateway({
-            db, v8host: true, workers: 2,
-            http: `${HTTP}\n  llmgw_task_lease 1s;\n  llmgw_task_poll_concurrency 1;`,
-        });
-        vendor = await startVendor();
-    });
-
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await vendor?.close();
-            await dropDb(db);
-        }
+    /* one poll at a time per channel, each 400 ms, a 1 s lease */
+    const s = vendorSuite({
+        workers: 2,
+        http: `${HTTP}\n  llmgw_task_lease 1s;\n  llmgw_task_poll_concurrency 1;`,
     });
 
     test('jobs still waiting when most of their lease is gone are left to a later pass: never two polls of one task at once', async () => {
+        const { gw, vendor } = s;
         const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
         vendor.pollAnswer = () => ({ ...running(), before: () => sleep(400) });
         const ups = Array.from({ length: 6 }, () => uniq('up-lease'));

@@ -29,9 +29,12 @@ import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
+import { after, before } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-import { hex, makeKey, makeUser, psql, settle } from './harness.mjs';
+import {
+    createDb, dropDb, hex, makeKey, makeUser, psql, settle, startGateway, stopAll,
+} from './harness.mjs';
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 export const PLUGIN_FIXTURES = path.join(HERE, '..', 'integration', 'fixtures', 'plugins');
@@ -763,4 +766,28 @@ export function assertErrorShape(r, status, { code, message } = {}) {
         assert.match(e.message, message, `error.message: ${ctx}`);
     }
     return e;
+}
+
+
+/*
+ * The before/after of a describe that needs its own database, a gateway
+ * with the plugin runtime (startGateway options, v8host added) and a mock
+ * vendor: -> an object whose db, gw and vendor are set in before().
+ */
+export function vendorSuite(gatewayOpts = {}) {
+    const s = {};
+    before(async () => {
+        s.db = await createDb();
+        s.gw = await startGateway({ db: s.db, v8host: true, ...gatewayOpts });
+        s.vendor = await startVendor();
+    });
+    after(async () => {
+        try {
+            await stopAll(s.gw);
+        } finally {
+            await s.vendor?.close();
+            await dropDb(s.db);
+        }
+    });
+    return s;
 }
