@@ -6,23 +6,20 @@
 
 CREATE OR REPLACE FUNCTION llmgw_snapshot() RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT llmgw_snapshot_core() || jsonb_build_object(
-        'plugins', coalesce((
-            SELECT jsonb_agg(jsonb_build_object(
-                       'key', p.key, 'version', v.version, 'sha', v.sha,
-                       'manifest', v.manifest) ORDER BY p.key)
-              FROM task_plugins AS p
-              JOIN task_plugin_versions AS v
-                ON v.key = p.key AND v.version = p.active_version
-             WHERE p.enabled), '[]'),
-        'poll_plugins', coalesce((
-            SELECT jsonb_agg(jsonb_build_object(
-                       'key', p.key, 'version', v.version, 'sha', v.sha,
-                       'manifest', v.manifest) ORDER BY p.key)
-              FROM task_plugins AS p
-              JOIN task_plugin_versions AS v
-                ON v.key = p.key AND v.version = p.active_version
-             WHERE NOT p.enabled), '[]'),
+    SELECT llmgw_snapshot_core() || (
+        -- one pass over the plugins: enabled ones route, disabled ones poll
+        SELECT jsonb_build_object(
+                   'plugins', coalesce(jsonb_agg(x.o ORDER BY x.key)
+                                       FILTER (WHERE x.enabled), '[]'),
+                   'poll_plugins', coalesce(jsonb_agg(x.o ORDER BY x.key)
+                                            FILTER (WHERE NOT x.enabled), '[]'))
+          FROM (SELECT p.key, p.enabled,
+                       jsonb_build_object('key', p.key, 'version', v.version,
+                                          'sha', v.sha, 'manifest', v.manifest) AS o
+                  FROM task_plugins AS p
+                  JOIN task_plugin_versions AS v
+                    ON v.key = p.key AND v.version = p.active_version) AS x
+    ) || jsonb_build_object(
         'poll_channels', coalesce((
             SELECT jsonb_agg(jsonb_build_object(
                        'id', c.id, 'name', c.name, 'type', c.type,

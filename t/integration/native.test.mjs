@@ -308,6 +308,17 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.deepEqual(got, want);
         });
 
+        test('streamGenerateContent answered with one JSON body: one event of that answer', async () => {
+            const whole = geminiAudioText();       /* JSON text */
+            gm.handler = (req, res) => sendJson(res, 200, whole);
+            const r = await gw.req('POST', `/v1beta/models/${M.tts}:streamGenerateContent?alt=sse`,
+                { key, body: ttsBody('whole') });
+            assertOk(r);
+            assert.match(r.headers['content-type'], /^text\/event-stream/);
+            assert.deepEqual(sseEvents(r.text).map((e) => JSON.parse(e.data)),
+                [JSON.parse(whole)]);
+        });
+
         test('an upstream Gemini error keeps its status and message', async () => {
             gm.handler = (req, res) => sendJson(res, 400, {
                 error: { code: 400, message: 'Unsupported voice: Nobody', status: 'INVALID_ARGUMENT' },
