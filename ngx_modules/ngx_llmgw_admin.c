@@ -103,34 +103,13 @@ ngx_llmgw_admin_handler(ngx_http_request_t *r)
 }
 
 
-/* A POST, PUT or PATCH body whose text cannot start a JSON object. */
-static ngx_uint_t
-ngx_llmgw_admin_not_object(ngx_http_request_t *r, ngx_str_t *body)
-{
-    u_char  *p, *last;
-
-    if (!(r->method & (NGX_HTTP_POST | NGX_HTTP_PUT | NGX_HTTP_PATCH))
-        || body->len == 0)
-    {
-        return 0;
-    }
-
-    for (p = body->data, last = p + body->len; p < last; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
-            return *p != '{';
-        }
-    }
-
-    return 0;
-}
-
-
 static void
 ngx_llmgw_admin_body(ngx_http_request_t *r)
 {
     int               lengths[4];
     ngx_str_t         body, path;
     const char       *params[4];
+    llmgw_verdict_t   v;
     ngx_llmgw_ctx_t  *ctx;
 
     ctx = ngx_llmgw_get_ctx(r);
@@ -154,11 +133,16 @@ ngx_llmgw_admin_body(ngx_http_request_t *r)
         return;
     }
 
-    /* a body that is not a JSON object: the same 400 as the client API's */
-    if (ngx_llmgw_admin_not_object(r, &body)) {
-        ngx_http_finalize_request(r, ngx_llmgw_admin_refuse(r, ctx,
-                                  NGX_HTTP_BAD_REQUEST, "invalid_json",
-                                  "request body must be a JSON object"));
+    /* what the database would refuse as text, and bodies that are not one
+       JSON object: the same 400s as the client API's */
+    if (llmgw_admin_check((llmgw_str_t) { (char *) path.data, path.len },
+                          (llmgw_str_t) { (char *) r->args.data, r->args.len },
+                          (llmgw_str_t) { (char *) body.data, body.len },
+                          (r->method & (NGX_HTTP_POST | NGX_HTTP_PUT
+                                        | NGX_HTTP_PATCH)) != 0, &v)
+        != 0)
+    {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
         return;
     }
 
@@ -283,7 +267,11 @@ static ngx_int_t
 ngx_llmgw_admin_not_root(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     llmgw_token_t *t)
 {
-    if (t == NULL) {
+    llmgw_verdict_t  v;
+
+    /* 403 only for a key that works on the client API: a disabled, expired
+       or exhausted one is as unknown here as it is there */
+    if (t == NULL || llmgw_token_check(t, (int64_t) ngx_time(), &v) != 0) {
         return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_UNAUTHORIZED,
                                       "invalid_token", "Invalid token: the "
                                       "admin API needs the root token");

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "internal.h"
+#include "jsonview.h"
 
 using namespace llmgw;
 
@@ -17,24 +18,27 @@ llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
     body->len = 0;
 
     try {
-        Json root = json_parse(json, len);
-        int status = static_cast<int>(json_int(root.get(), "status", 500));
+        JsonView root = JsonView::parse(std::string_view(json, len));
+        int64_t status = root.get("status").integer(500);
 
-        if (!json_is_object(root.get()) || status < 100 || status > 599) {
+        if (!root.is_object() || status < 100 || status > 599) {
             llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
                               "the admin answer could not be read");
             return 500;
         }
 
         if (status < 300) {
-            json_t *b = json_object_get(root.get(), "body");
-            *body = make_buf(b ? json_dump(b) : std::string("{}"));
+            /* the database's own text: numbers as it wrote them (0.075,
+               not a double's 0.074999999999999997) */
+            JsonView b = root.get("body");
+            *body = make_buf(b ? std::string(b.raw()) : std::string("{}"));
             v->status = 0;
-            return status;
+            return static_cast<int>(status);
         }
 
-        std::string_view msg = json_str(root.get(), "message");
-        std::string_view code = json_str(root.get(), "code");
+        std::string scratch;
+        std::string_view msg = root.get("message").text(scratch);
+        std::string code = root.get("code").string();
 
         /* the verdict keeps a static code: map the known ones */
         static const char *const codes[] = {
@@ -49,16 +53,63 @@ llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
             }
         }
 
-        llmgw_verdict_set(v, status, "gateway_error", c, "%.*s",
-                          (int) (msg.size() > 480 ? 480 : msg.size()),
-                          msg.data());
-        return status;
+        msg = utf8_prefix(msg, 480);
+        llmgw_verdict_set(v, static_cast<int>(status), "gateway_error", c,
+                          "%.*s", (int) msg.size(), msg.data());
+        return static_cast<int>(status);
 
     } catch (...) {
         llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
                           "the admin answer could not be read");
         return 500;
     }
+}
+
+
+extern "C" int
+llmgw_admin_check(llmgw_str_t path, llmgw_str_t args, llmgw_str_t body,
+    int object, llmgw_verdict_t *v)
+{
+    for (std::string_view part : { sv(path), sv(args) }) {
+        for (size_t i = 0; i < part.size(); ) {
+            size_t n = utf8_seq(reinterpret_cast<const unsigned char *>(
+                                    part.data() + i), part.size() - i);
+            if (n == 0) {
+                llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                                  "the URL is not valid UTF-8");
+                return -1;
+            }
+            i += n;
+        }
+    }
+
+    std::string_view text = sv(body);
+
+    if (!object || text.find_first_not_of(" \t\r\n") == std::string::npos) {
+        return 0;
+    }
+
+    /* integers beyond int64 are read as reals, so only what no double can
+       hold is refused as a number: the gateway must be able to read back
+       everything the database stores */
+    json_error_t err;
+    Json root(json_loadb(text.data(), text.size(), JSON_DECODE_INT_AS_REAL,
+                         &err));
+
+    if (!root) {
+        llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
+                          "request body is not valid JSON: %s (byte %d)",
+                          err.text, err.position);
+        return -1;
+    }
+
+    if (!json_is_object(root.get())) {
+        llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
+                          "request body must be a JSON object");
+        return -1;
+    }
+
+    return 0;
 }
 
 

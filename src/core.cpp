@@ -66,6 +66,36 @@ integers_again(json_t *j)
     }
 }
 
+/*
+ * Overwrites the number that ends at byte end of text (where jansson reports
+ * a real overflow) with the largest power of ten a double holds, of the same
+ * sign, padded with spaces: an overflowing number has at least 5 bytes
+ * ("1e309"), as "1e308" has.
+ */
+bool
+clamp_number(std::string &text, size_t end)
+{
+    size_t start = end;
+
+    while (start > 0
+           && std::strchr("0123456789+-.eE", text[start - 1]) != nullptr
+           && text[start - 1] != '\0')
+    {
+        start--;
+    }
+
+    bool negative = start < end && text[start] == '-';
+    std::string_view big = negative ? "-1e308" : "1e308";
+
+    if (end - start < big.size()) {
+        return false;
+    }
+
+    text.replace(start, end - start,
+                 std::string(big) + std::string(end - start - big.size(), ' '));
+    return true;
+}
+
 }  // namespace
 
 Json
@@ -74,12 +104,37 @@ json_parse(const char *data, size_t len)
     json_error_t err;
     Json j(json_loadb(data, len, JSON_ALLOW_NUL, &err));
 
-    if (!j && json_error_code(&err) == json_error_numeric_overflow) {
-        j = Json(json_loadb(data, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL,
-                            &err));
-        if (j) {
-            integers_again(j.get());
+    if (j || json_error_code(&err) != json_error_numeric_overflow) {
+        return j;
+    }
+
+    const size_t flags = JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL;
+    j = Json(json_loadb(data, len, flags, &err));
+
+    /* a number beyond any double (stored by the database before the admin
+       API refused them) is read as the largest one, not as unreadable
+       text: a bounded number of them, each a reparse */
+    std::string text;
+
+    for (int n = 0; !j && n < 64
+                    && json_error_code(&err) == json_error_numeric_overflow;
+         n++)
+    {
+        if (text.empty()) {
+            text.assign(data, len);
         }
+
+        if (err.position <= 0 || static_cast<size_t>(err.position) > len
+            || !clamp_number(text, static_cast<size_t>(err.position)))
+        {
+            break;
+        }
+
+        j = Json(json_loadb(text.data(), text.size(), flags, &err));
+    }
+
+    if (j) {
+        integers_again(j.get());
     }
 
     return j;

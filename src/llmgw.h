@@ -267,6 +267,15 @@ void llmgw_tcache_clear(llmgw_tcache_t *c);
 int llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
     llmgw_verdict_t *v);
 
+/*
+ * Whether an admin request may go to the database: 0, or -1 with a 400 in v.
+ * The path and query must be UTF-8 (the database refuses anything else),
+ * and a body, when object is set and the body is not empty, one JSON
+ * object by jansson's rules (no NUL byte, no number beyond a double).
+ */
+int llmgw_admin_check(llmgw_str_t path, llmgw_str_t args, llmgw_str_t body,
+    int object, llmgw_verdict_t *v);
+
 /* The notification payload {"rev":n,"kind":"token","id":7}. */
 typedef struct {
     int64_t  rev;

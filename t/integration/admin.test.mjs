@@ -6,8 +6,8 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel,
-    makeKey, makeUser, makeUserKey, settle, startGateway, stopAll, times, uniq,
-    PROPAGATION_MS,
+    makeKey, makeUser, makeUserKey, rawHttp, settle, startGateway, stopAll, times,
+    uniq, PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -56,6 +56,14 @@ describe('admin API', { timeout: 180000 }, () => {
             assertError(await gw.admin('GET', p, undefined, { token: `${hex(24)}` }), 401,
                 { code: 'invalid_token' });
             assertError(await gw.admin('GET', p, undefined, { token: key }), 403, {});
+        }
+        /* a key the client API refuses is unknown here too: 401, not 403 */
+        const off = await makeUserKey(gw, {}, { status: 'disabled' });
+        const spent = await makeUserKey(gw, {}, { unlimited_quota: false, remain_quota: 0 });
+        const gone = await makeUserKey(gw, {}, { expired_time: 1000 });
+        for (const k of [off.key, spent.key, gone.key]) {
+            assertError(await gw.admin('GET', '/api/user/1', undefined, { token: k }), 401,
+                { code: 'invalid_token' });
         }
         const before = await gw.admin('POST', '/api/user',
             { username: uniq('intruder'), quota: 1, group: 'default' }, { token: key });
@@ -184,6 +192,41 @@ describe('admin API', { timeout: 180000 }, () => {
                 { headers: { 'Content-Type': 'application/json' } });
             assertError(r, 400, { code: 'invalid_json' });
         }
+        /*
+         * What the database would store but the gateway could not read back
+         * (a number beyond a double), and what it would refuse as text
+         * (invalid UTF-8, a NUL byte that would cut the body short): 400,
+         * nothing stored, and the configuration still loads.
+         */
+        for (const [method, p, body] of [
+            ['PUT', '/api/pricing', '{"m-huge":{"ratio":1e400}}'],
+            ['PUT', '/api/group', '{"g-huge":-1e400}'],
+            ['POST', '/api/channel', '{"name":"c","type":1,"key":"k","models":["m"],' +
+                '"base_url":"http://127.0.0.1:9","settings":{"x":1e999}}'],
+            ['PATCH', `/api/user/${u.id}`, Buffer.from('{"username":"\xff\xfe"}', 'latin1')],
+            ['PATCH', `/api/user/${u.id}`, Buffer.from('{"quota":7}\0{"quota":"x"}', 'latin1')],
+        ]) {
+            const r = await gw.admin(method, p, body,
+                { headers: { 'Content-Type': 'application/json' } });
+            assertError(r, 400, { code: 'invalid_json' });
+        }
+        assert.equal((await gw.admin('GET', `/api/user/${u.id}`)).json.quota, u.quota);
+        assert.equal((await gw.admin('GET', '/api/pricing')).json['m-huge'], undefined);
+        /* a query string that is not UTF-8: 400, not "database unreachable" */
+        const r = await gw.admin('GET', '/api/log?model=%FF', undefined, {});
+        assert.notEqual(r.status, 503, r.text);
+        const raw = await rawHttp(gw.port, 'GET /api/user/1?x=\xff HTTP/1.1\r\n' +
+            `Host: x\r\nAuthorization: Bearer ${gw.rootToken}\r\nConnection: close\r\n\r\n`);
+        assert.equal(raw.status, 400, raw.body);
+        assert.match(raw.body, /not valid UTF-8/);
+    });
+
+    test('prices come back as they were written', async () => {
+        assertOk(await gw.admin('PUT', '/api/pricing',
+            { 'm-exact': { ratio: 0.075, completion_ratio: 4 } }));
+        const r = await gw.admin('GET', '/api/pricing');
+        assertOk(r);
+        assert.match(r.text, /"ratio": ?0\.075[,}]/, r.text);
     });
 
     test('unknown admin objects and paths get 404', async () => {

@@ -4,12 +4,11 @@
 // contract on llmgw locations, and does elsewhere.
 
 import assert from 'node:assert/strict';
-import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, settle,
-    startGateway, stopAll, uniq, waitLogs,
+    assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, rawHttp,
+    settle, startGateway, stopAll, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import { hang, startClosedPort, startMock } from '../lib/mock.mjs';
 
@@ -152,28 +151,7 @@ describe('error contract', { timeout: 180000 }, () => {
             (items) => items.some((i) => i.request_id === id && i.type === 'error'));
     });
 
-    /* Raw HTTP/1.1 text to the gateway; -> {status, headers, body}. */
-    function raw(text) {
-        return new Promise((resolve, reject) => {
-            const sock = net.connect(gw.port, '127.0.0.1');
-            let got = '';
-            sock.on('data', (d) => { got += d; });
-            sock.on('error', reject);
-            sock.on('close', () => {
-                const [head, ...rest] = got.split('\r\n\r\n');
-                const lines = head.split('\r\n');
-                const headers = {};
-                for (const l of lines.slice(1)) {
-                    const i = l.indexOf(':');
-                    headers[l.slice(0, i).toLowerCase()] = l.slice(i + 1).trim();
-                }
-                resolve({ status: Number(lines[0].split(' ')[1]), headers,
-                    body: rest.join('\r\n\r\n') });
-            });
-            sock.setTimeout(5000, () => sock.destroy());
-            sock.end(text);
-        });
-    }
+    const raw = (text) => rawHttp(gw.port, text);
 
     test('errors nginx makes before any location are JSON too', async () => {
         const cases = [

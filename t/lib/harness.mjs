@@ -207,6 +207,33 @@ export function httpRequest(url, {
     });
 }
 
+/*
+ * Raw HTTP/1.1 text (each character one byte) to 127.0.0.1:port, read until
+ * the server closes; -> {status, headers, body}.
+ */
+export function rawHttp(port, text) {
+    return new Promise((resolve, reject) => {
+        const sock = net.connect(port, '127.0.0.1');
+        let got = '';
+        sock.setEncoding('latin1');
+        sock.on('data', (d) => { got += d; });
+        sock.on('error', reject);
+        sock.on('close', () => {
+            const [head, ...rest] = got.split('\r\n\r\n');
+            const lines = head.split('\r\n');
+            const headers = {};
+            for (const l of lines.slice(1)) {
+                const i = l.indexOf(':');
+                headers[l.slice(0, i).toLowerCase()] = l.slice(i + 1).trim();
+            }
+            resolve({ status: Number(lines[0].split(' ')[1]), headers,
+                body: rest.join('\r\n\r\n') });
+        });
+        sock.setTimeout(5000, () => sock.destroy());
+        sock.end(Buffer.from(text, 'latin1'));
+    });
+}
+
 /* Parses a text/event-stream body into [{event, data}]. */
 export function sseEvents(text) {
     const events = [];

@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "llmgw.h"
@@ -154,6 +155,71 @@ test_notice_parse_reads_rev_kind_and_id(void **state)
 }
 
 
+/* Numbers are sent as the database wrote them, not through a double. */
+static void
+test_admin_success_keeps_the_numbers_text(void **state)
+{
+    llmgw_buf_t      body;
+    llmgw_verdict_t  v;
+    static const char want[] = "{\"m\": {\"ratio\": 0.075, \"n\": "
+                               "123456789012345678901234567890}}";
+    char             json[256];
+    (void) state;
+
+    snprintf(json, sizeof(json), "{\"status\":200,\"body\":%s}", want);
+    assert_int_equal(answer(json, &body, &v), 200);
+    assert_int_equal(body.len, strlen(want));
+    assert_memory_equal(body.data, want, body.len);
+    llmgw_buf_free(&body);
+}
+
+
+static int
+check(const char *path, const char *args, const char *body, size_t len,
+    int object, llmgw_verdict_t *v)
+{
+    memset(v, 0, sizeof(*v));
+    return llmgw_admin_check((llmgw_str_t) { path, strlen(path) },
+                             (llmgw_str_t) { args, strlen(args) },
+                             (llmgw_str_t) { body, len }, object, v);
+}
+
+
+static void
+test_admin_check_refuses_what_the_database_cannot_take(void **state)
+{
+    static const char nul[] = "{\"quota\":7}\0{\"quota\":\"x\"}";
+    static const char *const bad[] = {
+        "{\"ratio\":1e400}", "{\"a\":[-1e999]}", "{\"u\":\"\xff\xfe\"}",
+        "[]", "\"x\"", "{\"a\":", "not json",
+    };
+    llmgw_verdict_t  v;
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_int_equal(check("/user", "", bad[i], strlen(bad[i]), 1, &v), -1);
+        assert_int_equal(v.status, 400);
+        assert_string_equal(v.code, "invalid_json");
+    }
+
+    assert_int_equal(check("/user/1", "", nul, sizeof(nul) - 1, 1, &v), -1);
+    assert_string_equal(v.code, "invalid_json");
+
+    /* a path or query that is not UTF-8 */
+    assert_int_equal(check("/user/\xff", "", "", 0, 0, &v), -1);
+    assert_string_equal(v.code, "invalid_request");
+    assert_int_equal(check("/log", "model=\xc3", "", 0, 0, &v), -1);
+    assert_int_equal(v.status, 400);
+
+    /* accepted: objects (big integers read as reals), empty bodies, bodies
+       of methods that take none */
+    assert_int_equal(check("/pricing", "", "{\"m\":{\"ratio\":1e300,\"n\":"
+                           "123456789012345678901234567890}}", 56, 1, &v), 0);
+    assert_int_equal(check("/user", "", " \n", 2, 1, &v), 0);
+    assert_int_equal(check("/user/1", "x=\xc3\xa9", "[]", 2, 0, &v), 0);
+}
+
+
 static void
 test_notice_parse_refuses_garbage(void **state)
 {
@@ -193,6 +259,8 @@ main(void)
         cmocka_unit_test(test_admin_error_keeps_status_message_and_code),
         cmocka_unit_test(test_admin_unknown_code_becomes_admin_error),
         cmocka_unit_test(test_admin_unreadable_answer_is_500),
+        cmocka_unit_test(test_admin_success_keeps_the_numbers_text),
+        cmocka_unit_test(test_admin_check_refuses_what_the_database_cannot_take),
         cmocka_unit_test(test_notice_parse_reads_rev_kind_and_id),
         cmocka_unit_test(test_notice_parse_refuses_garbage),
         cmocka_unit_test(test_notice_parse_long_kind_is_cut_not_overflowed),

@@ -914,6 +914,39 @@ test_price_per_token_reads_ratios(void **state)
 }
 
 
+/*
+ * A number beyond any double (the database stores what jansson cannot read)
+ * is read as the largest power of ten, not as an unreadable snapshot.
+ */
+static void
+test_snapshot_reads_numbers_beyond_a_double(void **state)
+{
+    (void) state;
+
+    llmgw_snapshot_t  *s = snap("{'pricing':{'huge':{'ratio':1e400,"
+                                "'completion_ratio':-2e999},"
+                                "'wide':{'ratio':100000000000000000000000"
+                                "00000000000000000000000000000000000000000"
+                                "0000000000000000000000000000000000000000"
+                                "0000000000000000000000000000000000000000"
+                                "0000000000000000000000000000000000000000"
+                                "0000000000000000000000000000000000000000"
+                                "0000000000000000000000000000000000000000"
+                                "0000000000000000000000000000000000000000e9},"
+                                "'ok':{'ratio':0.5}}}");
+    llmgw_price_t      p;
+
+    assert_int_equal(llmgw_snapshot_price(s, S("huge"), &p), 0);
+    assert_true(p.ratio == 1e308);
+    assert_true(p.completion_ratio == -1e308);
+    assert_int_equal(llmgw_snapshot_price(s, S("wide"), &p), 0);
+    assert_true(p.ratio == 1e308);
+    assert_int_equal(llmgw_snapshot_price(s, S("ok"), &p), 0);
+    assert_true(p.ratio == 0.5);
+    llmgw_snapshot_free(s);
+}
+
+
 static void
 test_quota_per_token_is_prompt_plus_weighted_completion(void **state)
 {
