@@ -177,6 +177,9 @@ struct ngx_llmgw_ctx_s {
     off_t                      length;       /* upstream body left, -1 */
     ngx_uint_t                 status;
     ngx_buf_t                 *error_body;   /* kept to rewrite an error */
+    ngx_table_elt_t           *content_type; /* the upstream's, as passed */
+    ngx_str_t                  answer;       /* a held answer, checked */
+    ngx_str_t                  pending;      /* held bytes still to send */
     ngx_msec_t                 start_msec;
     ngx_msec_t                 upstream_start;
 
@@ -200,6 +203,9 @@ struct ngx_llmgw_ctx_s {
     unsigned                   upstream_header:1;
     unsigned                   error_mode:1;
     unsigned                   whole_for_stream:1;  /* JSON, stream asked */
+    unsigned                   event_stream:1;      /* upstream said SSE */
+    unsigned                   holding:1;    /* reading an answer whole */
+    unsigned                   bad_answer:1; /* a 2xx that was no answer */
     unsigned                   errpage:1;
     unsigned                   errpage_sent:1;
     unsigned                   waiting:1;

@@ -16,6 +16,7 @@ static void
 ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
 {
     ngx_uint_t                 status;
+    ngx_llmgw_ctx_t           *ctx;
     ngx_http_core_loc_conf_t  *clcf;
 
     status = r->headers_out.status;
@@ -30,6 +31,15 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
         return;
 
     case NGX_HTTP_BAD_GATEWAY:
+        ctx = ngx_llmgw_get_ctx(r);
+
+        if (ctx != NULL && ctx->bad_answer) {
+            llmgw_verdict_set(v, status, "gateway_error",
+                              "bad_response_body", "upstream answered "
+                              "without a valid response body");
+            return;
+        }
+
         llmgw_verdict_set(v, status, "gateway_error", "do_request_failed",
                           "upstream request failed: no channel answered");
         return;

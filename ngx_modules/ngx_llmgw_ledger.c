@@ -100,6 +100,15 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     if (ctx->resp) {
         llmgw_resp_usage(ctx->resp, &row.usage);
+
+        /* no usage came (a stream cut before its usage chunk, an answer
+           without one): the prompt is what the reservation estimated, as
+           the upstream will have read it all */
+        if (!row.usage.known && ctx->req != NULL
+            && ctx->endpoint.ep != LLMGW_EP_RERANK)
+        {
+            row.usage.prompt_tokens = llmgw_req_prompt_estimate(ctx->req);
+        }
     }
 
     /* a success is charged; a failure only gives its reservation back */

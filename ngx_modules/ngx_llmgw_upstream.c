@@ -43,6 +43,14 @@ static void ngx_llmgw_resolved(ngx_resolver_ctx_t *rctx);
 static ngx_int_t ngx_llmgw_create_request(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_reinit_request(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_process_header(ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+static ngx_int_t ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+static ngx_int_t ngx_llmgw_bad_answer(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
+static ngx_int_t ngx_llmgw_chain(ngx_http_request_t *r, u_char *p,
+    size_t size, ngx_chain_t ***ll);
+static ngx_int_t ngx_llmgw_keep(ngx_http_request_t *r, llmgw_buf_t *from,
+    ngx_str_t *to);
 static void ngx_llmgw_abort_request(ngx_http_request_t *r);
 static void ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc);
 static ngx_int_t ngx_llmgw_filter_init(void *data);
@@ -147,6 +155,7 @@ ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
     u->next_upstream_tries = 0;
     u->next_upstream_timeout = 0;
     u->next_upstream = NGX_HTTP_UPSTREAM_FT_ERROR
+                       | NGX_HTTP_UPSTREAM_FT_TIMEOUT
                        | NGX_HTTP_UPSTREAM_FT_INVALID_HEADER
                        | NGX_HTTP_UPSTREAM_FT_HTTP_500
                        | NGX_HTTP_UPSTREAM_FT_HTTP_502
@@ -692,6 +701,17 @@ ngx_llmgw_peer_free(ngx_peer_connection_t *pc, void *data, ngx_uint_t state)
         pc->tries--;
     }
 
+    /*
+     * A timeout moves to the next channel only while none of the request
+     * went out (connect, TLS handshake): after that the upstream may be
+     * working on it, and the timeout is final (504).
+     */
+    if (c != NULL && (c->read->timedout || c->write->timedout)
+        && u->request_sent)
+    {
+        pc->tries = 0;
+    }
+
     ctx->tries_left = pc->tries;
 
     if (state & NGX_PEER_FAILED
@@ -1014,8 +1034,14 @@ ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
     ctx->status = 0;
     ctx->error_mode = 0;
     ctx->whole_for_stream = 0;
+    ctx->event_stream = 0;
+    ctx->holding = 0;
+    ctx->bad_answer = 0;
     ctx->upstream_header = 0;
     ctx->error_body = NULL;
+    ctx->content_type = NULL;
+    ngx_str_null(&ctx->answer);
+    ngx_str_null(&ctx->pending);
 
     llmgw_resp_free(ctx->resp);
     ctx->resp = NULL;
@@ -1042,7 +1068,7 @@ ngx_llmgw_reinit_request(ngx_http_request_t *r)
 }
 
 
-static ngx_int_t
+static ngx_table_elt_t *
 ngx_llmgw_push_header(ngx_http_request_t *r, ngx_str_t *key,
     ngx_str_t *value, ngx_uint_t run_handler)
 {
@@ -1054,7 +1080,7 @@ ngx_llmgw_push_header(ngx_http_request_t *r, ngx_str_t *key,
 
     h = ngx_list_push(&r->upstream->headers_in.headers);
     if (h == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     h->key = *key;
@@ -1063,23 +1089,23 @@ ngx_llmgw_push_header(ngx_http_request_t *r, ngx_str_t *key,
 
     h->lowcase_key = ngx_pnalloc(r->pool, key->len);
     if (h->lowcase_key == NULL) {
-        return NGX_ERROR;
+        return NULL;
     }
 
     ngx_strlow(h->lowcase_key, key->data, key->len);
 
     if (!run_handler) {
-        return NGX_OK;
+        return h;
     }
 
     hh = ngx_hash_find(&umcf->headers_in_hash, h->hash, h->lowcase_key,
                        h->key.len);
 
     if (hh && hh->handler(r, h, hh->offset) != NGX_OK) {
-        return NGX_ERROR;
+        return NULL;
     }
 
-    return NGX_OK;
+    return h;
 }
 
 
@@ -1088,7 +1114,8 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
 {
     ngx_int_t             rc;
     ngx_str_t             key, value;
-    ngx_uint_t            code;
+    ngx_uint_t            code, is_type;
+    ngx_table_elt_t      *h;
     ngx_llmgw_ctx_t      *ctx;
     ngx_http_upstream_t  *u;
 
@@ -1096,6 +1123,10 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
     ctx = ngx_llmgw_get_ctx(r);
     if (ctx == NULL) {
         return NGX_ERROR;
+    }
+
+    if (ctx->holding) {
+        return ngx_llmgw_hold(r, ctx);
     }
 
     if (ctx->status == 0) {
@@ -1152,31 +1183,32 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
                 continue;
             }
 
-            /*
-             * A stream was asked for and the upstream answers one JSON
-             * body (it ignored "stream"): the client still gets a stream,
-             * made of that answer at its end.
-             */
-            if (!ctx->error_mode
-                && key.len == 12
-                && ngx_strncasecmp(key.data, (u_char *) "Content-Type", 12)
-                   == 0
-                && (llmgw_req_stream(ctx->req) || ctx->endpoint.stream)
+            is_type = key.len == 12
+                      && ngx_strncasecmp(key.data, (u_char *) "Content-Type",
+                                         12) == 0;
+
+            if (is_type
                 && ngx_strlcasestrn(value.data, value.data + value.len,
-                                    (u_char *) "application/json", 16 - 1)
+                                    (u_char *) "text/event-stream", 17 - 1)
                    != NULL)
             {
-                ctx->whole_for_stream = 1;
-                ngx_str_set(&value, "text/event-stream");
+                ctx->event_stream = 1;
             }
 
             key.data = ngx_pstrdup(r->pool, &key);
             value.data = ngx_pstrdup(r->pool, &value);
 
-            if (key.data == NULL || value.data == NULL
-                || ngx_llmgw_push_header(r, &key, &value, 1) != NGX_OK)
-            {
+            if (key.data == NULL || value.data == NULL) {
                 return NGX_ERROR;
+            }
+
+            h = ngx_llmgw_push_header(r, &key, &value, 1);
+            if (h == NULL) {
+                return NGX_ERROR;
+            }
+
+            if (is_type) {
+                ctx->content_type = h;
             }
 
             continue;
@@ -1215,7 +1247,7 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         ngx_str_set(&key, "Content-Type");
         ngx_str_set(&value, "application/json");
 
-        if (ngx_llmgw_push_header(r, &key, &value, 0) != NGX_OK) {
+        if (ngx_llmgw_push_header(r, &key, &value, 0) == NULL) {
             return NGX_ERROR;
         }
 
@@ -1223,6 +1255,29 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         u->headers_in.content_length = NULL;
 
         return NGX_OK;
+    }
+
+    /*
+     * A stream was asked for and the upstream answers something else (one
+     * JSON body: it ignored "stream"): that answer is held, and the client
+     * still gets a stream, made of it.
+     */
+    if ((llmgw_req_stream(ctx->req) || ctx->endpoint.stream)
+        && !ctx->event_stream)
+    {
+        ctx->whole_for_stream = 1;
+
+        if (ctx->content_type) {
+            ngx_str_set(&ctx->content_type->value, "text/event-stream");
+
+        } else {
+            ngx_str_set(&key, "Content-Type");
+            ngx_str_set(&value, "text/event-stream");
+
+            if (ngx_llmgw_push_header(r, &key, &value, 0) == NULL) {
+                return NGX_ERROR;
+            }
+        }
     }
 
     ctx->resp = llmgw_resp_new(ctx->endpoint.ep,
@@ -1249,7 +1304,183 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         u->headers_in.content_length = NULL;
     }
 
+    /*
+     * A JSON answer is read whole before its head goes out: one that is
+     * no answer (not JSON, empty, cut short) is then an upstream fault that
+     * the next channel can still take over.  A body that only the upstream
+     * closing would end cannot be told from a cut one: it is passed on.
+     */
+    if (llmgw_resp_holds(ctx->resp)
+        && (u->headers_in.chunked || ctx->length >= 0))
+    {
+        ctx->holding = 1;
+        return ngx_llmgw_hold(r, ctx);
+    }
+
     return NGX_OK;
+}
+
+
+/*
+ * Reads a held answer's body out of u->buffer (a head already parsed) into
+ * the response, until it is whole (then checked) or too large to hold
+ * (then passed on as it comes, from the bytes held so far).
+ */
+static ngx_int_t
+ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    size_t                n;
+    ngx_int_t             rc;
+    ngx_buf_t            *b;
+    llmgw_buf_t           out;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+    b = &u->buffer;
+
+    if (llmgw_resp_held(ctx->resp) + (size_t) (b->last - b->pos)
+        > llmgw_resp_hold_max())
+    {
+        /* too large: what is held goes out first, then these bytes */
+        if (llmgw_resp_release(ctx->resp, &out) != 0) {
+            return NGX_ERROR;
+        }
+
+        if (ngx_llmgw_keep(r, &out, &ctx->pending) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        ctx->holding = 0;
+
+        return NGX_OK;
+    }
+
+    for ( ;; ) {
+
+        if (!u->headers_in.chunked) {
+            n = ngx_min((off_t) (b->last - b->pos), ctx->length);
+
+            if (llmgw_resp_feed(ctx->resp, (char *) b->pos, n, &out) != 0) {
+                return NGX_ERROR;
+            }
+
+            llmgw_buf_free(&out);
+            b->pos += n;
+            ctx->length -= n;
+
+            if (ctx->length > 0) {
+                break;
+            }
+
+            u->keepalive = !u->headers_in.connection_close
+                           && b->pos == b->last;
+            return ngx_llmgw_held(r, ctx);
+        }
+
+        rc = ngx_http_parse_chunked(r, b, &ctx->chunked);
+
+        if (rc == NGX_OK) {
+            n = ngx_min((off_t) (b->last - b->pos), ctx->chunked.size);
+
+            if (llmgw_resp_feed(ctx->resp, (char *) b->pos, n, &out) != 0) {
+                return NGX_ERROR;
+            }
+
+            llmgw_buf_free(&out);
+            b->pos += n;
+            ctx->chunked.size -= n;
+            continue;
+        }
+
+        if (rc == NGX_DONE) {
+            u->keepalive = !u->headers_in.connection_close
+                           && b->pos == b->last;
+            return ngx_llmgw_held(r, ctx);
+        }
+
+        if (rc == NGX_AGAIN) {
+            break;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "llmgw: upstream sent an invalid chunked body");
+
+        return ngx_llmgw_bad_answer(r, ctx);
+    }
+
+    /* all of it is in the response: the buffer takes the next read */
+    b->pos = b->start;
+    b->last = b->start;
+
+    return NGX_AGAIN;
+}
+
+
+/* A whole answer: checked, then its head goes out and the answer after. */
+static ngx_int_t
+ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    llmgw_buf_t           out;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    if (llmgw_resp_finish(ctx->resp, &out) != 0) {
+        return NGX_ERROR;
+    }
+
+    if (!llmgw_resp_valid(ctx->resp)) {
+        llmgw_buf_free(&out);
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "llmgw: upstream answered %ui without a JSON answer "
+                      "(channel %L)", ctx->status,
+                      ctx->channels[ctx->current]->id);
+        return ngx_llmgw_bad_answer(r, ctx);
+    }
+
+    if (ngx_llmgw_keep(r, &out, &ctx->answer) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ctx->holding = 0;
+    ctx->length = 0;
+    u->headers_in.chunked = 0;
+    u->headers_in.content_length_n = ctx->answer.len;
+    u->headers_in.content_length = NULL;
+    u->buffer.pos = u->buffer.last;
+
+    return NGX_OK;
+}
+
+
+/* Moves a core buffer into the request's pool (it is freed either way). */
+static ngx_int_t
+ngx_llmgw_keep(ngx_http_request_t *r, llmgw_buf_t *from, ngx_str_t *to)
+{
+    to->data = ngx_pnalloc(r->pool, from->len + 1);
+
+    if (to->data != NULL) {
+        to->len = ngx_cpymem(to->data, from->data, from->len) - to->data;
+    }
+
+    llmgw_buf_free(from);
+
+    return to->data != NULL ? NGX_OK : NGX_ERROR;
+}
+
+
+/* A 2xx that was no answer: the next channel, or 502 bad_response_body. */
+static ngx_int_t
+ngx_llmgw_bad_answer(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ctx->holding = 0;
+    ctx->bad_answer = 1;
+    /* its head was never sent: the error contract answers if nothing else
+       does */
+    ctx->upstream_header = 0;
+    r->upstream->keepalive = 0;
+
+    return NGX_HTTP_UPSTREAM_INVALID_HEADER;
 }
 
 
@@ -1288,14 +1519,10 @@ static ngx_int_t
 ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx, u_char *pos,
     size_t size, ngx_chain_t ***ll)
 {
-    size_t                n;
-    u_char               *p;
-    llmgw_buf_t           out;
-    ngx_buf_t            *b;
-    ngx_chain_t          *cl;
-    ngx_http_upstream_t  *u;
-
-    u = r->upstream;
+    size_t        n;
+    u_char       *p;
+    llmgw_buf_t   out;
+    ngx_buf_t    *b;
 
     if (size == 0) {
         return NGX_OK;
@@ -1340,6 +1567,23 @@ ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx, u_char *pos,
         size = out.len;
         llmgw_buf_free(&out);
     }
+
+    return ngx_llmgw_chain(r, p, size, ll);
+}
+
+
+/* Bytes for the client, appended to the upstream's output chain. */
+static ngx_int_t
+ngx_llmgw_chain(ngx_http_request_t *r, u_char *p, size_t size,
+    ngx_chain_t ***ll)
+{
+    ngx_buf_t            *b;
+    ngx_chain_t          *cl;
+    ngx_llmgw_ctx_t      *ctx;
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+    ctx = ngx_llmgw_get_ctx(r);
 
     cl = ngx_chain_get_free_buf(r->pool, &u->free_bufs);
     if (cl == NULL) {
@@ -1386,6 +1630,16 @@ ngx_llmgw_filter(void *data, ssize_t bytes)
 
     for (cl = u->out_bufs, ll = &u->out_bufs; cl; cl = cl->next) {
         ll = &cl->next;
+    }
+
+    if (ctx->pending.len) {
+        /* what was held of an answer too large to hold goes first */
+        rc = ngx_llmgw_chain(r, ctx->pending.data, ctx->pending.len, &ll);
+        ngx_str_null(&ctx->pending);
+
+        if (rc != NGX_OK) {
+            return NGX_ERROR;
+        }
     }
 
     if (!u->headers_in.chunked) {
@@ -1481,6 +1735,28 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
     }
 
     ctx->responded = 1;
+
+    if (ctx->answer.data) {
+        /* a held answer, checked: settled, then it goes out */
+        ngx_llmgw_gateway_log(r, ctx);
+
+        b = ngx_calloc_buf(r->pool);
+        if (b == NULL) {
+            return;
+        }
+
+        b->memory = 1;
+        b->flush = 1;
+        b->pos = ctx->answer.data;
+        b->last = b->pos + ctx->answer.len;
+        ngx_str_null(&ctx->answer);
+
+        out.buf = b;
+        out.next = NULL;
+
+        (void) ngx_http_output_filter(r, &out);
+        return;
+    }
 
     if (ctx->resp) {
         /* usage is complete now; a converted answer may still owe bytes */

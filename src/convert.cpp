@@ -2476,7 +2476,19 @@ emit_event(std::string &out, std::string_view type, const json_t *j)
 class ChatStream : public StreamImpl {
 public:
     void on_done(std::string &out) override { end(out); }
-    void finish(std::string &out) override { end(out); }
+    void finish(std::string &out) override
+    {
+        if (!finished_ && !done_ && !errored_) {
+            /* the upstream's stream ended before it said why: cut short,
+               which a [DONE] would hide from the client */
+            done_ = true;
+            send_error(out, "the upstream stream ended before its finish "
+                            "reason", "upstream_error");
+            return;
+        }
+
+        end(out);
+    }
 
 protected:
     explicit ChatStream(std::string model)
@@ -2570,6 +2582,7 @@ protected:
         put(inner, "type", type.empty() ? "upstream_error" : type);
         put(e.get(), "error", inner);
         emit_data(out, e.get());
+        errored_ = true;
     }
 
     /* The usage chunk (when one is due) and [DONE], once. */
@@ -2602,6 +2615,7 @@ protected:
     bool         finished_ = false;
     bool         usage_sent_ = false;
     bool         done_ = false;
+    bool         errored_ = false;
     int64_t      tools_ = 0;    /* tool calls announced so far */
 };
 

@@ -372,6 +372,20 @@ int llmgw_resp_rewrites(const llmgw_resp_t *resp);
 
 /* End of the upstream body; may return trailing bytes for the client. */
 int llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out);
+/*
+ * After llmgw_resp_finish: whether a JSON answer was one (a JSON object);
+ * streams and answers too large to hold count as answers.
+ */
+int llmgw_resp_valid(const llmgw_resp_t *r);
+/*
+ * A JSON answer is held whole (at most llmgw_resp_hold_max() bytes): the
+ * bytes held so far; llmgw_resp_release() hands them out and passes the
+ * rest on as it comes, billed by its size, as for an answer too large.
+ */
+int llmgw_resp_holds(const llmgw_resp_t *r);
+size_t llmgw_resp_held(const llmgw_resp_t *r);
+size_t llmgw_resp_hold_max(void);
+int llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out);
 /* Usage as reported, or estimated from the delivered text. */
 void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
 

@@ -33,12 +33,20 @@ struct llmgw_resp_s {
     std::string       out;              /* re-framed SSE when filtering */
     size_t            text_bytes = 0;   /* delivered completion text */
     llmgw_usage_t     usage {};
+    /* a stream's final usage came (OpenAI's usage chunk, Anthropic's
+       message_delta, Gemini's chunk with a finishReason): before that, a
+       reported count is partial */
+    bool              final_usage = false;
 
     /* the client's format when it is not the channel's */
     llmgw_endpoint_e                  client = LLMGW_EP_NONE;
     std::string                       client_model;
     const json_t                     *client_req = nullptr;
+    /* a JSON answer is held whole: checked, billed and converted (when
+       convert_json) before any of it goes out */
     bool                              hold_json = false;
+    bool                              convert_json = false;
+    bool                              valid = false;
     /* the client asked for a stream, the upstream answered whole */
     bool                              whole_for_stream = false;
     std::unique_ptr<StreamConverter>  conv;
@@ -184,13 +192,19 @@ chunk_text(const JsonView &j)
     j.get("choices").each_element([&](const JsonView &c) {
         JsonView delta = c.get("delta");
         n += text_of(delta, "content") + text_of(delta, "reasoning_content");
+        delta.get("tool_calls").each_element([&](const JsonView &t) {
+            n += text_of(t.get("function"), "arguments");
+        });
     });
 
-    n += text_of(j.get("delta"), "text");
+    JsonView delta = j.get("delta");
+
+    n += text_of(delta, "text") + text_of(delta, "partial_json")
+         + text_of(delta, "thinking");
 
     j.get("candidates").each_element([&](const JsonView &c) {
         c.get("content").get("parts").each_element([&](const JsonView &p) {
-            n += text_of(p, "text");
+            n += text_of(p, "text") + p.get("functionCall").raw().size();
         });
     });
 
@@ -210,14 +224,16 @@ is_usage_only(const JsonView &j)
 
 /*
  * The bytes of the string values of text-carrying members ("content",
- * "text", "reasoning_content") in a chunk, found without parsing it: a
- * stream is billed by them only when no usage arrives.
+ * "text", "reasoning_content", tool arguments, thinking) in a chunk, found
+ * without parsing it: a stream is billed by them only when no usage (or
+ * only a partial one) arrives.
  */
 size_t
 scan_text(std::string_view data)
 {
     static const std::string_view keys[] = {
-        "\"content\":\"", "\"text\":\"", "\"reasoning_content\":\""
+        "\"content\":\"", "\"text\":\"", "\"reasoning_content\":\"",
+        "\"arguments\":\"", "\"partial_json\":\"", "\"thinking\":\""
     };
 
     size_t n = 0;
@@ -261,15 +277,24 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     if (j) {
         Wire w = wire_of(r->ep, r->type);
 
-        if (w != Wire::anthropic) {
+        if (w == Wire::openai) {
             take_usage(w, j, r->usage);
-            drop = w == Wire::openai && r->usage_injected && is_usage_only(j);
+            r->final_usage = r->final_usage || j.get("usage").is_object();
+            drop = r->usage_injected && is_usage_only(j);
+
+        } else if (w == Wire::gemini) {
+            take_usage(w, j, r->usage);
+            j.get("candidates").each_element([&](const JsonView &c) {
+                r->final_usage = r->final_usage
+                                 || c.get("finishReason").string_length() > 0;
+            });
 
         } else if (j.get("type").string_equals("message_start")) {
             take_anthropic(j.get("message").get("usage"), r->usage);
 
         } else if (j.get("type").string_equals("message_delta")) {
             take_anthropic(j.get("usage"), r->usage);
+            r->final_usage = true;
         }
     }
 
@@ -312,6 +337,8 @@ finish_json(llmgw_resp_s &r)
     }
 
     JsonView b = JsonView::parse(r.body);
+
+    r.valid = b.is_object();
 
     if (!b) {
         r.text_bytes = r.body.size();
@@ -368,6 +395,8 @@ llmgw_resp_new(llmgw_endpoint_e ep, int channel_type, int stream,
             if (r->sse == nullptr) {
                 return nullptr;
             }
+        } else {
+            r->hold_json = true;
         }
 
         return r.release();
@@ -459,6 +488,10 @@ llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
 std::string
 converted_json(llmgw_resp_s &r)
 {
+    if (!r.convert_json && !r.whole_for_stream) {
+        return r.body;
+    }
+
     Json in = json_parse(r.body.data(), r.body.size());
     Json out;
     std::string err;
@@ -544,13 +577,12 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
             return 0;
         }
 
-        if (client == LLMGW_EP_RERANK) {
-            r->hold_json = !r->stream;
+        if (!r->stream) {
+            r->convert_json = true;
             return 0;
         }
 
-        if (!r->stream) {
-            r->hold_json = true;
+        if (client == LLMGW_EP_RERANK) {
             return 0;
         }
 
@@ -571,6 +603,58 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
     } catch (...) {
         return -1;
     }
+}
+
+
+extern "C" int
+llmgw_resp_valid(const llmgw_resp_t *r)
+{
+    return r->stream || r->overflow || r->valid;
+}
+
+
+extern "C" int
+llmgw_resp_holds(const llmgw_resp_t *r)
+{
+    return r->hold_json;
+}
+
+
+extern "C" size_t
+llmgw_resp_held(const llmgw_resp_t *r)
+{
+    return r->hold_json ? r->body.size() : 0;
+}
+
+
+extern "C" int
+llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out)
+{
+    try {
+        /* the same as a feed past kMaxJsonBody, before it */
+        *out = make_buf(r->body);
+        if (out->data == nullptr) {
+            return -1;
+        }
+
+        r->hold_json = false;
+        r->convert_json = false;
+        r->overflow = true;
+        r->text_bytes += r->body.size();
+        r->body.clear();
+        r->body.shrink_to_fit();
+        return 0;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" size_t
+llmgw_resp_hold_max(void)
+{
+    return kMaxJsonBody;
 }
 
 
@@ -598,8 +682,15 @@ llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u)
 
     *u = r->usage;
 
+    int64_t estimate = static_cast<int64_t>(r->text_bytes / 4);
+
     if (!u->known) {
-        u->completion_tokens = static_cast<int64_t>(r->text_bytes / 4);
+        u->completion_tokens = estimate;
+
+    } else if (r->stream && !r->final_usage) {
+        /* cut before the final count: what was reported so far (Anthropic's
+           message_start says 1) or what was delivered, whichever is more */
+        u->completion_tokens = std::max(u->completion_tokens, estimate);
     }
 
     u->prompt_tokens = bound(u->prompt_tokens);

@@ -1409,18 +1409,42 @@ test_anthropic_stream_error_becomes_openai_error_chunk(void **state)
 }
 
 
+/*
+ * A stream cut before its finish reason ends with an error chunk and no
+ * [DONE]: a [DONE] would tell the client the answer was whole.
+ */
 static void
-test_anthropic_stream_cut_short_still_ends_with_one_done(void **state)
+test_anthropic_stream_cut_short_ends_with_an_error_not_done(void **state)
 {
     evs_t evs;
     (void) state;
 
     stream(14, LLMGW_EP_CHAT, A_START A_TEXT_DELTA(0, "partial"), &evs);
 
-    /* role, text, usage (prompt known from message_start), DONE */
-    assert_int_equal(evs.n, 4);
-    assert_int_equal(int_at(evs.ev[2].data, "usage/prompt_tokens"), 15);
-    assert_true(evs.ev[3].done);
+    /* role, text, error */
+    assert_int_equal(evs.n, 3);
+    assert_string_equal(str_at(evs.ev[2].data, "error/type"),
+                        "upstream_error");
+    assert_non_null(strstr(str_at(evs.ev[2].data, "error/message"),
+                           "ended before its finish reason"));
+    evs_free(&evs);
+}
+
+
+static void
+test_gemini_stream_cut_short_ends_with_an_error_not_done(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(24, LLMGW_EP_CHAT,
+           "data: {'candidates':[{'content':{'parts':[{'text':'par'}]}}]}\n\n",
+           &evs);
+
+    assert_int_equal(evs.n, 3);
+    assert_false(evs.ev[2].done);
+    assert_string_equal(str_at(evs.ev[2].data, "error/type"),
+                        "upstream_error");
     evs_free(&evs);
 }
 
@@ -2033,7 +2057,9 @@ main(void)
         cmocka_unit_test(
             test_anthropic_stream_error_becomes_openai_error_chunk),
         cmocka_unit_test(
-            test_anthropic_stream_cut_short_still_ends_with_one_done),
+            test_anthropic_stream_cut_short_ends_with_an_error_not_done),
+        cmocka_unit_test(
+            test_gemini_stream_cut_short_ends_with_an_error_not_done),
         cmocka_unit_test(
             test_gemini_stream_to_openai_chunks_sends_usage_at_end),
         cmocka_unit_test(

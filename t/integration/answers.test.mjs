@@ -1,0 +1,281 @@
+// What counts as an answer: a 2xx whose body is no answer (HTML, broken or
+// cut JSON, nothing) is an upstream fault that the next channel takes over
+// and that is never charged; a connect timeout moves on, a read timeout is
+// final; streams cut short are billed for their prompt and what was
+// delivered, and a converted stream cut short says so instead of [DONE].
+
+import assert from 'node:assert/strict';
+import http from 'node:http';
+import net from 'node:net';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, idList, makeChannel, makeUserKey,
+    sleep, sseEvents, startGateway, stopAll, uniq, waitLogs,
+} from '../lib/harness.mjs';
+import {
+    anthropicStream, hang, openaiChat, sendJson, startMock,
+} from '../lib/mock.mjs';
+
+describe('answers and faults', { timeout: 180000 }, () => {
+    let db, gw, bad, good, silent;
+    const sockets = new Set();
+
+    before(async () => {
+        db = await createDb();
+        bad = await startMock();
+        good = await startMock();
+        /* accepts TCP and never speaks: a TLS handshake to it times out
+           before any of the request went out */
+        silent = net.createServer((s) => { sockets.add(s); s.on('error', () => {}); });
+        await new Promise((r) => silent.listen(0, '127.0.0.1', r));
+        gw = await startGateway({
+            db,
+            http: 'llmgw_connect_timeout 500ms; llmgw_read_timeout 1500ms;',
+        });
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            for (const s of sockets) {
+                s.destroy();
+            }
+            silent?.close();
+            await bad?.close();
+            await good?.close();
+            await dropDb(db);
+        }
+    });
+
+    /* A model on the faulty mock (priority 10) with a good backup. */
+    async function pair(primaryUrl = bad.url, { backup = true } = {}) {
+        const model = uniq('ans');
+        const primary = await makeChannel(gw, { base_url: primaryUrl, models: [model], priority: 10 });
+        const second = backup
+            ? await makeChannel(gw, { base_url: good.url, models: [model], priority: 0 })
+            : null;
+        await sleep(1100);
+        return { model, primary, second };
+    }
+
+    async function rowOf(r) {
+        const id = r.headers['x-request-id'];
+        const { items } = await waitLogs(gw, { page_size: 1000 },
+            (it) => it.some((i) => i.request_id === id));
+        const row = items.find((i) => i.request_id === id);
+        return { ...row, channels_tried: idList(row.channels_tried) };
+    }
+
+    const faults = {
+        'an HTML page': (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/html' });
+            res.end('<html><body>' + 'welcome '.repeat(2000) + '</body></html>');
+        },
+        'broken JSON': (req, res) => sendJson(res, 200, '{"id":"x","choices":[{"message":'),
+        'an empty body': (req, res) => sendJson(res, 200, ''),
+        'a JSON body cut short': (req, res) => {
+            const body = JSON.stringify(openaiChat({ content: 'y'.repeat(4000) }));
+            res.writeHead(200, { 'Content-Type': 'application/json',
+                'Content-Length': Buffer.byteLength(body) });
+            res.write(body.slice(0, 1000));
+            setTimeout(() => res.destroy(), 50);
+        },
+        'a chunked JSON body cut short': (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'application/json' });
+            res.write(JSON.stringify(openaiChat()).slice(0, 40));
+            setTimeout(() => res.destroy(), 50);
+        },
+    };
+
+    for (const [what, handler] of Object.entries(faults)) {
+        test(`a 200 with ${what} goes to the next channel, charged once`, async () => {
+            bad.handler = handler;
+            const { model, primary, second } = await pair();
+            const { key } = await makeUserKey(gw);
+            const r = await gw.chat(key, model);
+            assertOk(r);
+            assert.equal(r.json.choices[0].message.content, 'hello from mock');
+            assert.equal(r.headers['content-length'], String(Buffer.byteLength(r.text)));
+            const row = await rowOf(r);
+            assert.equal(row.type, 'consume', JSON.stringify(row));
+            assert.equal(row.channel_id, second.id);
+            assert.deepEqual(row.channels_tried, [primary.id, second.id]);
+        });
+    }
+
+    test('a 200 that is no answer, with no other channel: 502 bad_response_body, nothing charged',
+        async () => {
+            bad.handler = faults['an HTML page'];
+            const { model } = await pair(bad.url, { backup: false });
+            await gw.admin('PUT', '/api/pricing', { [model]: { ratio: 1, completion_ratio: 1 } });
+            const { key, token } = await makeUserKey(gw, {},
+                { unlimited_quota: false, remain_quota: 100000 });
+            await sleep(1100);
+            for (const stream of [false, true]) {
+                const r = await gw.chat(key, model, { extra: { stream } });
+                assertError(r, 502, { code: 'bad_response_body' });
+                const row = await rowOf(r);
+                assert.equal(row.type, 'error');
+                assert.equal(row.quota, 0);
+            }
+            const t = (await gw.admin('GET', `/api/token/${token.id}`)).json;
+            assert.equal(t.used_quota, 0);
+            assert.equal(t.remain_quota, 100000);
+        });
+
+    test('a connect timeout goes to the next channel; a read timeout is final', async () => {
+        const slow = await pair(`https://127.0.0.1:${silent.address().port}`);
+        const { key } = await makeUserKey(gw);
+        const t0 = Date.now();
+        const r = await gw.chat(key, slow.model);
+        assertOk(r);
+        assert.ok(Date.now() - t0 < 1400, `took ${Date.now() - t0} ms`);
+        assert.deepEqual((await rowOf(r)).channels_tried, [slow.primary.id, slow.second.id]);
+
+        bad.handler = hang;
+        const stuck = await pair();
+        good.reset();
+        const r2 = await gw.chat(key, stuck.model);
+        assertError(r2, 504, { code: 'do_request_failed' });
+        assert.equal(good.requests.length, 0, 'the backup was not tried');
+    });
+
+    test('a stream request answered with JSON under another Content-Type is a stream', async () => {
+        bad.handler = (req, res) => sendJson(res, 200, openaiChat({
+            model: 'x', content: 'whole', usage: { prompt_tokens: 7, completion_tokens: 3 },
+        }), { 'Content-Type': 'text/plain' });
+        const { model } = await pair(bad.url, { backup: false });
+        const { key } = await makeUserKey(gw);
+        const r = await gw.chat(key, model, { extra: { stream: true } });
+        assertOk(r);
+        assert.match(r.headers['content-type'], /text\/event-stream/);
+        const evs = sseEvents(r.text);
+        assert.equal(evs.at(-1).data, '[DONE]');
+        assert.ok(r.text.includes('whole'), r.text);
+        const row = await rowOf(r);
+        assert.equal(row.prompt_tokens, 7);
+        assert.equal(row.completion_tokens, 3);
+    });
+
+    /* A streaming chat whose reader hangs up once `until` shows up. */
+    function chatUntil(key, model, body, until) {
+        return new Promise((resolve, reject) => {
+            const req = http.request(`${gw.url}/v1/chat/completions`, {
+                method: 'POST',
+                headers: { Authorization: `Bearer ${key}`, 'Content-Type': 'application/json' },
+            }, (res) => {
+                let text = '';
+                res.setEncoding('utf8');
+                res.on('data', (c) => {
+                    text += c;
+                    if (text.includes(until)) {
+                        req.destroy();
+                        resolve({ headers: res.headers, text });
+                    }
+                });
+                res.on('end', () => resolve({ headers: res.headers, text }));
+            });
+            req.on('error', () => {});
+            setTimeout(() => reject(new Error('no answer in 10 s')), 10000).unref();
+            req.end(JSON.stringify({ model, stream: true, ...body }));
+        });
+    }
+
+    test('a reader that hangs up before the usage chunk still pays for its prompt', async () => {
+        bad.handler = async (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            const chunk = (delta, finish = null) => res.write(`data: ${JSON.stringify({
+                id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'x',
+                choices: [{ index: 0, delta, finish_reason: finish }],
+            })}\n\n`);
+            chunk({ role: 'assistant', content: 'z'.repeat(40) });
+            chunk({}, 'stop');
+            await sleep(3000);
+            res.destroy();
+        };
+        const { model } = await pair(bad.url, { backup: false });
+        const { key } = await makeUserKey(gw);
+        const prompt = 'p'.repeat(4000);
+        const r = await chatUntil(key, model,
+            { messages: [{ role: 'user', content: prompt }] }, '"finish_reason":"stop"');
+        const row = await rowOf(r);
+        assert.equal(row.type, 'consume');
+        assert.ok(row.prompt_tokens >= 900, JSON.stringify(row));
+        assert.equal(row.completion_tokens, 10, JSON.stringify(row));
+    });
+
+    test('tool arguments count in a stream billed by estimate', async () => {
+        bad.handler = async (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            for (let i = 0; i < 4; i++) {
+                res.write(`data: ${JSON.stringify({
+                    id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'x',
+                    choices: [{ index: 0, finish_reason: null, delta: { tool_calls: [{
+                        index: 0, ...(i === 0 ? { id: 'call_1', type: 'function' } : {}),
+                        function: { ...(i === 0 ? { name: 'f' } : {}), arguments: 'a'.repeat(100) },
+                    }] } }],
+                })}\n\n`);
+            }
+            await sleep(100);
+            res.destroy();
+        };
+        const { model } = await pair(bad.url, { backup: false });
+        const { key } = await makeUserKey(gw);
+        const r = await gw.chat(key, model, { extra: { stream: true } });
+        assert.equal(r.status, 200);
+        const row = await rowOf(r);
+        assert.equal(row.completion_tokens, 100, JSON.stringify(row));
+    });
+
+    test('an Anthropic stream cut short: billed for what was delivered, not the 1 of message_start',
+        async () => {
+            bad.handler = async (req, res) => {
+                res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+                const ev = (name, data) => res.write(
+                    `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`);
+                ev('message_start', { message: { id: 'msg_1', type: 'message',
+                    role: 'assistant', model: 'x', content: [],
+                    usage: { input_tokens: 50, output_tokens: 1 } } });
+                ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } });
+                for (let i = 0; i < 4; i++) {
+                    ev('content_block_delta', { index: 0,
+                        delta: { type: 'text_delta', text: 'q'.repeat(100) } });
+                }
+                await sleep(100);
+                res.destroy();
+            };
+            const model = uniq('ans-claude');
+            await makeChannel(gw, { type: 14, base_url: bad.url, models: [model] });
+            await sleep(1100);
+            const { key } = await makeUserKey(gw);
+
+            const m = await gw.messages(key, model, { extra: { stream: true } });
+            assert.equal(m.status, 200);
+            const mrow = await rowOf(m);
+            assert.equal(mrow.prompt_tokens, 50);
+            assert.equal(mrow.completion_tokens, 100, JSON.stringify(mrow));
+
+            /* a chat client of that channel learns the answer was cut */
+            const c = await gw.chat(key, model, { extra: { stream: true } });
+            assert.equal(c.status, 200);
+            const evs = sseEvents(c.text);
+            assert.ok(!evs.some((e) => e.data === '[DONE]'), c.text);
+            const last = JSON.parse(evs.at(-1).data);
+            assert.match(last.error.message, /ended before its finish reason/);
+            assert.equal((await rowOf(c)).completion_tokens, 100);
+        });
+
+    test('a whole Anthropic stream still ends with [DONE] for a chat client', async () => {
+        bad.handler = (req, res) => anthropicStream(res, ['hello'], {
+            usage: { input_tokens: 5, output_tokens: 2 } });
+        const model = uniq('ans-claude');
+        await makeChannel(gw, { type: 14, base_url: bad.url, models: [model] });
+        await sleep(1100);
+        const { key } = await makeUserKey(gw);
+        const c = await gw.chat(key, model, { extra: { stream: true } });
+        assertOk(c);
+        assert.equal(sseEvents(c.text).at(-1).data, '[DONE]');
+    });
+});
