@@ -31,7 +31,14 @@ static void ngx_llmgw_ctx_cleanup(void *data);
 
 
 static char *ngx_llmgw_check_bounds(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_check_size(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_check_range(ngx_conf_t *cf,
+    ngx_conf_num_bounds_t *bounds, ngx_int_t n, ngx_uint_t size);
+static u_char *ngx_llmgw_print_bound(u_char *p, u_char *last, ngx_int_t n,
+    ngx_uint_t size);
 static char *ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post,
+    void *data);
 
 
 static ngx_conf_num_bounds_t  ngx_llmgw_tries_bounds = {
@@ -50,10 +57,18 @@ static ngx_conf_num_bounds_t  ngx_llmgw_backlog_bounds = {
     ngx_llmgw_check_bounds, 1, 100000000
 };
 
+static ngx_conf_num_bounds_t  ngx_llmgw_frame_bounds = {
+    ngx_llmgw_check_size, 0, LLMGW_FRAME_MAX_BODY
+};
+
 /* Durations that drive a timer or a deadline: 0 would spin or expire at
  * once. */
 static ngx_conf_post_t  ngx_llmgw_interval_bounds = {
     ngx_llmgw_check_interval
+};
+
+static ngx_conf_post_t  ngx_llmgw_header_name = {
+    ngx_llmgw_check_header_name
 };
 
 
@@ -176,7 +191,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_size_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, v8host_max_frame),
-      NULL },
+      &ngx_llmgw_frame_bounds },
 
     { ngx_string("llmgw_task_poll_interval"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -316,7 +331,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_str_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, request_id_header),
-      NULL },
+      &ngx_llmgw_header_name },
 
     { ngx_string("llmgw_connect_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -912,21 +927,6 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_size_value(mcf->task_max_files_total, 64 * 1024 * 1024);
     ngx_conf_init_value(mcf->task_ssl_verify, 1);
 
-    if (mcf->v8host_max_frame > LLMGW_FRAME_MAX_BODY) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"llmgw_v8host_max_frame\" must be at most %uz",
-                           (size_t) LLMGW_FRAME_MAX_BODY);
-        return NGX_CONF_ERROR;
-    }
-
-    if (mcf->shm_size < (ssize_t) (8 * ngx_pagesize)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"llmgw_zone_size\" of %z is too small, "
-                           "at least %ui bytes are needed",
-                           mcf->shm_size, 8 * ngx_pagesize);
-        return NGX_CONF_ERROR;
-    }
-
     mcf->shm_zone = ngx_shared_memory_add(cf, &zone_name, mcf->shm_size,
                                           &ngx_http_llmgw_module);
     if (mcf->shm_zone == NULL) {
@@ -1013,12 +1013,6 @@ ngx_llmgw_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                               prev->upstream.buffer_size,
                               (size_t) ngx_pagesize * 4);
 
-    if (conf->request_id_header.len == 0) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "\"llmgw_request_id_header\" must not be empty");
-        return NGX_CONF_ERROR;
-    }
-
     return ngx_llmgw_upstream_merge(cf, prev, conf);
 }
 
@@ -1081,7 +1075,8 @@ ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_llmgw_main_conf_t *mcf = conf;
 
-    ngx_str_t  *value;
+    ngx_str_t              *value;
+    ngx_conf_num_bounds_t   bounds;
 
     if (mcf->shm_size != NGX_CONF_UNSET) {
         return "is duplicate";
@@ -1098,7 +1093,12 @@ ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    return NGX_CONF_OK;
+    /* as limit_req_zone: the slab allocator keeps pages for itself */
+    bounds.post_handler = NULL;
+    bounds.low = 8 * ngx_pagesize;
+    bounds.high = NGX_MAX_SIZE_T_VALUE;
+
+    return ngx_llmgw_check_range(cf, &bounds, mcf->shm_size, 1);
 }
 
 
@@ -1106,12 +1106,45 @@ ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 static char *
 ngx_llmgw_check_bounds(ngx_conf_t *cf, void *post, void *data)
 {
-    ngx_conf_num_bounds_t *bounds = post;
-    ngx_int_t             *np = data;
+    ngx_int_t  *np = data;
 
-    u_char  *p, *last;
+    return ngx_llmgw_check_range(cf, post, *np, 0);
+}
 
-    if (*np >= bounds->low && *np <= bounds->high) {
+
+/* The same for a size, whose bounds the message writes as sizes (64k). */
+static char *
+ngx_llmgw_check_size(ngx_conf_t *cf, void *post, void *data)
+{
+    size_t  *sp = data;
+
+    return ngx_llmgw_check_range(cf, post, (ngx_int_t) *sp, 1);
+}
+
+
+static u_char *
+ngx_llmgw_print_bound(u_char *p, u_char *last, ngx_int_t n, ngx_uint_t size)
+{
+    if (size && n > 0 && n % (1024 * 1024) == 0) {
+        return ngx_slprintf(p, last, "%im", n / (1024 * 1024));
+    }
+
+    if (size && n > 0 && n % 1024 == 0) {
+        return ngx_slprintf(p, last, "%ik", n / 1024);
+    }
+
+    return ngx_slprintf(p, last, "%i", n);
+}
+
+
+/* NGX_CONF_OK, or the message; a high of NGX_MAX_SIZE_T_VALUE is none. */
+static char *
+ngx_llmgw_check_range(ngx_conf_t *cf, ngx_conf_num_bounds_t *bounds,
+    ngx_int_t n, ngx_uint_t size)
+{
+    u_char  *p, *q, *last;
+
+    if (n >= bounds->low && n <= bounds->high) {
         return NGX_CONF_OK;
     }
 
@@ -1120,9 +1153,20 @@ ngx_llmgw_check_bounds(ngx_conf_t *cf, void *post, void *data)
         return NGX_CONF_ERROR;
     }
 
-    last = ngx_snprintf(p, 63, "must be between %i and %i", bounds->low,
-                        bounds->high);
-    *last = '\0';
+    last = p + 63;
+
+    if (bounds->high == NGX_MAX_SIZE_T_VALUE) {
+        q = ngx_slprintf(p, last, "must be at least ");
+        q = ngx_llmgw_print_bound(q, last, bounds->low, size);
+
+    } else {
+        q = ngx_slprintf(p, last, "must be between ");
+        q = ngx_llmgw_print_bound(q, last, bounds->low, size);
+        q = ngx_slprintf(q, last, " and ");
+        q = ngx_llmgw_print_bound(q, last, bounds->high, size);
+    }
+
+    *q = '\0';
 
     return (char *) p;
 }
@@ -1139,6 +1183,39 @@ ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data)
     }
 
     return "must be between 1ms and 366d";
+}
+
+
+/*
+ * The name goes as it is into the header of every answer: an RFC 9110
+ * token, so that it cannot end the header line or the header block.
+ */
+static char *
+ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_str_t  *name = data;
+
+    u_char      c;
+    ngx_uint_t  i;
+
+    if (name->len == 0) {
+        return "must not be empty";
+    }
+
+    for (i = 0; i < name->len; i++) {
+        c = name->data[i];
+
+        if ((c >= '0' && c <= '9')
+            || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
+            || (c != '\0' && ngx_strchr("!#$%&'*+-.^_`|~", c) != NULL))
+        {
+            continue;
+        }
+
+        return "must be a header name such as \"X-Request-Id\"";
+    }
+
+    return NGX_CONF_OK;
 }
 
 

@@ -114,42 +114,87 @@ describe('TLS channels', () => {
     });
 });
 
-describe('nginx -t names the directive of a bad value', () => {
-    const cases = [
-        ['llmgw_max_tries 0;', /llmgw_max_tries/],
-        ['llmgw_max_tries 11;', /llmgw_max_tries/],
-        ['llmgw_read_timeout soon;', /llmgw_read_timeout/],
-        ['llmgw_zone_size 1k;', /llmgw_zone_size/],
-        ['llmgw_pg_pool_size 0;', /llmgw_pg_pool_size/],
-        ['llmgw_v8host 127.0.0.1:9;', /llmgw_v8host/],
-        ['llmgw_database "";', /llmgw_database/],
-        ['llmgw_ssl_verify maybe;', /llmgw_ssl_verify/],
-        ['llmgw_flush_interval 0;', /"llmgw_flush_interval" directive must be between 1ms/],
-        ['llmgw_refresh_interval 0;', /llmgw_refresh_interval/],
-        ['llmgw_task_poll_interval 0;', /llmgw_task_poll_interval/],
-        ['llmgw_pg_timeout 0;', /llmgw_pg_timeout/],
-        ['llmgw_ledger_backlog 0;', /llmgw_ledger_backlog/],
-    ];
-
-    for (const [line, re] of cases) {
-        test(line, () => {
-            const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-t-'));
-            const conf = path.join(dir, 'nginx.conf');
-            fs.writeFileSync(conf, `load_module ${MODULE};
+/*
+ * nginx -t on a configuration with one line of our choosing at line 6, in
+ * the http{} block of a server with a gateway location (or, with at
+ * 'location', in that location).
+ */
+function nginxTest(line, at = 'http') {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-t-'));
+    const conf = path.join(dir, 'nginx.conf');
+    const [http, loc] = at === 'http' ? [line, ''] : ['', line];
+    fs.writeFileSync(conf, `load_module ${MODULE};
 error_log ${dir}/error.log;
 pid ${dir}/nginx.pid;
 events {}
 http {
-  ${line}
-  server { listen 127.0.0.1:1; location / { llmgw_gateway; } }
+  ${http}
+  server { listen 127.0.0.1:1; location / { llmgw_gateway;
+  ${loc}
+  } }
 }
 `);
-            const r = spawnSync(NGINX, ['-t', '-p', dir, '-c', conf],
-                                { encoding: 'utf8', timeout: 10000 });
-            fs.rmSync(dir, { recursive: true, force: true });
+    const r = spawnSync(NGINX, ['-t', '-p', dir, '-c', conf],
+                        { encoding: 'utf8', timeout: 10000 });
+    fs.rmSync(dir, { recursive: true, force: true });
+    return { status: r.status, stderr: r.stderr,
+             where: `in ${conf}:${at === 'http' ? 6 : 8}` };
+}
+
+describe('nginx -t names the directive of a bad value and its line', () => {
+    const cases = [
+        ['llmgw_max_tries 0;', /must be between 1 and 10/],
+        ['llmgw_max_tries 11;', /must be between 1 and 10/],
+        ['llmgw_read_timeout soon;', /invalid value/],
+        ['llmgw_zone_size 1k;', /must be at least \d+k/],
+        ['llmgw_pg_pool_size 0;', /must be between 1 and 64/],
+        ['llmgw_v8host 127.0.0.1:9;', /unix:\/path/],
+        ['llmgw_database "";', /libpq connection string/],
+        ['llmgw_ssl_verify maybe;', /must be "on" or "off"/],
+        ['llmgw_flush_interval 0;', /must be between 1ms and 366d/],
+        ['llmgw_refresh_interval 0;', /must be between 1ms and 366d/],
+        ['llmgw_task_poll_interval 0;', /must be between 1ms and 366d/],
+        ['llmgw_pg_timeout 0;', /must be between 1ms and 366d/],
+        ['llmgw_ledger_backlog 0;', /must be between 1 and 100000000/],
+        ['llmgw_request_id_header "";', /must not be empty/],
+        ['llmgw_request_id_header "X-Id: 1";', /must be a header name/],
+        ['llmgw_v8host_max_frame 17m;', /must be between \d+k? and 16m/],
+    ];
+
+    for (const [line, re] of cases) {
+        test(line, () => {
+            const r = nginxTest(line);
             assert.notEqual(r.status, 0, `nginx -t accepted ${line}`);
-            assert.match(r.stderr, re);
+            const name = line.split(' ')[0];
             assert.match(r.stderr, /\[emerg\]/);
+            assert.ok(r.stderr.includes(`"${name}"`), r.stderr);
+            assert.match(r.stderr, re);
+            assert.ok(r.stderr.includes(r.where), r.stderr);
+        });
+    }
+
+    test('a location\'s llmgw_request_id_header "" points at its line', () => {
+        const r = nginxTest('llmgw_request_id_header "";', 'location');
+        assert.notEqual(r.status, 0);
+        assert.ok(r.stderr.includes(
+            `"llmgw_request_id_header" directive must not be empty ${r.where}`),
+            r.stderr);
+    });
+});
+
+describe('nginx -t accepts the bounds', () => {
+    const page = Number(execFileSync('getconf', ['PAGESIZE'],
+                                     { encoding: 'utf8' }));
+    const lines = [
+        `llmgw_zone_size ${8 * page};`,
+        'llmgw_request_id_header X-Trace_Id.1;',
+        'llmgw_v8host_max_frame 16m;',
+    ];
+
+    for (const line of lines) {
+        test(line, () => {
+            const r = nginxTest(line);
+            assert.equal(r.status, 0, r.stderr);
         });
     }
 });
