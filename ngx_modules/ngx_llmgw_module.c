@@ -49,7 +49,7 @@ static ngx_conf_num_bounds_t  ngx_llmgw_pool_bounds = {
     ngx_llmgw_check_bounds, 1, 64
 };
 
-static ngx_conf_num_bounds_t  ngx_llmgw_task_bounds = {
+static ngx_conf_num_bounds_t  ngx_llmgw_count_bounds = {
     ngx_llmgw_check_bounds, 1, 100000
 };
 
@@ -57,8 +57,26 @@ static ngx_conf_num_bounds_t  ngx_llmgw_backlog_bounds = {
     ngx_llmgw_check_bounds, 1, 100000000
 };
 
+/* The upstream's whole response header must fit: vendors behind
+ * Cloudflare send about 2k of it. */
+static ngx_conf_num_bounds_t  ngx_llmgw_buffer_bounds = {
+    ngx_llmgw_check_size, 4096, NGX_MAX_SIZE_T_VALUE
+};
+
+/* A runtime frame carries a hook's input (a client request, a vendor's
+ * answer) with its context, and a task's vendor answer is read whole: below
+ * 64k ordinary ones would not fit. */
 static ngx_conf_num_bounds_t  ngx_llmgw_frame_bounds = {
-    ngx_llmgw_check_size, 0, LLMGW_FRAME_MAX_BODY
+    ngx_llmgw_check_size, 64 * 1024, LLMGW_FRAME_MAX_BODY
+};
+
+static ngx_conf_num_bounds_t  ngx_llmgw_answer_bounds = {
+    ngx_llmgw_check_size, 64 * 1024, NGX_MAX_SIZE_T_VALUE
+};
+
+/* The core reads 0 as its default (64m), not as "no files". */
+static ngx_conf_num_bounds_t  ngx_llmgw_file_bounds = {
+    ngx_llmgw_check_size, 1024, NGX_MAX_SIZE_T_VALUE
 };
 
 /* Durations that drive a timer or a deadline: 0 would spin or expire at
@@ -184,7 +202,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_num_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, v8host_max_inflight),
-      NULL },
+      &ngx_llmgw_count_bounds },
 
     { ngx_string("llmgw_v8host_max_frame"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -205,28 +223,28 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_num_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_poll_batch),
-      &ngx_llmgw_task_bounds },
+      &ngx_llmgw_count_bounds },
 
     { ngx_string("llmgw_task_batch_size"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_num_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_batch_size),
-      &ngx_llmgw_task_bounds },
+      &ngx_llmgw_count_bounds },
 
     { ngx_string("llmgw_task_poll_concurrency"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_num_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_poll_concurrency),
-      &ngx_llmgw_task_bounds },
+      &ngx_llmgw_count_bounds },
 
     { ngx_string("llmgw_task_poll_max_failures"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_num_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_poll_max_failures),
-      &ngx_llmgw_task_bounds },
+      &ngx_llmgw_count_bounds },
 
     { ngx_string("llmgw_task_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -261,21 +279,21 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_size_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_max_response),
-      NULL },
+      &ngx_llmgw_answer_bounds },
 
     { ngx_string("llmgw_task_max_file_size"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_size_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_max_file_size),
-      NULL },
+      &ngx_llmgw_file_bounds },
 
     { ngx_string("llmgw_task_max_files_total"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_size_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_max_files_total),
-      NULL },
+      &ngx_llmgw_file_bounds },
 
     { ngx_string("llmgw_task_ssl_verify"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_FLAG,
@@ -338,28 +356,28 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, upstream.connect_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_send_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, upstream.send_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_read_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, upstream.read_timeout),
-      NULL },
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_buffer_size"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_size_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, upstream.buffer_size),
-      NULL },
+      &ngx_llmgw_buffer_bounds },
 
     { ngx_string("llmgw_ssl_verify"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_FLAG,

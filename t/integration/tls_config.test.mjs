@@ -158,7 +158,18 @@ describe('nginx -t names the directive of a bad value and its line', () => {
         ['llmgw_ledger_backlog 0;', /must be between 1 and 100000000/],
         ['llmgw_request_id_header "";', /must not be empty/],
         ['llmgw_request_id_header "X-Id: 1";', /must be a header name/],
-        ['llmgw_v8host_max_frame 17m;', /must be between \d+k? and 16m/],
+        ['llmgw_v8host_max_frame 17m;', /must be between 64k and 16m/],
+        ['llmgw_v8host_max_frame 0;', /must be between 64k and 16m/],
+        ['llmgw_v8host_max_frame 65535;', /must be between 64k and 16m/],
+        ['llmgw_v8host_max_inflight 0;', /must be between 1 and 100000/],
+        ['llmgw_buffer_size 0;', /must be at least 4k/],
+        ['llmgw_buffer_size 4095;', /must be at least 4k/],
+        ['llmgw_connect_timeout 0;', /must be between 1ms and 366d/],
+        ['llmgw_send_timeout 0;', /must be between 1ms and 366d/],
+        ['llmgw_read_timeout 0;', /must be between 1ms and 366d/],
+        ['llmgw_task_max_response 0;', /must be at least 64k/],
+        ['llmgw_task_max_file_size 0;', /must be at least 1k/],
+        ['llmgw_task_max_files_total 1023;', /must be at least 1k/],
     ];
 
     for (const [line, re] of cases) {
@@ -173,13 +184,17 @@ describe('nginx -t names the directive of a bad value and its line', () => {
         });
     }
 
-    test('a location\'s llmgw_request_id_header "" points at its line', () => {
-        const r = nginxTest('llmgw_request_id_header "";', 'location');
-        assert.notEqual(r.status, 0);
-        assert.ok(r.stderr.includes(
-            `"llmgw_request_id_header" directive must not be empty ${r.where}`),
-            r.stderr);
-    });
+    for (const [line, message] of [
+        ['llmgw_request_id_header "";', 'must not be empty'],
+        ['llmgw_buffer_size 1k;', 'must be at least 4k'],
+    ]) {
+        test(`${line} in a location points at its line`, () => {
+            const r = nginxTest(line, 'location');
+            assert.notEqual(r.status, 0);
+            assert.ok(r.stderr.includes(`"${line.split(' ')[0]}" directive ` +
+                                        `${message} ${r.where}`), r.stderr);
+        });
+    }
 });
 
 describe('nginx -t accepts the bounds', () => {
@@ -189,6 +204,15 @@ describe('nginx -t accepts the bounds', () => {
         `llmgw_zone_size ${8 * page};`,
         'llmgw_request_id_header X-Trace_Id.1;',
         'llmgw_v8host_max_frame 16m;',
+        'llmgw_v8host_max_frame 64k;',
+        'llmgw_v8host_max_inflight 1;',
+        'llmgw_buffer_size 4k;',
+        'llmgw_connect_timeout 1ms;',
+        'llmgw_send_timeout 1ms;',
+        'llmgw_read_timeout 1ms;',
+        'llmgw_task_max_response 64k;',
+        'llmgw_task_max_file_size 1k;',
+        'llmgw_task_max_files_total 1k;',
     ];
 
     for (const line of lines) {
