@@ -39,6 +39,7 @@ static u_char *ngx_llmgw_print_bound(u_char *p, u_char *last, ngx_int_t n,
 static char *ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data);
 static char *ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post,
     void *data);
+static char *ngx_llmgw_check_ca_file(ngx_conf_t *cf, void *post, void *data);
 
 
 static ngx_conf_num_bounds_t  ngx_llmgw_tries_bounds = {
@@ -87,6 +88,10 @@ static ngx_conf_post_t  ngx_llmgw_interval_bounds = {
 
 static ngx_conf_post_t  ngx_llmgw_header_name = {
     ngx_llmgw_check_header_name
+};
+
+static ngx_conf_post_t  ngx_llmgw_ca_file = {
+    ngx_llmgw_check_ca_file
 };
 
 
@@ -307,7 +312,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_str_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_ssl_trusted_certificate),
-      NULL },
+      &ngx_llmgw_ca_file },
 
     { ngx_string("llmgw_gateway"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
@@ -391,7 +396,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_str_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, ssl_trusted_certificate),
-      NULL },
+      &ngx_llmgw_ca_file },
 
     { ngx_string("llmgw_ssl_verify_depth"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -1234,6 +1239,66 @@ ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post, void *data)
     }
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * A CA bundle is read here, so that nginx -t refuses a missing or broken
+ * one at its directive, whether verification is on or not; the gateway
+ * loads it again per location, the task client in each worker.
+ */
+static char *
+ngx_llmgw_check_ca_file(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_str_t  *file = data;
+
+    ngx_fd_t        fd;
+    ngx_str_t      *value, path;
+    const char     *reason;
+    X509_STORE     *store;
+    unsigned long   err;
+
+    if (file->len == 0) {
+        return "must name a file";
+    }
+
+    value = cf->args->elts;
+    path = *file;
+
+    if (ngx_conf_full_name(cf->cycle, &path, 1) != NGX_OK) {
+        return NGX_CONF_ERROR;
+    }
+
+    fd = ngx_open_file(path.data, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+
+    if (fd == NGX_INVALID_FILE) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "\"%V\" cannot open \"%s\"", &value[0], path.data);
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_close_file(fd);
+
+    store = X509_STORE_new();
+    if (store == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (X509_STORE_load_locations(store, (char *) path.data, NULL) == 1) {
+        X509_STORE_free(store);
+        return NGX_CONF_OK;
+    }
+
+    err = ERR_peek_last_error();
+    reason = ERR_reason_error_string(err);
+    ERR_clear_error();
+    X509_STORE_free(store);
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"%V\" cannot load \"%s\" as PEM certificates (%s)",
+                       &value[0], path.data, reason ? reason : "unknown");
+
+    return NGX_CONF_ERROR;
 }
 
 

@@ -199,11 +199,18 @@ ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
     u->ssl_verify = conf->ssl_verify;
 
     if (conf->ssl_verify) {
+        /* a bundle set by the directive was checked there: this one is
+         * the default, which no directive line names */
         if (ngx_ssl_trusted_certificate(cf, u->ssl,
                                         &conf->ssl_trusted_certificate,
                                         conf->ssl_verify_depth)
             != NGX_OK)
         {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"llmgw_ssl_verify\" is on and the CA "
+                               "bundle \"%V\" cannot be loaded: set "
+                               "\"llmgw_ssl_trusted_certificate\"",
+                               &conf->ssl_trusted_certificate);
             return NGX_CONF_ERROR;
         }
     }

@@ -222,3 +222,50 @@ describe('nginx -t accepts the bounds', () => {
         });
     }
 });
+
+describe('nginx -t reads the CA bundles', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-ca-'));
+    const notPem = path.join(dir, 'not-pem.crt');
+    fs.writeFileSync(notPem, 'not a certificate\n');
+    const cert = makeCert(dir);
+
+    after(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+    for (const name of ['llmgw_ssl_trusted_certificate',
+                        'llmgw_task_ssl_trusted_certificate']) {
+        for (const [file, message] of [
+            ['/nonexistent/ca.pem', 'cannot open "/nonexistent/ca.pem" ' +
+                                    '(2: No such file or directory)'],
+            [notPem, `cannot load "${notPem}" as PEM certificates ` +
+                     '(no certificate or crl found)'],
+        ]) {
+            test(`${name} ${file} is refused`, () => {
+                const r = nginxTest(`${name} ${file};`);
+                assert.notEqual(r.status, 0, r.stderr);
+                assert.ok(r.stderr.includes(`[emerg]`), r.stderr);
+                assert.ok(r.stderr.includes(`"${name}" ${message} ${r.where}`),
+                          r.stderr);
+            });
+        }
+
+        test(`${name} "" is refused`, () => {
+            const r = nginxTest(`${name} "";`);
+            assert.notEqual(r.status, 0, r.stderr);
+            assert.ok(r.stderr.includes(
+                `"${name}" directive must name a file ${r.where}`), r.stderr);
+        });
+
+        test(`${name} of a PEM certificate is accepted`, () => {
+            const r = nginxTest(`${name} ${cert.crt};`);
+            assert.equal(r.status, 0, r.stderr);
+        });
+    }
+
+    test('a missing bundle is refused with verification off too', () => {
+        const ca = 'llmgw_ssl_trusted_certificate /nonexistent/ca.pem;';
+        const r = nginxTest(`llmgw_ssl_verify off; ${ca}`);
+        assert.notEqual(r.status, 0, r.stderr);
+        assert.ok(r.stderr.includes('"llmgw_ssl_trusted_certificate" cannot ' +
+                                    `open "/nonexistent/ca.pem"`), r.stderr);
+    });
+});
