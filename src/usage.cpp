@@ -16,8 +16,8 @@ using namespace llmgw;
 
 namespace {
 
-/* A JSON body is kept for usage up to this size; beyond it usage is
- * estimated from the delivered bytes. */
+/* A JSON body, or one stream event, is kept for usage up to this size;
+ * beyond it usage is estimated from the delivered bytes. */
 constexpr size_t kMaxJsonBody = 16 * 1024 * 1024;
 
 } /* namespace */
@@ -391,7 +391,9 @@ llmgw_resp_new(llmgw_endpoint_e ep, int channel_type, int stream,
         r->usage_injected = usage_injected != 0;
 
         if (r->stream) {
-            r->sse = llmgw_sse_new(0);
+            /* an event as large as a JSON answer may be (inline audio or
+               images): its usage is read like any other's */
+            r->sse = llmgw_sse_new(kMaxJsonBody);
             if (r->sse == nullptr) {
                 return nullptr;
             }

@@ -267,6 +267,33 @@ describe('answers and faults', { timeout: 180000 }, () => {
             assert.equal((await rowOf(c)).completion_tokens, 100);
         });
 
+    test('a Gemini stream event of 2 MiB (inline audio) is read for its usage', async () => {
+        const audio = 'A'.repeat(2 * 1024 * 1024);
+        bad.handler = (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            res.write(`data: ${JSON.stringify({
+                candidates: [{ content: { role: 'model', parts: [{ inlineData: {
+                    mimeType: 'audio/L16;codec=pcm;rate=24000', data: audio } }] },
+                finishReason: 'STOP', index: 0 }],
+                usageMetadata: { promptTokenCount: 10, candidatesTokenCount: 750,
+                    totalTokenCount: 760 },
+            })}\r\n\r\n`);
+            res.end();
+        };
+        const model = uniq('ans-tts');
+        await makeChannel(gw, { type: 24, base_url: bad.url, models: [model] });
+        await sleep(1100);
+        const { key } = await makeUserKey(gw);
+        const r = await gw.req('POST', `/v1beta/models/${model}:streamGenerateContent?alt=sse`, {
+            key, body: { contents: [{ role: 'user', parts: [{ text: 'say hi' }] }] },
+        });
+        assertOk(r);
+        assert.ok(r.text.includes(audio), 'the audio came through whole');
+        const row = await rowOf(r);
+        assert.equal(row.prompt_tokens, 10, JSON.stringify(row));
+        assert.equal(row.completion_tokens, 750, JSON.stringify(row));
+    });
+
     test('a whole Anthropic stream still ends with [DONE] for a chat client', async () => {
         bad.handler = (req, res) => anthropicStream(res, ['hello'], {
             usage: { input_tokens: 5, output_tokens: 2 } });
