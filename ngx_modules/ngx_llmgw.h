@@ -176,6 +176,7 @@ struct ngx_llmgw_ctx_s {
     ngx_http_status_t          status_line;  /* kept across reads */
     off_t                      length;       /* upstream body left, -1 */
     ngx_uint_t                 status;
+    ngx_uint_t                 end_status;   /* 499, 502, 504: cut short */
     ngx_buf_t                 *error_body;   /* kept to rewrite an error */
     ngx_table_elt_t           *content_type; /* the upstream's, as passed */
     ngx_str_t                  answer;       /* a held answer, checked */

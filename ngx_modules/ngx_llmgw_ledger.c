@@ -94,7 +94,9 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     row.ntried = ctx->tried;
     row.is_stream = ctx->endpoint.stream
                     || (ctx->req && llmgw_req_stream(ctx->req));
-    row.status = (int) status;
+    /* a 2xx that was cut short is charged for what it delivered, and its
+       row shows how it ended (499 client gone, 502 upstream cut, 504) */
+    row.status = (int) (ctx->end_status ? ctx->end_status : status);
     row.latency_ms = (int64_t) (ngx_current_msec - ctx->start_msec);
     row.created_at = (double) tp->sec + (double) tp->msec / 1000;
 

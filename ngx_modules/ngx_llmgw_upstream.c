@@ -1743,6 +1743,16 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
 
     ctx->responded = 1;
 
+    /* an answer that started and then failed: its row says how it ended */
+    if (rc != 0 && rc != NGX_DONE) {
+        ctx->end_status = (rc == NGX_HTTP_CLIENT_CLOSED_REQUEST
+                           || r->connection->error)
+                          ? NGX_HTTP_CLIENT_CLOSED_REQUEST
+                          : (rc == NGX_HTTP_GATEWAY_TIME_OUT
+                             ? NGX_HTTP_GATEWAY_TIME_OUT
+                             : NGX_HTTP_BAD_GATEWAY);
+    }
+
     if (ctx->answer.data) {
         /* a held answer, checked: settled, then it goes out */
         ngx_llmgw_gateway_log(r, ctx);

@@ -202,6 +202,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
             { messages: [{ role: 'user', content: prompt }] }, '"finish_reason":"stop"');
         const row = await rowOf(r);
         assert.equal(row.type, 'consume');
+        assert.equal(row.status, 499, 'the row says the client left');
         assert.ok(row.prompt_tokens >= 900, JSON.stringify(row));
         assert.equal(row.completion_tokens, 10, JSON.stringify(row));
     });
@@ -254,6 +255,8 @@ describe('answers and faults', { timeout: 180000 }, () => {
             const m = await gw.messages(key, model, { extra: { stream: true } });
             assert.equal(m.status, 200);
             const mrow = await rowOf(m);
+            assert.equal(mrow.type, 'consume');
+            assert.equal(mrow.status, 502, 'the row says the upstream cut it');
             assert.equal(mrow.prompt_tokens, 50);
             assert.equal(mrow.completion_tokens, 100, JSON.stringify(mrow));
 
