@@ -16,7 +16,9 @@
 # The helper starts before nginx.  A running helper is kept, unless its
 # binary was rebuilt since it started (then it is restarted; nginx reopens
 # its connections by itself).  nginx is started, reloaded, or restarted when
-# the module was rebuilt.
+# the module was rebuilt.  A reload the master refuses (its error.log says
+# why, e.g. a port in use) fails the run, as does a port that does not
+# answer as the gateway afterwards.
 #
 # Env:
 #   PORT           gateway listen port on 127.0.0.1 (default 8080)
@@ -171,13 +173,16 @@ sed -e '/^##/d' \
 if grep -n '@[A-Z]*@' "$CONF.tmp" >&2; then
     die "unreplaced placeholders in $CONF.tmp"
 fi
+if ! "$NGINX" -p "$PREFIX/" -c "$CONF.tmp" -t -q; then
+    die "nginx -t failed for $CONF.tmp"
+fi
+# The previous file stays until the running master has taken the new one.
+if [ -f "$CONF" ]; then
+    cp -p "$CONF" "$CONF.prev"
+fi
 mv "$CONF.tmp" "$CONF"
 
 ngx() { "$NGINX" -p "$PREFIX/" -c "$CONF" "$@"; }
-
-if ! ngx -t -q; then
-    die "nginx -t failed for $CONF"
-fi
 
 # --- start or reload nginx -------------------------------------------------
 master_pid() {
@@ -204,6 +209,80 @@ start_nginx() {
     die "nginx did not write $PIDFILE"
 }
 
+URL=http://127.0.0.1:$PORT
+ERRLOG=$PREFIX/logs/error.log
+
+# GET without a key: the gateway answers with its JSON error naming a
+# request id, and the same id in a response header (X-Request-Id unless
+# llmgw_request_id_header renames it).  Anything else on the port fails.
+gateway_answers() {
+    local out id
+    out=$(curl -s -m 2 -D - -A llmgw-run-check "$URL/v1/models" 2>/dev/null |
+          tr -d '\r') || return 1
+    id=$(printf '%s\n' "$out" |
+         sed -n '/"type":"gateway_error"/s/.*(request id: \([0-9a-f]\{1,\}\)).*/\1/p' |
+         head -n 1)
+    [ -n "$id" ] && printf '%s\n' "$out" | grep -qi "^[a-z0-9-]*: $id\$"
+}
+
+check_gateway() {
+    for _ in $(seq 1 50); do
+        gateway_answers && return 0
+        sleep 0.1
+    done
+    echo "run: GET $URL/v1/models:" >&2
+    curl -s -m 2 -i "$URL/v1/models" 2>&1 | head -n 20 >&2 || true
+    die "$URL does not answer as llmgw (another program on port $PORT?)"
+}
+
+# The outcome of a reload as the master logs it after $1 (a byte offset of
+# error.log): "ok" once it starts workers with the new configuration,
+# "failed" on an [emerg] that ends the attempt.  A port in use is retried
+# for 2.5 s (five "(98: Address already in use)" lines, then "still could
+# not bind()"), so only that retried line does not end it.
+reload_outcome() {
+    tail -c +"$(($1 + 1))" "$ERRLOG" 2>/dev/null | awk -v m="] $2#" '
+        index($0, m) == 0 { next }
+        /: start worker processes$/ { print "ok"; exit }
+        /\[emerg\]/ && !/\(98: Address already in use\)$/ { print "failed"; exit }'
+}
+
+# $CONF stays what the running master uses.
+restore_conf() {
+    if [ -f "$CONF.prev" ]; then
+        mv "$CONF.prev" "$CONF"
+    fi
+}
+
+reload_nginx() {
+    local pid=$1 off out outcome=
+    off=$(stat -c %s "$ERRLOG" 2>/dev/null || echo 0)
+    if ! out=$(ngx -s reload 2>&1); then
+        echo "$out" >&2
+        restore_conf
+        die "nginx reload failed"
+    fi
+    # The signal is all that `nginx -s reload` does: the master applies the
+    # configuration later and, when it cannot (a port in use, a zone that
+    # does not fit), logs why and keeps running the previous one.
+    for _ in $(seq 1 100); do
+        outcome=$(reload_outcome "$off" "$pid")
+        [ -n "$outcome" ] && break
+        sleep 0.1
+    done
+    case "$outcome" in
+        ok) ;;
+        failed)
+            tail -c +"$((off + 1))" "$ERRLOG" | grep -E '\[(emerg|alert|crit)\]' >&2 || true
+            restore_conf
+            die "nginx (pid $pid) refused the configuration for 127.0.0.1:$PORT and runs the previous one (lines above, from $ERRLOG)" ;;
+        *)
+            # error_log above "notice" hides the outcome; the check of the
+            # port below still tells.
+            echo "run: $ERRLOG does not show the reload's outcome within 10 s" >&2 ;;
+    esac
+}
+
 pid=$(master_pid)
 if [ -z "$pid" ]; then
     echo "run: starting nginx"
@@ -215,16 +294,16 @@ elif [ "$MODULE" -nt "$PIDFILE" ]; then
     "$SCRIPT_DIR/stop.sh" --nginx-only
     start_nginx
 else
+    # Also when PORT changed: a reload binds the new port before it lets go
+    # of the old one, so a port that turns out to be taken leaves the
+    # gateway serving on its previous port (and in-flight streams finish),
+    # where a stop and start would leave nothing running.
     echo "run: nginx running (pid $pid): reload"
-    if ! out=$(ngx -s reload 2>&1); then
-        echo "$out" >&2
-        die "nginx reload failed"
-    fi
-    # The reload is asynchronous: the master logs a failure to apply the new
-    # configuration (e.g. a port in use) in error.log and keeps the old one.
+    reload_nginx "$pid"
 fi
+rm -f "$CONF.prev"
+check_gateway
 
-URL=http://127.0.0.1:$PORT
 v8pid=$(helper_pid)
 if [ -n "$v8pid" ]; then
     v8workers=$(pgrep -P "$v8pid" 2>/dev/null | tr '\n' ' ' | sed 's/ $//' || true)
