@@ -18,7 +18,8 @@
 # its connections by itself).  nginx is started, reloaded, or restarted when
 # the module was rebuilt.  A reload the master refuses (its error.log says
 # why, e.g. a port in use) fails the run, as does a port that does not
-# answer as the gateway afterwards.
+# answer as the gateway afterwards, with its configuration loaded from
+# PostgreSQL, within 5 s.
 #
 # Env:
 #   PORT           gateway listen port on 127.0.0.1 (default 8080)
@@ -212,24 +213,33 @@ start_nginx() {
 URL=http://127.0.0.1:$PORT
 ERRLOG=$PREFIX/logs/error.log
 
-# GET without a key: the gateway answers with its JSON error naming a
-# request id, and the same id in a response header (X-Request-Id unless
-# llmgw_request_id_header renames it).  Anything else on the port fails.
-gateway_answers() {
+# GET without a key: llmgw answers with its JSON error naming a request id,
+# and the same id in a response header (X-Request-Id unless
+# llmgw_request_id_header renames it); prints the error's code.  A worker
+# answers "invalid_token" once it has loaded its configuration from
+# PostgreSQL, "service_unavailable" before.
+gateway_code() {
     local out id
     out=$(curl -s -m 2 -D - -A llmgw-run-check "$URL/v1/models" 2>/dev/null |
           tr -d '\r') || return 1
     id=$(printf '%s\n' "$out" |
          sed -n '/"type":"gateway_error"/s/.*(request id: \([0-9a-f]\{1,\}\)).*/\1/p' |
          head -n 1)
-    [ -n "$id" ] && printf '%s\n' "$out" | grep -qi "^[a-z0-9-]*: $id\$"
+    [ -n "$id" ] && printf '%s\n' "$out" | grep -qi "^[a-z0-9-]*: $id\$" || return 1
+    printf '%s\n' "$out" | sed -n 's/.*"code":"\([a-z_]*\)".*/\1/p' | head -n 1
 }
 
 check_gateway() {
+    local code=
     for _ in $(seq 1 50); do
-        gateway_answers && return 0
+        code=$(gateway_code) || code=
+        [ "$code" = invalid_token ] && return 0
         sleep 0.1
     done
+    if [ -n "$code" ]; then
+        tail -n 20 "$ERRLOG" >&2 2>/dev/null || true
+        die "llmgw on $URL answers \"$code\" after 5 s: it has not loaded its configuration from PostgreSQL (see $ERRLOG)"
+    fi
     echo "run: GET $URL/v1/models:" >&2
     curl -s -m 2 -i "$URL/v1/models" 2>&1 | head -n 20 >&2 || true
     die "$URL does not answer as llmgw (another program on port $PORT?)"
