@@ -12,6 +12,7 @@
 #   make v8host-test  build the helper and run t/v8host/ against it
 #
 # Variables: PORT (8080), PGPORT_LLMGW (5433), PGPORT_LLMGW_TEST (5434),
+#   LLMGW_RESOLVER (make run's DNS server; /etc/resolv.conf's first),
 #   UNIT="test_a test_b" (run only these unit tests), UNIT_VERBOSE=1,
 #   UNIT_TIMEOUT (seconds per unit test binary, 120), JOBS (nproc).
 

@@ -29,6 +29,8 @@
 #   NGINX          nginx binary (default /usr/sbin/nginx)
 #   LLMGW_V8HOST   helper binary (default <repo>/build/v8host/llmgw-v8host)
 #   V8HOST_WORKERS helper worker processes (default 2)
+#   LLMGW_RESOLVER arguments of nginx's "resolver" directive (default the
+#                  first nameserver of /etc/resolv.conf, else 127.0.0.1)
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -159,6 +161,24 @@ done
 chmod 0777 "$PREFIX/tmp" "$PREFIX"/tmp/*
 chmod 0755 "$VAR" "$PREFIX" "$PREFIX/conf" "$PREFIX/logs"
 
+# nginx's resolver does not read /etc/resolv.conf: take its first
+# nameserver that the directive can name (IPv6 in brackets; a zone such as
+# fe80::1%eth0 cannot be written), else 127.0.0.1 as the C library does.
+if [ -n "${LLMGW_RESOLVER:-}" ]; then
+    RESOLVER=$LLMGW_RESOLVER RESOLVER_FROM='$LLMGW_RESOLVER'
+    case "$RESOLVER" in
+        *[\;\{\}\#\"\'\\$'\n']*) die "LLMGW_RESOLVER holds characters nginx.conf cannot take: $RESOLVER" ;;
+    esac
+else
+    RESOLVER=$(awk '$1 == "nameserver" && $2 ~ /^[0-9A-Fa-f:.]+$/ {
+                        print ($2 ~ /:/ ? "[" $2 "]" : $2); exit
+                    }' /etc/resolv.conf 2>/dev/null || true)
+    RESOLVER_FROM=/etc/resolv.conf
+    if [ -z "$RESOLVER" ]; then
+        RESOLVER=127.0.0.1 RESOLVER_FROM="no nameserver in /etc/resolv.conf"
+    fi
+fi
+
 # Escape for the replacement side of sed s|...|...|.
 sed_esc() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
 {
@@ -169,6 +189,7 @@ sed -e '/^##/d' \
     -e "s|@PORT@|$(sed_esc "$PORT")|g" \
     -e "s|@PGSOCK@|$(sed_esc "$PGSOCK")|g" \
     -e "s|@PGPORT@|$(sed_esc "$PGPORT")|g" \
+    -e "s|@RESOLVER@|$(sed_esc "$RESOLVER")|g" \
     "$TEMPLATE"
 } >"$CONF.tmp"
 if grep -n '@[A-Z]*@' "$CONF.tmp" >&2; then
@@ -330,23 +351,12 @@ llmgw is running: $URL   (master pid $(master_pid))
           log $V8LOG
   db      psql "$CONNINFO"
   token   $TOKEN_FILE
+  dns     resolver $RESOLVER  ($RESOLVER_FROM)
   stop    make stop
 
-Try it (root token inlined):
+Next: the Quick start in README.md (a first chat completion through a local
+stand-in upstream), which begins with these two lines:
 
-curl -s $URL/api/user -H 'Authorization: Bearer $TOKEN' -H 'Content-Type: application/json' \\
-  -d '{"username":"alice","quota":5000000,"group":"default"}'
-
-curl -s $URL/api/token -H 'Authorization: Bearer $TOKEN' -H 'Content-Type: application/json' \\
-  -d '{"user_id":1,"name":"first","remain_quota":1000000}'
-
-curl -s $URL/api/channel -H 'Authorization: Bearer $TOKEN' -H 'Content-Type: application/json' \\
-  -d '{"name":"openai","type":1,"base_url":"https://api.openai.com","key":"sk-your-upstream-key","models":["gpt-4o-mini"]}'
-
-curl -s -X PUT $URL/api/pricing -H 'Authorization: Bearer $TOKEN' -H 'Content-Type: application/json' \\
-  -d '{"gpt-4o-mini":{"ratio":0.075,"completion_ratio":4}}'
-
-KEY=sk-...   # the key returned by POST /api/token above
-curl -s $URL/v1/chat/completions -H "Authorization: Bearer \$KEY" -H 'Content-Type: application/json' \\
-  -d '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Say hello"}]}'
+GW=$URL
+ROOT=\$(cat $TOKEN_FILE)
 EOT
