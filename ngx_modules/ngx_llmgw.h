@@ -213,6 +213,7 @@ struct ngx_llmgw_ctx_s {
     unsigned                   logged:1;
     unsigned                   stream_started:1;
     unsigned                   retry_same:1;
+    unsigned                   config_waited:1;
 };
 
 
@@ -262,6 +263,13 @@ ngx_int_t ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
 void ngx_llmgw_cache_on_notify(const char *channel, const char *payload);
 typedef void (*ngx_llmgw_refresh_handler_pt)(ngx_http_request_t *r);
 ngx_int_t ngx_llmgw_cache_refresh_now(ngx_http_request_t *r,
+    ngx_llmgw_refresh_handler_pt handler);
+/*
+ * Before this worker's first configuration: NGX_AGAIN, and handler(r) runs
+ * once the load under way (or one started now) has ended, well or not;
+ * NGX_OK when a configuration is loaded.
+ */
+ngx_int_t ngx_llmgw_cache_wait_first(ngx_http_request_t *r,
     ngx_llmgw_refresh_handler_pt handler);
 
 /* ngx_llmgw_gateway.c */

@@ -279,6 +279,36 @@ ngx_llmgw_cache_refresh_now(ngx_http_request_t *r,
 }
 
 
+ngx_int_t
+ngx_llmgw_cache_wait_first(ngx_http_request_t *r,
+    ngx_llmgw_refresh_handler_pt handler)
+{
+    ngx_llmgw_waiter_t  *w;
+
+    if (ngx_llmgw_current != NULL) {
+        return NGX_OK;
+    }
+
+    w = ngx_palloc(r->pool, sizeof(ngx_llmgw_waiter_t));
+    if (w == NULL) {
+        return NGX_ERROR;
+    }
+
+    w->request = r;
+    w->handler = handler;
+    w->need = ngx_llmgw_loading ? ngx_llmgw_loads_started
+                                : ngx_llmgw_loads_started + 1;
+    w->next = ngx_llmgw_waiters;
+    ngx_llmgw_waiters = w;
+
+    if (!ngx_llmgw_loading) {
+        ngx_llmgw_cache_load();
+    }
+
+    return NGX_AGAIN;
+}
+
+
 void
 ngx_llmgw_cache_on_notify(const char *channel, const char *payload)
 {

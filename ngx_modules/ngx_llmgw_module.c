@@ -478,12 +478,44 @@ static ngx_http_variable_t  ngx_llmgw_vars[] = {
 };
 
 
+static ngx_int_t ngx_llmgw_content_handler(ngx_http_request_t *r);
+
+
+/* A request that came before the worker's first configuration, again. */
+static void
+ngx_llmgw_config_ready(ngx_http_request_t *r)
+{
+    ngx_http_finalize_request(r, ngx_llmgw_content_handler(r));
+}
+
+
 static ngx_int_t
 ngx_llmgw_content_handler(ngx_http_request_t *r)
 {
+    ngx_llmgw_ctx_t       *ctx;
     ngx_llmgw_loc_conf_t  *lcf;
 
     lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    /*
+     * A worker new from a start or a reload loads its configuration first:
+     * a request that comes before waits for that load (bounded by
+     * llmgw_pg_timeout) instead of being refused, once.
+     */
+    if (lcf->role != NGX_LLMGW_ROLE_METRICS) {
+        ctx = ngx_llmgw_get_ctx(r);
+
+        if (ctx != NULL && !ctx->config_waited) {
+            ctx->config_waited = 1;
+
+            if (ngx_llmgw_cache_wait_first(r, ngx_llmgw_config_ready)
+                == NGX_AGAIN)
+            {
+                r->main->count++;
+                return NGX_DONE;
+            }
+        }
+    }
 
     switch (lcf->role) {
 
