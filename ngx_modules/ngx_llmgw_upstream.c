@@ -51,6 +51,10 @@ static ngx_int_t ngx_llmgw_chain(ngx_http_request_t *r, u_char *p,
     size_t size, ngx_chain_t ***ll);
 static ngx_int_t ngx_llmgw_keep(ngx_http_request_t *r, llmgw_buf_t *from,
     ngx_str_t *to);
+static ngx_int_t ngx_llmgw_hold_feed(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, u_char *p, size_t n);
+static ngx_int_t ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    u_char *pos, size_t size, ngx_chain_t ***ll);
 static void ngx_llmgw_abort_request(ngx_http_request_t *r);
 static void ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc);
 static ngx_int_t ngx_llmgw_filter_init(void *data);
@@ -1261,6 +1265,13 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         u->headers_in.content_length_n = -1;
         u->headers_in.content_length = NULL;
 
+        /* read whole before the head goes out too: one cut short is a
+           transport error, not half an error for the client */
+        if (u->headers_in.chunked || ctx->length >= 0) {
+            ctx->holding = 1;
+            return ngx_llmgw_hold(r, ctx);
+        }
+
         return NGX_OK;
     }
 
@@ -1345,8 +1356,9 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     u = r->upstream;
     b = &u->buffer;
 
-    if (llmgw_resp_held(ctx->resp) + (size_t) (b->last - b->pos)
-        > llmgw_resp_hold_max())
+    if (!ctx->error_mode
+        && llmgw_resp_held(ctx->resp) + (size_t) (b->last - b->pos)
+           > llmgw_resp_hold_max())
     {
         /* too large: what is held goes out first, then these bytes */
         if (llmgw_resp_release(ctx->resp, &out) != 0) {
@@ -1367,11 +1379,10 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         if (!u->headers_in.chunked) {
             n = ngx_min((off_t) (b->last - b->pos), ctx->length);
 
-            if (llmgw_resp_feed(ctx->resp, (char *) b->pos, n, &out) != 0) {
+            if (ngx_llmgw_hold_feed(r, ctx, b->pos, n) != NGX_OK) {
                 return NGX_ERROR;
             }
 
-            llmgw_buf_free(&out);
             b->pos += n;
             ctx->length -= n;
 
@@ -1389,11 +1400,10 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         if (rc == NGX_OK) {
             n = ngx_min((off_t) (b->last - b->pos), ctx->chunked.size);
 
-            if (llmgw_resp_feed(ctx->resp, (char *) b->pos, n, &out) != 0) {
+            if (ngx_llmgw_hold_feed(r, ctx, b->pos, n) != NGX_OK) {
                 return NGX_ERROR;
             }
 
-            llmgw_buf_free(&out);
             b->pos += n;
             ctx->chunked.size -= n;
             continue;
@@ -1423,20 +1433,53 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 }
 
 
+/* Bytes of a held body: into the response reader, or the error kept. */
+static ngx_int_t
+ngx_llmgw_hold_feed(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx, u_char *p,
+    size_t n)
+{
+    llmgw_buf_t  out;
+
+    if (ctx->error_mode) {
+        /* kept up to its limit, never sent as it is */
+        return ngx_llmgw_emit(r, ctx, p, n, NULL);
+    }
+
+    if (llmgw_resp_feed(ctx->resp, (char *) p, n, &out) != 0) {
+        return NGX_ERROR;
+    }
+
+    llmgw_buf_free(&out);
+
+    return NGX_OK;
+}
+
+
 /* A whole answer: checked, then its head goes out and the answer after. */
 static ngx_int_t
 ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
+    ngx_buf_t            *b;
     llmgw_buf_t           out;
     ngx_http_upstream_t  *u;
 
     u = r->upstream;
 
-    if (llmgw_resp_finish(ctx->resp, &out) != 0) {
-        return NGX_ERROR;
-    }
+    if (ctx->error_mode) {
+        /* the upstream's error, in the contract and the client's format */
+        b = ctx->error_body;
+        out = llmgw_upstream_error_for(ctx->endpoint.ep, (int) ctx->status,
+            b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
+            (llmgw_str_t) { (char *) ctx->request_id,
+                            NGX_LLMGW_REQUEST_ID_LEN });
+        if (out.data == NULL) {
+            return NGX_ERROR;
+        }
 
-    if (!llmgw_resp_valid(ctx->resp)) {
+    } else if (llmgw_resp_finish(ctx->resp, &out) != 0) {
+        return NGX_ERROR;
+
+    } else if (!llmgw_resp_valid(ctx->resp)) {
         llmgw_buf_free(&out);
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "llmgw: upstream answered %ui without a JSON answer "

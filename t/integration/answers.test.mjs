@@ -125,6 +125,32 @@ describe('answers and faults', { timeout: 180000 }, () => {
             assert.equal(t.remain_quota, 100000);
         });
 
+    test('an upstream error is read whole: one cut short is a transport error', async () => {
+        bad.handler = (req, res) => {
+            const body = JSON.stringify({ error: { message: 'bad things '.repeat(200),
+                type: 'invalid_request_error' } });
+            res.writeHead(400, { 'Content-Type': 'application/json',
+                'Content-Length': Buffer.byteLength(body) });
+            res.write(body.slice(0, 100));
+            setTimeout(() => res.destroy(), 50);
+        };
+        const { model, primary, second } = await pair();
+        const { key } = await makeUserKey(gw);
+        const r = await gw.chat(key, model);
+        assertOk(r);
+        assert.deepEqual((await rowOf(r)).channels_tried, [primary.id, second.id]);
+
+        /* a whole one comes back complete, with its length */
+        bad.handler = (req, res) => sendJson(res, 400,
+            { error: { message: 'no such thing', type: 'invalid_request_error' } });
+        const whole = await pair(bad.url, { backup: false });
+        const e = await gw.chat(key, whole.model);
+        assertError(e, 400, { type: 'upstream_error' });
+        assert.match(e.json.error.message, /^no such thing \(request id: /);
+        assert.equal(e.headers['content-length'], String(Buffer.byteLength(e.text)));
+        assert.equal(e.aborted, false);
+    });
+
     test('a connect timeout goes to the next channel; a read timeout is final', async () => {
         const slow = await pair(`https://127.0.0.1:${silent.address().port}`);
         const { key } = await makeUserKey(gw);
