@@ -1767,6 +1767,7 @@ ngx_llmgw_abort_request(ngx_http_request_t *r)
 static void
 ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
 {
+    const char           *key;
     llmgw_buf_t           json;
     ngx_buf_t            *b;
     ngx_chain_t           out;
@@ -1831,9 +1832,11 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
 
     } else if (ctx->error_mode) {
         b = ctx->error_body;
+        key = ctx->current >= 0 ? ctx->channels[ctx->current]->key : "";
 
         json = llmgw_upstream_error_for(ctx->endpoint.ep, (int) ctx->status,
             b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
+            (llmgw_str_t) { key, ngx_strlen(key) },
             (llmgw_str_t) { (char *) ctx->request_id,
                             NGX_LLMGW_REQUEST_ID_LEN });
 

@@ -320,6 +320,63 @@ utf8_prefix(std::string_view s, size_t max)
     return s.substr(0, n);
 }
 
+namespace {
+
+/* s as a URI component: unreserved characters as is (RFC 3986 2.3). */
+std::string
+percent_encoded(std::string_view s, const char *hex)
+{
+    std::string out;
+
+    for (char ch : s) {
+        unsigned char c = static_cast<unsigned char>(ch);
+
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+            || (c >= '0' && c <= '9')
+            || std::string_view("-._~").find(ch) != std::string_view::npos)
+        {
+            out += ch;
+        } else {
+            out += '%';
+            out += hex[c >> 4];
+            out += hex[c & 0x0f];
+        }
+    }
+
+    return out;
+}
+
+void
+replace_all(std::string &s, std::string_view what, std::string_view with)
+{
+    for (size_t at = s.find(what); at != std::string::npos;
+         at = s.find(what, at + with.size()))
+    {
+        s.replace(at, what.size(), with);
+    }
+}
+
+}  // namespace
+
+std::string
+redact(std::string_view s, std::string_view credential)
+{
+    static constexpr std::string_view redacted = "[credential]";
+    std::string out(s);
+
+    if (credential.size() < kCredentialMinBytes) {
+        return out;
+    }
+
+    replace_all(out, credential, redacted);
+    replace_all(out, percent_encoded(credential, "0123456789ABCDEF"),
+                redacted);
+    replace_all(out, percent_encoded(credential, "0123456789abcdef"),
+                redacted);
+
+    return out;
+}
+
 } /* namespace llmgw */
 
 

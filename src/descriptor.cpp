@@ -30,13 +30,8 @@ namespace {
 /* A request line longer than this is not a plugin's honest URL. */
 constexpr size_t kMaxUrlBytes = 16384;
 
-/* Shorter credentials would be "found" in unrelated text by chance. */
-constexpr size_t kCredentialMinBytes = 8;
-
 /* How much of a plugin's string a message repeats. */
 constexpr size_t kShownBytes = 64;
-
-constexpr std::string_view kRedacted = "[credential]";
 
 
 /* ---- messages ---- */
@@ -61,33 +56,14 @@ struct Ctx {
         return false;
     }
 
-    std::string redact(std::string_view s) const;
     std::string shown(std::string_view s) const;
 };
-
-std::string
-Ctx::redact(std::string_view s) const
-{
-    std::string out(s);
-
-    if (cred.size() < kCredentialMinBytes) {
-        return out;
-    }
-
-    for (size_t at = out.find(cred); at != std::string::npos;
-         at = out.find(cred, at + kRedacted.size()))
-    {
-        out.replace(at, cred.size(), kRedacted);
-    }
-
-    return out;
-}
 
 /* Redacted, at most kShownBytes, control characters as '?'. */
 std::string
 Ctx::shown(std::string_view s) const
 {
-    std::string clean = redact(s);
+    std::string clean = redact(s, cred);
     std::string out(utf8_prefix(clean, kShownBytes));
 
     for (char &c : out) {
@@ -1836,7 +1812,7 @@ set_err(char *err, size_t errlen, const Ctx &c)
 {
     if (err != nullptr && errlen > 0) {
         std::snprintf(err, errlen, "descriptor: %s",
-                      c.redact(c.err).c_str());
+                      redact(c.err, c.cred).c_str());
     }
 }
 

@@ -100,10 +100,13 @@ render_error(std::string_view message, std::string_view type,
  * Where the common vendors put their message (OpenAI and Anthropic
  * error.message, some proxies message or error, FastAPI detail).  json_str()
  * gives "" for a missing member, and an empty message explains nothing, so
- * both fall through to the next place.
+ * both fall through to the next place.  Vendors quote the key they were
+ * given ("Incorrect API key provided: ..."): it goes before the raw text is
+ * cut, or a key across the cut would leave its prefix.
  */
 std::string
-upstream_message(const json_t *root, std::string_view raw, int status)
+upstream_message(const json_t *root, std::string_view raw, int status,
+    std::string_view credential)
 {
     const json_t *err = json_object_get(root, "error");
     std::string_view m = json_str(err, "message");
@@ -120,9 +123,12 @@ upstream_message(const json_t *root, std::string_view raw, int status)
         m = json_str(root, "detail");
     }
 
-    if (m.empty()) {
-        m = llmgw::utf8_prefix(trim(raw), kRawMessageMax);
+    if (!m.empty()) {
+        return llmgw::redact(m, credential);
     }
+
+    std::string text = llmgw::redact(trim(raw), credential);
+    m = llmgw::utf8_prefix(text, kRawMessageMax);
 
     if (m.empty()) {
         return "upstream returned HTTP " + std::to_string(status);
@@ -159,7 +165,7 @@ code_text(const json_t *obj, const char *key)
 
 
 std::string
-upstream_code(const json_t *root)
+upstream_code(const json_t *root, std::string_view credential)
 {
     const json_t *err = json_object_get(root, "error");
     std::string code = code_text(err, "code");
@@ -176,8 +182,28 @@ upstream_code(const json_t *root)
         code = "bad_response_status_code";
     }
 
-    return code;
+    return llmgw::redact(code, credential);
 }
+
+
+/* An upstream error body read for the client, the try's credential out. */
+struct UpstreamError {
+    Json         root;
+    std::string  message;
+    std::string  code;
+
+    UpstreamError(int status, const char *body, size_t len,
+        llmgw_str_t credential)
+    {
+        std::string_view raw(body ? body : "", body ? len : 0);
+        std::string_view cred = llmgw::sv(credential);
+
+        /* json_object_get() of a non-object is NULL: no special case */
+        root = llmgw::json_parse(raw.data(), raw.size());
+        message = upstream_message(root.get(), raw, status, cred);
+        code = upstream_code(root.get(), cred);
+    }
+};
 
 } // namespace
 
@@ -198,17 +224,12 @@ llmgw_error_json(llmgw_str_t message, llmgw_str_t type, llmgw_str_t code,
 
 extern "C" llmgw_buf_t
 llmgw_upstream_error_json(int status, const char *body, size_t len,
-    llmgw_str_t request_id)
+    llmgw_str_t credential, llmgw_str_t request_id)
 {
     try {
-        std::string_view raw(body ? body : "", body ? len : 0);
-        Json root = llmgw::json_parse(raw.data(), raw.size());
+        UpstreamError e(status, body, len, credential);
 
-        /* json_object_get() of a non-object is NULL: no special case */
-        std::string message = upstream_message(root.get(), raw, status);
-        std::string code = upstream_code(root.get());
-
-        return render_error(message, "upstream_error", code,
+        return render_error(e.message, "upstream_error", e.code,
                             llmgw::sv(request_id));
 
     } catch (...) {
@@ -219,16 +240,16 @@ llmgw_upstream_error_json(int status, const char *body, size_t len,
 
 extern "C" llmgw_buf_t
 llmgw_upstream_error_for(int client_ep, int status, const char *body,
-    size_t len, llmgw_str_t request_id)
+    size_t len, llmgw_str_t credential, llmgw_str_t request_id)
 {
     if (client_ep != LLMGW_EP_MESSAGES) {
-        return llmgw_upstream_error_json(status, body, len, request_id);
+        return llmgw_upstream_error_json(status, body, len, credential,
+                                         request_id);
     }
 
     try {
-        std::string_view raw(body ? body : "", body ? len : 0);
-        Json root = llmgw::json_parse(raw.data(), raw.size());
-        std::string message = upstream_message(root.get(), raw, status);
+        UpstreamError e(status, body, len, credential);
+        std::string message = std::move(e.message);
 
         message += " (request id: ";
         message += llmgw::sv(request_id);
@@ -237,21 +258,20 @@ llmgw_upstream_error_for(int client_ep, int status, const char *body,
         /* an Anthropic upstream's own error type (overloaded_error, ...)
            is kept: that format's own style */
         std::string type = "upstream_error";
-        const json_t *err = json_object_get(root.get(), "error");
+        const json_t *err = json_object_get(e.root.get(), "error");
         std::string_view own = llmgw::json_str(err, "type");
 
-        if (llmgw::json_str(root.get(), "type") == "error" && own.size() > 6
-            && own.size() < 64
+        if (llmgw::json_str(e.root.get(), "type") == "error"
+            && own.size() > 6 && own.size() < 64
             && own.substr(own.size() - 6) == "_error"
             && own.find_first_not_of("abcdefghijklmnopqrstuvwxyz_")
                == std::string_view::npos)
         {
-            type = std::string(own);
+            type = llmgw::redact(own, llmgw::sv(credential));
         }
 
         return llmgw::make_buf(llmgw::convert_error(
-            LLMGW_EP_MESSAGES, status, valid_utf8(message), type,
-            upstream_code(root.get())));
+            LLMGW_EP_MESSAGES, status, valid_utf8(message), type, e.code));
 
     } catch (...) {
         return { nullptr, 0 };

@@ -79,6 +79,17 @@ void append_json_string(std::string &out, std::string_view s);
 /* At most max bytes of s, never splitting a UTF-8 sequence. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 
+/* Shorter credentials would be "found" in unrelated text by chance. */
+constexpr size_t kCredentialMinBytes = 8;
+
+/*
+ * s with every copy of a channel credential replaced by "[credential]": as
+ * is (which covers "Bearer <key>") and percent-encoded (an upstream that
+ * echoes a URL holding ?key=).  Text that may quote what a vendor received
+ * passes here before it is cut, logged or shown to a client.
+ */
+std::string redact(std::string_view s, std::string_view credential);
+
 /* Whether a JSON array holds the string v. */
 inline bool
 json_has_string(const json_t *arr, std::string_view v)

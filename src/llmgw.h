@@ -62,14 +62,17 @@ llmgw_buf_t llmgw_error_json(llmgw_str_t message, llmgw_str_t type,
  * Turns an upstream error body into the error contract: the upstream's own
  * message (error.message, message, error as a string, or the raw text cut to
  * 512 bytes), type "upstream_error", the upstream's code when it is a string
- * or number, else "bad_response_status_code".
+ * or number, else "bad_response_status_code".  The credential the upstream
+ * was sent (the channel key of the try) is replaced by "[credential]"
+ * wherever the message or code repeats it.
  */
 llmgw_buf_t llmgw_upstream_error_json(int status, const char *body,
-    size_t len, llmgw_str_t request_id);
+    size_t len, llmgw_str_t credential, llmgw_str_t request_id);
 
 /* The same, in the client's format (Anthropic's shape on /v1/messages). */
 llmgw_buf_t llmgw_upstream_error_for(int client_ep, int status,
-    const char *body, size_t len, llmgw_str_t request_id);
+    const char *body, size_t len, llmgw_str_t credential,
+    llmgw_str_t request_id);
 
 
 /* ---- endpoints (endpoint.cpp) ---- */

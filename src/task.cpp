@@ -553,10 +553,12 @@ struct llmgw_tjob_s {
         return error_answer();
     }
 
+    /* A submit's non-2xx answer, which may quote the channel key. */
     const llmgw_tstep_t *fail_upstream(int status, std::string_view body_text)
     {
+        const char *key = current < nchannels ? channels[current]->key : "";
         llmgw_buf_t b = llmgw_upstream_error_json(status, body_text.data(),
-                                                  body_text.size(),
+                                                  body_text.size(), str(key),
                                                   str(request_id));
         Json j = json_parse(b.data, b.len);
         llmgw_buf_free(&b);

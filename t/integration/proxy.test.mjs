@@ -23,8 +23,10 @@ describe('proxy', { timeout: 180000 }, () => {
     const PREFIXED = uniq('gpt-prefixed');
     const MAPPED = uniq('gpt-mapped');
     const AM = uniq('claude-proxy');
+    const GM = uniq('gemini-proxy');
     const oaKey = `oa-${hex(8)}`;
     const anKey = `an-${hex(8)}`;
+    const gmKey = `gm-${hex(8)}`;
 
     before(async () => {
         db = await createDb();
@@ -40,6 +42,7 @@ describe('proxy', { timeout: 180000 }, () => {
             model_mapping: { [MAPPED]: 'vendor-real-model' },
         });
         await makeChannel(gw, { type: 14, base_url: an.url, key: anKey, models: [AM] });
+        await makeChannel(gw, { type: 24, base_url: oa.url, key: gmKey, models: [GM] });
         ({ key } = await makeUserKey(gw));
         await settle();
     });
@@ -188,6 +191,44 @@ describe('proxy', { timeout: 180000 }, () => {
         an.handler = echo;
         assert.equal(o.status, 529, o.text);
         assert.equal(o.json.error.type, 'overloaded_error');
+    });
+
+    test('an upstream error quoting the channel key shows [credential] instead', async () => {
+        /* what vendors do: "Incorrect API key provided: <what we sent>" */
+        const sent = (rec) => rec.headers.authorization || rec.headers['x-api-key']
+            || rec.headers['x-goog-api-key'];
+        const asJson = (req, res, rec) => openaiError(res, 401,
+            `Incorrect API key provided: ${sent(rec)}`, { code: 'invalid_api_key' });
+        const asText = (req, res, rec) => {
+            res.writeHead(500, { 'Content-Type': 'text/plain' });
+            res.end(`bad key ${sent(rec)}`);
+        };
+        const gemini = { contents: [{ role: 'user', parts: [{ text: 'hi' }] }] };
+        try {
+            for (const [handler, status] of [[asJson, 401], [asText, 500]]) {
+                oa.handler = handler;
+                an.handler = handler;
+                const answers = {
+                    chat: await gw.chat(key, M),
+                    'chat stream': await gw.chat(key, M, { extra: { stream: true } }),
+                    messages: await gw.messages(key, AM),
+                    gemini: await gw.req('POST', `/v1beta/models/${GM}:generateContent`,
+                        { key, body: gemini }),
+                };
+                for (const [what, r] of Object.entries(answers)) {
+                    const ctx = `${what}: ${r.status} ${r.text}`;
+                    assert.equal(r.status, status, ctx);
+                    for (const k of [oaKey, anKey, gmKey]) {
+                        assert.ok(!r.text.includes(k), ctx);
+                    }
+                    const m = r.json.error.message;
+                    assert.match(m, /^(Incorrect API key provided: |bad key )(Bearer )?\[credential\] \(request id: /, ctx);
+                }
+            }
+        } finally {
+            oa.handler = echo;
+            an.handler = echo;
+        }
     });
 
     test('OpenAI streaming reaches the client chunk by chunk', async () => {

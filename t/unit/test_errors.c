@@ -55,13 +55,18 @@ parse(llmgw_buf_t b)
 }
 
 
+/* The channel key of the try the upstream answered. */
+#define KEY  "sk-chan-0123456789abcdef"
+
+
 static parsed_t
 upstream(int status, const char *body)
 {
     llmgw_buf_t  b;
     parsed_t     p;
 
-    b = llmgw_upstream_error_json(status, body, strlen(body), RID);
+    b = llmgw_upstream_error_json(status, body, strlen(body),
+                                  LLMGW_STR(KEY), RID);
     p = parse(b);
     llmgw_buf_free(&b);
 
@@ -309,6 +314,113 @@ test_upstream_null_code_defaults_to_bad_response_status_code(void **state)
 }
 
 
+static void
+test_upstream_message_quoting_the_channel_key_hides_it(void **state)
+{
+    parsed_t p = upstream(401, "{\"error\":{\"message\":\"Incorrect API key "
+                               "provided: Bearer " KEY "\","
+                               "\"code\":\"invalid_api_key\"}}");
+
+    assert_string_equal(p.message, "Incorrect API key provided: Bearer "
+                                   "[credential] (request id: req-1)");
+    assert_string_equal(p.code, "invalid_api_key");
+    json_decref(p.root);
+
+    p = upstream(500, "bad key " KEY " and again " KEY "\n");
+    assert_string_equal(p.message, "bad key [credential] and again "
+                                   "[credential] (request id: req-1)");
+    json_decref(p.root);
+}
+
+
+static void
+test_upstream_code_quoting_the_channel_key_hides_it(void **state)
+{
+    parsed_t p = upstream(401, "{\"error\":{\"message\":\"no\","
+                               "\"code\":\"key-" KEY "\"}}");
+
+    assert_string_equal(p.code, "key-[credential]");
+    json_decref(p.root);
+}
+
+
+/* Cut first, the key's first bytes would survive as the message's end. */
+static void
+test_upstream_raw_text_hides_a_key_across_the_cut(void **state)
+{
+    char      body[505 + sizeof(KEY) + 20];
+    parsed_t  p;
+
+    memset(body, 'a', 505);
+    strcpy(body + 505, KEY " and more text");
+
+    p = upstream(500, body);
+    assert_null(strstr(p.message, "sk-chan"));
+    assert_int_equal(strncmp(p.message + 505, "[creden", 7), 0);
+    json_decref(p.root);
+}
+
+
+/* An upstream that echoes its URL shows a ?key= percent-encoded. */
+static void
+test_upstream_percent_encoded_key_is_hidden(void **state)
+{
+    static const char  body[] = "bad request GET /v1?key=AIza%2Fk%2By%3D12 "
+                                "or /v1?key=AIza%2fk%2by%3d12";
+    llmgw_buf_t        b;
+    parsed_t           p;
+
+    b = llmgw_upstream_error_json(400, body, strlen(body),
+                                  LLMGW_STR("AIza/k+y=12"), RID);
+    p = parse(b);
+    assert_string_equal(p.message, "bad request GET /v1?key=[credential] "
+                                   "or /v1?key=[credential] "
+                                   "(request id: req-1)");
+    json_decref(p.root);
+    llmgw_buf_free(&b);
+}
+
+
+static void
+test_upstream_error_for_messages_hides_the_channel_key(void **state)
+{
+    static const char  body[] = "{\"type\":\"error\",\"error\":{"
+                                "\"type\":\"authentication_error\","
+                                "\"message\":\"invalid x-api-key " KEY "\"}}";
+    llmgw_buf_t        b;
+    json_t            *root;
+
+    b = llmgw_upstream_error_for(LLMGW_EP_MESSAGES, 401, body, strlen(body),
+                                 LLMGW_STR(KEY), RID);
+    assert_non_null(b.data);
+    assert_null(strstr(b.data, KEY));
+
+    root = json_loadb(b.data, b.len, 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(
+        json_object_get(root, "error"), "message")),
+        "invalid x-api-key [credential] (request id: req-1)");
+    json_decref(root);
+    llmgw_buf_free(&b);
+}
+
+
+/* A short key would be "found" in unrelated words. */
+static void
+test_upstream_short_key_is_not_searched(void **state)
+{
+    static const char  body[] = "{\"message\":\"key abc is wrong\"}";
+    llmgw_buf_t        b;
+    parsed_t           p;
+
+    b = llmgw_upstream_error_json(401, body, strlen(body), LLMGW_STR("abc"),
+                                  RID);
+    p = parse(b);
+    assert_string_equal(p.message, "key abc is wrong (request id: req-1)");
+    json_decref(p.root);
+    llmgw_buf_free(&b);
+}
+
+
 int
 main(void)
 {
@@ -334,6 +446,14 @@ main(void)
         cmocka_unit_test(test_upstream_error_type_is_code_fallback),
         cmocka_unit_test(
             test_upstream_null_code_defaults_to_bad_response_status_code),
+        cmocka_unit_test(
+            test_upstream_message_quoting_the_channel_key_hides_it),
+        cmocka_unit_test(test_upstream_code_quoting_the_channel_key_hides_it),
+        cmocka_unit_test(test_upstream_raw_text_hides_a_key_across_the_cut),
+        cmocka_unit_test(test_upstream_percent_encoded_key_is_hidden),
+        cmocka_unit_test(
+            test_upstream_error_for_messages_hides_the_channel_key),
+        cmocka_unit_test(test_upstream_short_key_is_not_searched),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -55,7 +55,7 @@ static const char SNAPSHOT[] =
     "{'revision':1,"
     "'channels':["
     "{'id':1,'name':'one','type':50,'base_url':'https://vendor.example/v1',"
-    "'key':'sk-one','models':['m1','m2'],'groups':['default'],"
+    "'key':'sk-one-secret','models':['m1','m2'],'groups':['default'],"
     "'priority':10,'model_mapping':{'m1':'m1-up'}},"
     "{'id':2,'name':'two','type':50,'base_url':'https://second.example',"
     "'key':'sk-two','models':['m1'],'groups':['default'],'priority':5}],"
@@ -547,9 +547,11 @@ test_submit_runs_usage_reserve_build_send_parse_create(void **state)
     assert_json_eq(json_object_get(ctx, "requestHeaders"), "{'x-trace':'t1'}");
     assert_string_equal(jstr_at(ctx, "model", NULL), "m1");
     assert_string_equal(jstr_at(ctx, "upstreamModel", NULL), "m1-up");
-    assert_string_equal(jstr_at(ctx, "apiKey", NULL), "sk-one");
-    assert_string_equal(jstr_at(ctx, "authHeader", NULL), "Bearer sk-one");
-    assert_string_equal(jstr_at(ctx, "auth", "apiKey", NULL), "sk-one");
+    assert_string_equal(jstr_at(ctx, "apiKey", NULL), "sk-one-secret");
+    assert_string_equal(jstr_at(ctx, "authHeader", NULL),
+                        "Bearer sk-one-secret");
+    assert_string_equal(jstr_at(ctx, "auth", "apiKey", NULL),
+                        "sk-one-secret");
     assert_string_equal(jstr_at(ctx, "baseUrl", NULL),
                         "https://vendor.example/v1");
     assert_string_equal(jstr_at(ctx, "upstream", "kind", NULL), "vendor");
@@ -791,22 +793,48 @@ test_submit_unsent_failure_moves_to_the_next_channel(void **state)
 }
 
 
-static void
-test_submit_vendor_400_is_an_upstream_error_without_retry(void **state)
+/* A submit of m1 on channel 1 that the vendor answered with status. */
+static llmgw_tjob_t *
+submit_answered(int status, const char *json_body)
 {
     llmgw_tjob_t *j = submit_job("{'model':'m1'}");
-
-    (void) state;
 
     json_decref(submit_to_build(j));
     hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{}}");
     expect_step(j, LLMGW_TSTEP_HTTP);
-    http_reply(j, 400, "application/json",
-               "{\"error\":{\"message\":\"bad prompt\","
-               "\"code\":\"invalid_prompt\"}}");
+    http_reply(j, status, "application/json", json_body);
+
+    return j;
+}
+
+
+static void
+test_submit_vendor_400_is_an_upstream_error_without_retry(void **state)
+{
+    llmgw_tjob_t *j = submit_answered(400,
+                                      "{\"error\":{\"message\":\"bad prompt\","
+                                      "\"code\":\"invalid_prompt\"}}");
+
+    (void) state;
 
     expect_error(j, 400, "upstream_error", "invalid_prompt", "bad prompt");
     assert_false(llmgw_tjob_charged(j));
+    llmgw_tjob_free(j);
+}
+
+
+static void
+test_submit_vendor_401_quoting_the_channel_key_hides_it(void **state)
+{
+    llmgw_tjob_t *j = submit_answered(401,
+                                      "{\"error\":{\"message\":\"Incorrect API "
+                                      "key provided: Bearer sk-one-secret\"}}");
+
+    (void) state;
+
+    expect_error(j, 401, "upstream_error", "bad_response_status_code",
+                 "Incorrect API key provided: Bearer [credential] "
+                 "(request id: ");
     llmgw_tjob_free(j);
 }
 
@@ -1376,6 +1404,8 @@ main(void)
         cmocka_unit_test(test_submit_unsent_failure_moves_to_the_next_channel),
         cmocka_unit_test(
             test_submit_vendor_400_is_an_upstream_error_without_retry),
+        cmocka_unit_test(
+            test_submit_vendor_401_quoting_the_channel_key_hides_it),
         cmocka_unit_test(
             test_submit_throwing_hook_is_plugin_error_with_its_message),
         cmocka_unit_test(
