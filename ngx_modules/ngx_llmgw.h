@@ -161,6 +161,7 @@ struct ngx_llmgw_ctx_s {
     ngx_str_t                  group;
     double                     group_ratio;
     char                       key_hash[65];
+    ngx_str_t                  query_key;    /* ?key=, copied: it is masked */
 
     /* routing and tries */
     const llmgw_channel_t     *channels[NGX_LLMGW_MAX_TRIES];

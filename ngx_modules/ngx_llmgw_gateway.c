@@ -34,6 +34,9 @@ static ngx_int_t ngx_llmgw_models(ngx_http_request_t *r,
 static ngx_int_t ngx_llmgw_refuse(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, int status, const char *type, const char *code,
     const char *message);
+static ngx_int_t ngx_llmgw_take_query_key(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
+static void ngx_llmgw_mask_uri_key(u_char *uri, size_t len);
 static ngx_int_t ngx_llmgw_find_key(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, ngx_str_t *key);
 
@@ -75,6 +78,13 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
                 ctx->endpoint.method_ok = ctx->troute.method_ok;
             }
         }
+    }
+
+    /* before any refusal: each one is logged with the request line */
+    if (ctx->endpoint.ep != LLMGW_EP_TASK
+        && ngx_llmgw_take_query_key(r, ctx) != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     if (ctx->endpoint.ep == LLMGW_EP_INVALID_URL) {
@@ -657,6 +667,61 @@ ngx_llmgw_header(ngx_http_request_t *r, const char *name, size_t len)
 }
 
 
+/*
+ * A key sent as ?key= (the Gemini SDKs send it so) is copied for the
+ * lookup, then masked where nginx keeps the request for the logs: $args,
+ * $request_uri, and $request, which error-log lines repeat as "request:".
+ * Over HTTP/1 the three point into one client buffer (a long request line
+ * is moved to a large header buffer before they are set); HTTP/2 builds
+ * $request as a copy.  The task routes keep their query: it is the
+ * plugin's.
+ */
+static ngx_int_t
+ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    u_char     *copy;
+    ngx_str_t   v;
+
+    if (ngx_http_arg(r, (u_char *) "key", 3, &v) != NGX_OK) {
+        return NGX_OK;
+    }
+
+    ctx->query_key.data = ngx_pstrdup(r->pool, &v);
+    if (ctx->query_key.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->query_key.len = v.len;
+
+    /* found before the URI is masked: the same bytes, or a copy */
+    copy = memmem(r->request_line.data, r->request_line.len,
+                  r->unparsed_uri.data, r->unparsed_uri.len);
+
+    ngx_llmgw_mask_uri_key(r->unparsed_uri.data, r->unparsed_uri.len);
+
+    if (copy != NULL) {
+        ngx_llmgw_mask_uri_key(copy, r->unparsed_uri.len);
+    }
+
+    (void) llmgw_query_key_mask((char *) r->args.data, r->args.len);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_mask_uri_key(u_char *uri, size_t len)
+{
+    u_char  *q;
+
+    q = ngx_strlchr(uri, uri + len, '?');
+
+    if (q != NULL) {
+        (void) llmgw_query_key_mask((char *) q + 1, uri + len - q - 1);
+    }
+}
+
+
 static ngx_int_t
 ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ngx_str_t *key)
@@ -701,8 +766,8 @@ ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
             return NGX_OK;
         }
 
-        if (ngx_http_arg(r, (u_char *) "key", 3, &v) == NGX_OK && v.len) {
-            *key = v;
+        if (ctx->query_key.len) {
+            *key = ctx->query_key;
             return NGX_OK;
         }
     }

@@ -10,6 +10,7 @@
 #include <openssl/sha.h>
 
 #include <cstring>
+#include <strings.h>
 #include <memory>
 #include <string_view>
 
@@ -116,4 +117,30 @@ llmgw_key_generate(char out[52])
     OPENSSL_cleanse(raw, sizeof(raw));
 
     return 0;
+}
+
+
+extern "C" size_t
+llmgw_query_key_mask(char *query, size_t len)
+{
+    size_t n = 0;
+
+    /* parameters as ngx_http_arg() reads them: '&' apart, the name in any
+       case, nothing after a fragment */
+    for (size_t at = 0; at < len && query[at] != '#'; ) {
+        size_t end = at;
+
+        while (end < len && query[end] != '&' && query[end] != '#') {
+            end++;
+        }
+
+        if (end - at > 4 && strncasecmp(query + at, "key=", 4) == 0) {
+            std::memset(query + at + 4, '*', end - at - 4);
+            n++;
+        }
+
+        at = end < len && query[end] == '&' ? end + 1 : len;
+    }
+
+    return n;
 }

@@ -114,6 +114,13 @@ int llmgw_ct_equal(const void *a, const void *b, size_t n);
 /* A new key "sk-" + 48 random alphanumerics; out must hold 52 bytes. */
 int llmgw_key_generate(char out[52]);
 
+/*
+ * Overwrites with '*' the value of every "key" parameter of a query string
+ * (the part after '?', up to a '#'), as ngx_http_arg() finds them; returns
+ * how many.  A key sent as ?key= must not reach the logs.
+ */
+size_t llmgw_query_key_mask(char *query, size_t len);
+
 
 /* ---- IP allow lists (cidr.cpp) ---- */
 

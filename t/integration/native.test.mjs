@@ -1,12 +1,15 @@
 // Native endpoints and format conversion:
 //   - Gemini generateContent / streamGenerateContent passed through as is
-//     (audio generation), with the key as Bearer, x-goog-api-key or ?key=;
+//     (audio generation), with the key as Bearer, x-goog-api-key or ?key=
+//     (masked in the access and error logs);
 //   - rerank (/v1/rerank, /v2/rerank) over Cohere, Jina and OpenAI-compatible
 //     upstreams, answered in one shape;
 //   - /v1/chat/completions served by Anthropic and Gemini channels and
 //     /v1/messages served by OpenAI channels, converted both ways.
 
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
@@ -15,7 +18,7 @@ import {
 } from '../lib/harness.mjs';
 import {
     anthropicError, anthropicMessage, anthropicStream, echo, openaiChat,
-    openaiError, openaiStream, sendJson, startMock,
+    openaiError, openaiStream, sendJson, startClosedPort, startMock,
 } from '../lib/mock.mjs';
 
 /* ------------------------------------------------------------------ */
@@ -170,6 +173,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
     const rrKey = `rr-${hex(8)}`;
     const M = {
         tts: uniq('gemini-tts'), ttsMapped: uniq('gemini-tts-mapped'),
+        keylog: uniq('gemini-keylog'),
         cohere: uniq('rerank-co'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
         viaClaude: uniq('chat-via-claude'), viaGemini: uniq('chat-via-gemini'),
         viaOpenai: uniq('msg-via-openai'),
@@ -186,8 +190,15 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         });
         an = await startMock();
         oa = await startMock();
-        gw = await startGateway({ db });
+        const closed = await startClosedPort();
+        gw = await startGateway({
+            db, http: `log_format keys '"$request" $request_uri $args $arg_key';`,
+            server: 'access_log keys.log keys;',
+        });
         await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.tts, M.viaGemini] });
+        /* a refused first try puts the request line into the error log */
+        await makeChannel(gw, { type: 24, base_url: closed.url, models: [M.keylog], priority: 10 });
+        await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.keylog] });
         await makeChannel(gw, {
             type: 24, base_url: gm.url, key: gmKey, models: [M.ttsMapped],
             model_mapping: { [M.ttsMapped]: 'gemini-2.5-flash-preview-tts' },
@@ -274,6 +285,52 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 { code: 'invalid_token' });
             assertError(await gw.req('POST', `${p}?key=${bad}`, { body }), 401, { code: 'invalid_token' });
             assertError(await gw.req('POST', p, { body }), 401, { code: 'invalid_token' });
+        });
+
+        test('a ?key= works and shows masked in the access and error logs', async () => {
+            const p = `/v1beta/models/${M.keylog}`;
+            const body = ttsBody('keylog');
+            /* past client_header_buffer_size (1k): a large header buffer */
+            const pad = 'p'.repeat(1500);
+            const wrong = `sk-${hex(24)}`;
+            const stars = '*'.repeat(key.length);
+            const frames = geminiStreamFrames(['masked']);
+            gm.handler = (req, res, rec) => {
+                if (!rec.path.includes(':stream')) {
+                    return sendJson(res, 200, geminiAudioText());
+                }
+                sseHead(res);
+                res.end(frames.join(''));
+            };
+
+            assertOk(await gw.req('POST', `${p}:generateContent?key=${key}`, { body }));
+            const s = assertOk(await gw.req('POST', `${p}:streamGenerateContent?alt=sse&key=${key}`,
+                { body }));
+            assert.equal(sseEvents(s.text).length, 1);
+            assert.equal(last(gm).path, `${p}:streamGenerateContent?alt=sse`);
+            assertOk(await gw.req('POST', `${p}:generateContent?pad=${pad}&key=${key}`, { body }));
+            assertError(await gw.req('POST', `${p}:generateContent?key=${wrong}`, { body }), 401,
+                { code: 'invalid_token' });
+            assertError(await gw.req('GET', `/v1beta/models?key=${key}`), 404,
+                { code: 'invalid_url' });
+
+            const access = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+            const errors = gw.errorLog();
+            for (const secret of [key.slice(3), wrong.slice(3)]) {
+                assert.ok(!access.includes(secret), `access log:\n${access}`);
+                assert.ok(!errors.includes(secret), 'the error log holds a key');
+            }
+            const lines = access.split('\n').filter((l) => l.includes(M.keylog)
+                || l.includes('/v1beta/models?'));
+            assert.equal(lines.length, 5, access);
+            const q = `alt=sse&key=${stars}`;
+            assert.equal(lines[1], `"POST ${p}:streamGenerateContent?${q} HTTP/1.1"`
+                + ` ${p}:streamGenerateContent?${q} ${q} ${stars}`);
+            assert.ok(lines[2].includes(`?pad=${pad}&key=${stars} HTTP/1.1"`), lines[2]);
+            assert.ok(lines[3].includes(`?key=${'*'.repeat(wrong.length)} HTTP/1.1"`), lines[3]);
+            assert.ok(lines[4].startsWith(`"GET /v1beta/models?key=${stars} `), lines[4]);
+            assert.ok(errors.includes(`request: "POST ${p}:generateContent?key=${stars} HTTP/1.1"`),
+                'the error log names the request, masked');
         });
 
         test('model_mapping rewrites the model in the upstream URL only', async () => {

@@ -135,6 +135,45 @@ test_generated_keys_differ_and_hash(void **state)
 }
 
 
+static size_t
+mask(char *query)
+{
+    return llmgw_query_key_mask(query, strlen(query));
+}
+
+
+static void
+test_query_key_mask_hides_every_key_parameter_only(void **state)
+{
+    char q[] = "key=sk-abc&alt=sse&monkey=1&KEY=x%2By&key=&keys=2&key";
+
+    assert_int_equal(mask(q), 2);
+    assert_string_equal(q, "key=******&alt=sse&monkey=1&KEY=*****"
+                           "&key=&keys=2&key");
+}
+
+
+static void
+test_query_key_mask_ends_at_the_fragment(void **state)
+{
+    char q[] = "alt=sse&key=sk-1#x&key=frag";
+
+    assert_int_equal(mask(q), 1);
+    assert_string_equal(q, "alt=sse&key=****#x&key=frag");
+}
+
+
+static void
+test_query_key_mask_leaves_a_query_without_key(void **state)
+{
+    char q[] = "alt=sse&apikey=1&key2=3";
+
+    assert_int_equal(mask(q), 0);
+    assert_string_equal(q, "alt=sse&apikey=1&key2=3");
+    assert_int_equal(llmgw_query_key_mask(q, 0), 0);
+}
+
+
 int
 main(void)
 {
@@ -148,6 +187,9 @@ main(void)
         cmocka_unit_test(test_ct_equal_compares_all_bytes),
         cmocka_unit_test(test_generated_key_is_sk_and_48_lowercase_hex),
         cmocka_unit_test(test_generated_keys_differ_and_hash),
+        cmocka_unit_test(test_query_key_mask_hides_every_key_parameter_only),
+        cmocka_unit_test(test_query_key_mask_ends_at_the_fragment),
+        cmocka_unit_test(test_query_key_mask_leaves_a_query_without_key),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
