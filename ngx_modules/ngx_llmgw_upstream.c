@@ -925,17 +925,24 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         ngx_str_set(&path, "/v1/messages");
         break;
     case 24:
-        path.len = sizeof("/v1beta/models/:streamGenerateContent?alt=sse")
-                   + model.len;
-        path.data = ngx_pnalloc(r->pool, path.len);
+        /* one path segment, whatever the name holds ('/', '?', '#', ':',
+           '%', spaces): each such byte takes 3 */
+        len = sizeof("/v1beta/models/:streamGenerateContent?alt=sse") - 1
+              + model.len
+              + 2 * ngx_escape_uri(NULL, model.data, model.len,
+                                   NGX_ESCAPE_URI_COMPONENT);
+        path.data = ngx_pnalloc(r->pool, len);
         if (path.data == NULL) {
             llmgw_buf_free(&body);
             return NGX_ERROR;
         }
-        path.len = ngx_sprintf(path.data, "/v1beta/models/%V:%s", &model,
-                               stream ? "streamGenerateContent?alt=sse"
-                                      : "generateContent")
-                   - path.data;
+        p = ngx_cpymem(path.data, "/v1beta/models/",
+                       sizeof("/v1beta/models/") - 1);
+        p = (u_char *) ngx_escape_uri(p, model.data, model.len,
+                                      NGX_ESCAPE_URI_COMPONENT);
+        p = ngx_sprintf(p, ":%s", stream ? "streamGenerateContent?alt=sse"
+                                         : "generateContent");
+        path.len = p - path.data;
         break;
     default:
         ngx_str_set(&path, "/v1/chat/completions");

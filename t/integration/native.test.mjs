@@ -174,6 +174,8 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
     const M = {
         tts: uniq('gemini-tts'), ttsMapped: uniq('gemini-tts-mapped'),
         keylog: uniq('gemini-keylog'),
+        /* what a URL path segment cannot hold as is */
+        odd: `${uniq('gemini')} x?y#z%:w`, oddMapped: uniq('gemini-odd-mapped'),
         cohere: uniq('rerank-co'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
         viaClaude: uniq('chat-via-claude'), viaGemini: uniq('chat-via-gemini'),
         viaOpenai: uniq('msg-via-openai'),
@@ -199,6 +201,10 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         /* a refused first try puts the request line into the error log */
         await makeChannel(gw, { type: 24, base_url: closed.url, models: [M.keylog], priority: 10 });
         await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.keylog] });
+        await makeChannel(gw, {
+            type: 24, base_url: gm.url, key: gmKey, models: [M.odd, M.oddMapped],
+            model_mapping: { [M.oddMapped]: 'tuned/up x' },
+        });
         await makeChannel(gw, {
             type: 24, base_url: gm.url, key: gmKey, models: [M.ttsMapped],
             model_mapping: { [M.ttsMapped]: 'gemini-2.5-flash-preview-tts' },
@@ -340,6 +346,25 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assertOk(r);
             assert.equal(last(gm).path, '/v1beta/models/gemini-2.5-flash-preview-tts:generateContent');
             assert.equal(last(gm).body, body);
+        });
+
+        test('the model is one escaped path segment upstream, the head exactly ours', async () => {
+            const heads = [];
+            gm.handler = (req, res) => {
+                heads.push(req.rawHeaders.filter((h, i) => i % 2 === 0));
+                sendJson(res, 200, geminiText());
+            };
+            assertOk(await gw.req('POST', `/v1beta/models/${encodeURIComponent(M.odd)}:generateContent`,
+                { key, body: ttsBody('odd') }));
+            assert.equal(last(gm).path,
+                `/v1beta/models/${M.odd.replace(' x?y#z%:w', '%20x%3Fy%23z%25%3Aw')}:generateContent`);
+            assertOk(await gw.chat(key, M.oddMapped));
+            assert.equal(last(gm).path, '/v1beta/models/tuned%2Fup%20x:generateContent');
+            for (const names of heads) {
+                assert.deepEqual(names, ['Host', 'Content-Type', 'Content-Length', 'Connection',
+                    'x-goog-api-key']);
+            }
+            assert.equal(last(gm).headers['x-goog-api-key'], gmKey);
         });
 
         test('streamGenerateContent?alt=sse: events pass through in order', async () => {
