@@ -231,6 +231,22 @@ describe('proxy', { timeout: 180000 }, () => {
         }
     });
 
+    test('a channel key read from a file works; one holding CR or LF is refused', async () => {
+        const m = uniq('gpt-keyfile');
+        for (const bad of ['sk-up\r\nX-Injected: yes', 'sk-up\nX-Injected: yes']) {
+            const r = await gw.admin('POST', '/api/channel',
+                { type: 1, base_url: oa.url, models: [m], key: bad });
+            assertError(r, 400, { code: 'invalid_request',
+                message: 'key: must not contain control characters' });
+            assert.ok(!r.text.includes('Injected'), r.text);
+        }
+        const fileKey = `sk-file-${hex(8)}`;
+        await makeChannel(gw, { base_url: oa.url, key: `${fileKey}\n`, models: [m] });
+        await settle();
+        assertOk(await gw.chat(key, m));
+        assert.equal(last(oa).headers.authorization, `Bearer ${fileKey}`);
+    });
+
     test('OpenAI streaming reaches the client chunk by chunk', async () => {
         let written;
         oa.handler = async (req, res, rec) => {

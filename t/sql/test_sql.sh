@@ -270,6 +270,8 @@ api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[5]}"
 expect_err "ip not a string" 400 invalid_request 'allow_ips[0]: must be a string'
 api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":\"1.2.3.4\"}"
 expect_err "allow_ips not an array" 400 invalid_request 'allow_ips: must be an array of IP addresses or CIDRs, or null'
+api POST /token '' "{\"user_id\":$UID1,\"models\":[\"a\\nb\"]}"
+expect_err "key model name with LF" 400 invalid_request 'models: "a\nb" must not contain control characters'
 api POST /token '' "{\"user_id\":$UID1,\"models\":\"gpt-4o\"}"
 expect_err "models not an array" 400 invalid_request 'models: must be an array of strings'
 api POST /token '' "{\"user_id\":$UID1,\"models\":[\"a\",\"\"]}"
@@ -359,6 +361,37 @@ api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"model_map
 expect_err "mapping values" 400 invalid_request "model_mapping.a: must be a non-empty string"
 api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"settings":[1]}'
 expect_err "settings type" 400 invalid_request "settings: must be a JSON object (or a string holding one)"
+
+# text written into upstream request heads: no control characters
+api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"key":"sk-up\r\nX-Injected: yes"}'
+expect_err "key with CR LF" 400 invalid_request "key: must not contain control characters"
+grep -q "Injected" <<<"$ANS" && bad "the refusal repeats the key" || ok
+api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"key":"sk-up\u007fdel"}'
+expect_err "key with DEL" 400 invalid_request "key: must not contain control characters"
+api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"key":5}'
+expect_err "key type" 400 invalid_request "key: must be a string"
+api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"key":" \tsk-from-a-file\r\n"}'
+expect "key with surrounding whitespace" '.status == 200 and .body.key_set == true'
+CID3=$(jq .body.id <<<"$ANS")
+expect_eq "key stored trimmed" "$(sql "SELECT key = 'sk-from-a-file' FROM channels WHERE id = $CID3")" t
+api PATCH "/channel/$CID3" '' '{"key":"sk-other\n"}'
+expect_eq "PATCH trims the key" "$(sql "SELECT key = 'sk-other' FROM channels WHERE id = $CID3")" t
+api PATCH "/channel/$CID3" '' '{"key":"sk-a\nb"}'
+expect_err "PATCH refuses a key with LF" 400 invalid_request "key: must not contain control characters"
+api POST /channel '' '{"type":24,"base_url":"https://x","models":["gem\r\nX-Injected: 1"]}'
+expect_err "model name with CR LF" 400 invalid_request 'models: "gem\r\nX-Injected: 1" must not contain control characters'
+api POST /channel '' '{"type":24,"base_url":"https://x","models":"a, g\tb"}'
+expect_err "model name with a tab, comma-separated" 400 invalid_request 'models: "g\tb" must not contain control characters'
+api POST /channel '' '{"type":24,"base_url":"https://x","models":["a"],"groups":["vip\n"]}'
+expect_err "group with LF" 400 invalid_request 'groups: "vip\n" must not contain control characters'
+api POST /channel '' '{"type":24,"base_url":"https://x","models":["a"],"model_mapping":{"a":"up\r\nX: 1"}}'
+expect_err "mapped name with CR LF" 400 invalid_request "model_mapping.a: must not contain control characters"
+api POST /channel '' '{"type":24,"base_url":"https://x","models":["a"],"model_mapping":{"a\nb":"up"}}'
+expect_err "mapping key with LF" 400 invalid_request 'model_mapping: "a\nb" must not contain control characters'
+api POST /channel '' '{"type":24,"base_url":"https://x","models":["gem x?y#z%/é"],"model_mapping":{"gem x?y#z%/é":"up x"}}'
+expect "spaces, ?, #, %, / and UTF-8 in model names are fine" '.status == 200 and .body.models == ["gem x?y#z%/é"]'
+api DELETE "/channel/$(jq .body.id <<<"$ANS")"
+api DELETE "/channel/$CID3"
 
 api GET "/channel/$CID1"
 expect "get channel" ".status == 200 and .body.id == $CID1 and .body.key_set == true and (.body | has(\"key\") | not)"
