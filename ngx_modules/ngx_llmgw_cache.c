@@ -422,7 +422,7 @@ ngx_llmgw_cache_run_waiters(ngx_uint_t done, ngx_uint_t all)
 static void
 ngx_llmgw_cache_loaded(void *data, PGresult *res, const char *err)
 {
-    char                      errbuf[256];
+    char                      errbuf[1024];
     ngx_uint_t                done;
     llmgw_snapshot_t         *s;
     ngx_llmgw_snap_holder_t  *h;
@@ -445,6 +445,12 @@ ngx_llmgw_cache_loaded(void *data, PGresult *res, const char *err)
         ngx_log_error(NGX_LOG_ERR, ngx_llmgw_cache_log, 0,
                       "llmgw: unreadable configuration: %s", errbuf);
         goto next;
+    }
+
+    if (errbuf[0] != '\0') {
+        ngx_log_error(NGX_LOG_ERR, ngx_llmgw_cache_log, 0,
+                      "llmgw: configuration revision %L: %s",
+                      llmgw_snapshot_revision(s), errbuf);
     }
 
     h = ngx_alloc(sizeof(ngx_llmgw_snap_holder_t), ngx_llmgw_cache_log);

@@ -160,6 +160,12 @@ typedef struct {
     uint32_t      success;      /* 0: no success limit */
 } llmgw_rate_limit_t;
 
+/*
+ * NULL and the reason in err when the text is no snapshot.  A snapshot may
+ * leave channels out (a base_url it cannot use, a control character in the
+ * key, a model name or model_mapping): err then says which and why, else
+ * it is "".  The key itself is never repeated.
+ */
 llmgw_snapshot_t *llmgw_snapshot_parse(const char *json, size_t len,
     char *err, size_t errlen);
 void llmgw_snapshot_free(llmgw_snapshot_t *s);

@@ -155,12 +155,69 @@ add_strings(const json_t *arr, std::unordered_set<std::string> &out)
 }
 
 bool
-parse_channel(const json_t *j, llmgw_snapshot_s &s, bool routable = true)
+has_control(std::string_view s)
+{
+    return std::any_of(s.begin(), s.end(), [](char ch) {
+        unsigned char c = static_cast<unsigned char>(ch);
+        return c < 0x20 || c == 0x7f;
+    });
+}
+
+std::string_view
+string_of(const json_t *v)
+{
+    return json_is_string(v)
+           ? std::string_view(json_string_value(v), json_string_length(v))
+           : std::string_view();
+}
+
+/*
+ * Why a channel's text cannot go into a request head, or nullptr: its key
+ * is a header value and its upstream model names go into the request line
+ * or body, where a CR or LF would start a header of its own.  The admin API
+ * refuses such values; rows written before it did, or by hand, stay out.
+ */
+const char *
+unsafe_text(const json_t *j)
+{
+    size_t       i;
+    const char  *k;
+    json_t      *v;
+
+    if (has_control(json_str(j, "key"))) {
+        return "its key holds a control character";
+    }
+
+    json_array_foreach(json_object_get(j, "models"), i, v) {
+        if (has_control(string_of(v))) {
+            return "a model name holds a control character";
+        }
+    }
+
+    json_object_foreach(json_object_get(j, "model_mapping"), k, v) {
+        if (has_control(k) || has_control(string_of(v))) {
+            return "a model_mapping entry holds a control character";
+        }
+    }
+
+    return nullptr;
+}
+
+/* A channel of the snapshot, or a line added to left_out saying why not. */
+bool
+parse_channel(const json_t *j, llmgw_snapshot_s &s, std::string &left_out,
+    bool routable = true)
 {
     Channel &c = s.channels.emplace_back();
+    const char *why = parse_base_url(json_str(j, "base_url"), c)
+                      ? unsafe_text(j)
+                      : "its base_url is not http(s)://host[:port][/path]";
 
-    if (!parse_base_url(json_str(j, "base_url"), c)) {
+    if (why != nullptr) {
         s.channels.pop_back();
+        left_out += left_out.empty() ? "left out " : "; ";
+        left_out += "channel " + std::to_string(json_int(j, "id", 0)) + ": "
+                    + why;
         return false;
     }
 
@@ -345,15 +402,20 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
         auto s = std::make_unique<llmgw_snapshot_s>();
         s->revision = json_int(root.get(), "revision", 0);
 
-        size_t   i;
-        json_t  *v;
+        size_t       i;
+        json_t      *v;
+        std::string  left_out;
 
         json_array_foreach(json_object_get(root.get(), "channels"), i, v) {
-            parse_channel(v, *s);
+            parse_channel(v, *s, left_out);
         }
 
         json_array_foreach(json_object_get(root.get(), "poll_channels"), i, v) {
-            parse_channel(v, *s, false);
+            parse_channel(v, *s, left_out, false);
+        }
+
+        if (errlen > 0) {
+            std::snprintf(err, errlen, "%s", left_out.c_str());
         }
 
         const char *k;

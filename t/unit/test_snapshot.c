@@ -279,6 +279,45 @@ test_bad_base_url_skips_only_that_channel(void **state)
 }
 
 
+/* A CR or LF in the key or an upstream model name would start a header. */
+static void
+test_control_characters_leave_the_channel_out_and_are_named(void **state)
+{
+    static const char   json[] =
+        "{\"channels\":["
+        "{\"id\":1,\"type\":1,\"base_url\":\"https://a.example\","
+        "\"key\":\"sk-up\\r\\nX-Injected: yes\",\"models\":[\"m\"],"
+        "\"groups\":[\"default\"],\"priority\":9},"
+        "{\"id\":2,\"type\":24,\"base_url\":\"https://b.example\","
+        "\"key\":\"k\",\"models\":[\"m\",\"g\\nX\"],"
+        "\"groups\":[\"default\"],\"priority\":9},"
+        "{\"id\":3,\"type\":1,\"base_url\":\"https://c.example\","
+        "\"key\":\"k\",\"models\":[\"m\"],\"groups\":[\"default\"],"
+        "\"model_mapping\":{\"m\":\"up\\u0000x\"},\"priority\":9},"
+        "{\"id\":4,\"type\":1,\"base_url\":\"https://d.example\","
+        "\"key\":\"sk-fine \",\"models\":[\"m\"],"
+        "\"groups\":[\"default\"]}]}";
+    char                err[256];
+    llmgw_snapshot_t   *s;
+
+    (void) state;
+
+    s = llmgw_snapshot_parse(json, strlen(json), err, sizeof(err));
+    assert_non_null(s);
+    assert_int_equal(only_channel(s)->id, 4);
+    assert_string_equal(err,
+        "left out channel 1: its key holds a control character; "
+        "channel 2: a model name holds a control character; "
+        "channel 3: a model_mapping entry holds a control character");
+    llmgw_snapshot_free(s);
+
+    s = llmgw_snapshot_parse("{}", 2, err, sizeof(err));
+    assert_non_null(s);
+    assert_string_equal(err, "");
+    llmgw_snapshot_free(s);
+}
+
+
 static void
 test_route_only_channels_serving_the_model_in_the_keys_group(void **state)
 {
@@ -1035,6 +1074,8 @@ main(void)
         cmocka_unit_test(
             test_base_url_path_prefix_kept_without_trailing_slash),
         cmocka_unit_test(test_bad_base_url_skips_only_that_channel),
+        cmocka_unit_test(
+            test_control_characters_leave_the_channel_out_and_are_named),
         cmocka_unit_test(
             test_route_only_channels_serving_the_model_in_the_keys_group),
         cmocka_unit_test(test_route_endpoint_compatibility_by_channel_type),
