@@ -51,6 +51,7 @@ static ngx_int_t ngx_llmgw_chain(ngx_http_request_t *r, u_char *p,
     size_t size, ngx_chain_t ***ll);
 static ngx_int_t ngx_llmgw_keep(ngx_http_request_t *r, llmgw_buf_t *from,
     ngx_str_t *to);
+static llmgw_buf_t ngx_llmgw_error_answer(ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_hold_feed(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, u_char *p, size_t n);
 static ngx_int_t ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
@@ -1466,19 +1467,13 @@ ngx_llmgw_hold_feed(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx, u_char *p,
 static ngx_int_t
 ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
-    ngx_buf_t            *b;
     llmgw_buf_t           out;
     ngx_http_upstream_t  *u;
 
     u = r->upstream;
 
     if (ctx->error_mode) {
-        /* the upstream's error, in the contract and the client's format */
-        b = ctx->error_body;
-        out = llmgw_upstream_error_for(ctx->endpoint.ep, (int) ctx->status,
-            b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
-            (llmgw_str_t) { (char *) ctx->request_id,
-                            NGX_LLMGW_REQUEST_ID_LEN });
+        out = ngx_llmgw_error_answer(ctx);
         if (out.data == NULL) {
             return NGX_ERROR;
         }
@@ -1507,6 +1502,26 @@ ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     u->buffer.pos = u->buffer.last;
 
     return NGX_OK;
+}
+
+
+/*
+ * The upstream's error in the contract and the client's format, with the
+ * try's credential taken out.
+ */
+static llmgw_buf_t
+ngx_llmgw_error_answer(ngx_llmgw_ctx_t *ctx)
+{
+    const char  *key;
+    ngx_buf_t   *b;
+
+    b = ctx->error_body;
+    key = ctx->current >= 0 ? ctx->channels[ctx->current]->key : "";
+
+    return llmgw_upstream_error_for(ctx->endpoint.ep, (int) ctx->status,
+        b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
+        (llmgw_str_t) { key, ngx_strlen(key) },
+        (llmgw_str_t) { (char *) ctx->request_id, NGX_LLMGW_REQUEST_ID_LEN });
 }
 
 
@@ -1774,7 +1789,6 @@ ngx_llmgw_abort_request(ngx_http_request_t *r)
 static void
 ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
 {
-    const char           *key;
     llmgw_buf_t           json;
     ngx_buf_t            *b;
     ngx_chain_t           out;
@@ -1838,15 +1852,7 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
         }
 
     } else if (ctx->error_mode) {
-        b = ctx->error_body;
-        key = ctx->current >= 0 ? ctx->channels[ctx->current]->key : "";
-
-        json = llmgw_upstream_error_for(ctx->endpoint.ep, (int) ctx->status,
-            b ? (char *) b->pos : "", b ? (size_t) (b->last - b->pos) : 0,
-            (llmgw_str_t) { key, ngx_strlen(key) },
-            (llmgw_str_t) { (char *) ctx->request_id,
-                            NGX_LLMGW_REQUEST_ID_LEN });
-
+        json = ngx_llmgw_error_answer(ctx);
         ngx_llmgw_gateway_log(r, ctx);
 
     } else {
