@@ -52,6 +52,11 @@ static ngx_int_t ngx_llmgw_chain(ngx_http_request_t *r, u_char *p,
 static ngx_int_t ngx_llmgw_keep(ngx_http_request_t *r, llmgw_buf_t *from,
     ngx_str_t *to);
 static llmgw_buf_t ngx_llmgw_error_answer(ngx_llmgw_ctx_t *ctx);
+static ngx_int_t ngx_llmgw_new_resp(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
+static ngx_int_t ngx_llmgw_sniff(ngx_llmgw_ctx_t *ctx, u_char *p, size_t n);
+static ngx_int_t ngx_llmgw_stream_after_all(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_hold_feed(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, u_char *p, size_t n);
 static ngx_int_t ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
@@ -1055,6 +1060,7 @@ ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
     ctx->whole_for_stream = 0;
     ctx->event_stream = 0;
     ctx->holding = 0;
+    ctx->sniffed = 0;
     ctx->bad_answer = 0;
     ctx->upstream_header = 0;
     ctx->error_body = NULL;
@@ -1306,6 +1312,37 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         }
     }
 
+    if (ngx_llmgw_new_resp(r, ctx) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    /*
+     * A JSON answer is read whole before its head goes out: one that is
+     * no answer (not JSON, empty, cut short) is then an upstream fault that
+     * the next channel can still take over.  A body that only the upstream
+     * closing would end cannot be told from a cut one: it is passed on.
+     */
+    if (llmgw_resp_holds(ctx->resp)
+        && (u->headers_in.chunked || ctx->length >= 0))
+    {
+        ctx->holding = 1;
+        return ngx_llmgw_hold(r, ctx);
+    }
+
+    return NGX_OK;
+}
+
+
+/* The response reader of this try's 2xx answer. */
+static ngx_int_t
+ngx_llmgw_new_resp(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_http_upstream_t  *u;
+
+    u = r->upstream;
+
+    llmgw_resp_free(ctx->resp);
+
     ctx->resp = llmgw_resp_new(ctx->endpoint.ep,
                                ctx->channels[ctx->current]->type,
                                (llmgw_req_stream(ctx->req)
@@ -1330,20 +1367,66 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         u->headers_in.content_length = NULL;
     }
 
-    /*
-     * A JSON answer is read whole before its head goes out: one that is
-     * no answer (not JSON, empty, cut short) is then an upstream fault that
-     * the next channel can still take over.  A body that only the upstream
-     * closing would end cannot be told from a cut one: it is passed on.
-     */
-    if (llmgw_resp_holds(ctx->resp)
-        && (u->headers_in.chunked || ctx->length >= 0))
-    {
-        ctx->holding = 1;
-        return ngx_llmgw_hold(r, ctx);
+    return NGX_OK;
+}
+
+
+/*
+ * Whether the first body bytes of a stream request's answer that did not
+ * say text/event-stream are events after all (0: an SSE field first), to
+ * be held as one answer (1: JSON, or anything else, which the check then
+ * refuses), or nothing but white space so far (-1).
+ */
+static ngx_int_t
+ngx_llmgw_sniff(ngx_llmgw_ctx_t *ctx, u_char *p, size_t n)
+{
+    size_t       len;
+    u_char      *last;
+    ngx_uint_t   i;
+
+    if (!ctx->whole_for_stream || ctx->sniffed) {
+        return 1;
     }
 
-    return NGX_OK;
+    static const char *const  fields[] = { "data:", "event:", "id:",
+                                             "retry:", ":" };
+
+    for (last = p + n; p < last; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\r' && *p != '\n') {
+            break;
+        }
+    }
+
+    if (p == last) {
+        return -1;
+    }
+
+    ctx->sniffed = 1;
+
+    for (i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        len = ngx_min((size_t) (last - p), ngx_strlen(fields[i]));
+
+        if (ngx_strncmp(p, fields[i], len) == 0) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+/*
+ * A stream request's answer labelled otherwise that turns out to be events
+ * (some servers send SSE as text/plain): streamed as it comes after all,
+ * from the bytes still in u->buffer.
+ */
+static ngx_int_t
+ngx_llmgw_stream_after_all(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ctx->whole_for_stream = 0;
+    ctx->holding = 0;
+
+    return ngx_llmgw_new_resp(r, ctx);
 }
 
 
@@ -1387,6 +1470,10 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         if (!u->headers_in.chunked) {
             n = ngx_min((off_t) (b->last - b->pos), ctx->length);
 
+            if (ngx_llmgw_sniff(ctx, b->pos, n) == 0) {
+                return ngx_llmgw_stream_after_all(r, ctx);
+            }
+
             if (ngx_llmgw_hold_feed(r, ctx, b->pos, n) != NGX_OK) {
                 return NGX_ERROR;
             }
@@ -1407,6 +1494,10 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
         if (rc == NGX_OK) {
             n = ngx_min((off_t) (b->last - b->pos), ctx->chunked.size);
+
+            if (ngx_llmgw_sniff(ctx, b->pos, n) == 0) {
+                return ngx_llmgw_stream_after_all(r, ctx);
+            }
 
             if (ngx_llmgw_hold_feed(r, ctx, b->pos, n) != NGX_OK) {
                 return NGX_ERROR;

@@ -185,6 +185,33 @@ describe('answers and faults', { timeout: 180000 }, () => {
         assert.equal(row.completion_tokens, 3);
     });
 
+    test('events labelled text/plain are streamed as they come, and billed', async () => {
+        bad.handler = async (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/plain' });
+            const chunk = (body) => res.write(`data: ${JSON.stringify({
+                id: 'c1', object: 'chat.completion.chunk', created: 1, model: 'x', ...body,
+            })}\n\n`);
+            chunk({ choices: [{ index: 0, delta: { role: 'assistant', content: 'first' },
+                finish_reason: null }] });
+            await sleep(600);
+            chunk({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] });
+            chunk({ choices: [], usage: { prompt_tokens: 4, completion_tokens: 2,
+                total_tokens: 6 } });
+            res.end('data: [DONE]\n\n');
+        };
+        const { model } = await pair(bad.url, { backup: false });
+        const { key } = await makeUserKey(gw);
+        const r = await gw.chat(key, model, { extra: { stream: true } });
+        assertOk(r);
+        const first = r.chunks.find((c) => c.text.includes('first'));
+        assert.ok(first && r.tEnd - first.t >= 400, 'the first event came before the rest');
+        assert.equal(sseEvents(r.text).at(-1).data, '[DONE]');
+        assert.ok(!r.text.includes('"usage"'), 'the usage chunk it did not ask for is hidden');
+        const row = await rowOf(r);
+        assert.equal(row.prompt_tokens, 4);
+        assert.equal(row.completion_tokens, 2);
+    });
+
     /* A streaming chat whose reader hangs up once `until` shows up. */
     function chatUntil(key, model, body, until) {
         return new Promise((resolve, reject) => {
