@@ -208,6 +208,7 @@ struct ngx_llmgw_ctx_s {
     unsigned                   event_stream:1;      /* upstream said SSE */
     unsigned                   holding:1;    /* reading an answer whole */
     unsigned                   sniffed:1;    /* its first bytes were seen */
+    unsigned                   interim:1;    /* skipping a 1xx head */
     unsigned                   bad_answer:1; /* a 2xx that was no answer */
     unsigned                   errpage:1;
     unsigned                   errpage_sent:1;

@@ -126,7 +126,8 @@ ngx_llmgw_header_filter(ngx_http_request_t *r)
     h->value.data = ctx->request_id;
     h->value.len = NGX_LLMGW_REQUEST_ID_LEN;
 
-    if (ctx->responded || ctx->upstream_header
+    /* an upstream head that was held, never sent, does not count */
+    if (ctx->responded || (ctx->upstream_header && !ctx->holding)
         || r->headers_out.status < NGX_HTTP_BAD_REQUEST)
     {
         return ngx_llmgw_next_header_filter(r);

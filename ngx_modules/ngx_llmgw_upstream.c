@@ -1060,6 +1060,7 @@ ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
     ctx->whole_for_stream = 0;
     ctx->event_stream = 0;
     ctx->holding = 0;
+    ctx->interim = 0;
     ctx->sniffed = 0;
     ctx->bad_answer = 0;
     ctx->upstream_header = 0;
@@ -1170,9 +1171,20 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         }
 
         code = ctx->status_line.code;
+
+        if (code >= 100 && code < 200 && code != 101) {
+            /* an interim answer (100 Continue, 103 Early Hints): its head
+               is skipped, the final status line follows */
+            ctx->interim = 1;
+        }
+
         ctx->status = code;
         u->headers_in.status_n = code;
         u->state->status = code;
+
+        /* the channel answered: a failure from here on is the channel's,
+           not that of a kept-alive connection it had closed */
+        u->peer.cached = 0;
 
         /* 5xx the upstream module does not retry by itself, except 504 */
         if (code >= 500 && code != 500 && code != 502
@@ -1188,6 +1200,18 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
     for ( ;; ) {
 
         rc = ngx_http_parse_header_line(r, &u->buffer, 1);
+
+        if (ctx->interim && (rc == NGX_OK || rc == NGX_HTTP_PARSE_HEADER_DONE))
+        {
+            if (rc == NGX_HTTP_PARSE_HEADER_DONE) {
+                ctx->interim = 0;
+                ctx->status = 0;
+                ngx_memzero(&ctx->status_line, sizeof(ngx_http_status_t));
+                return ngx_llmgw_process_header(r);
+            }
+
+            continue;
+        }
 
         if (rc == NGX_OK) {
             key.len = r->header_name_end - r->header_name_start;
@@ -1258,6 +1282,11 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
     }
 
     ctx->length = u->headers_in.content_length_n;
+
+    if (ctx->status == NGX_HTTP_NO_CONTENT) {
+        /* no body, whatever it says: held and judged as an empty one */
+        ctx->length = 0;
+    }
 
     if (ctx->status == NGX_HTTP_NO_CONTENT
         || ctx->status == NGX_HTTP_NOT_MODIFIED
@@ -1527,6 +1556,10 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     /* all of it is in the response: the buffer takes the next read */
     b->pos = b->start;
     b->last = b->start;
+
+    /* nginx arms the read timer once for the head; a body read here
+       gets it anew for each read, as the input filter's reads do */
+    ngx_add_timer(u->peer.connection->read, u->conf->read_timeout);
 
     return NGX_AGAIN;
 }

@@ -125,6 +125,69 @@ describe('answers and faults', { timeout: 180000 }, () => {
             assert.equal(t.remain_quota, 100000);
         });
 
+    test('held answers: cut on the last channel is JSON 502; slow bodies get the read timeout per read',
+        async () => {
+            const { key } = await makeUserKey(gw);
+            bad.handler = faults['a JSON body cut short'];
+            const alone = await pair(bad.url, { backup: false });
+            const cut = await gw.chat(key, alone.model);
+            assertError(cut, 502, {});
+            assert.match(cut.headers['content-type'], /application\/json/);
+
+            /* five pieces 700 ms apart under a 1500 ms read timeout */
+            bad.handler = async (req, res) => {
+                const body = JSON.stringify(openaiChat({ content: 'slow' }));
+                res.writeHead(200, { 'Content-Type': 'application/json',
+                    'Content-Length': Buffer.byteLength(body) });
+                const step = Math.ceil(body.length / 5);
+                for (let i = 0; i < body.length; i += step) {
+                    res.write(body.slice(i, i + step));
+                    await sleep(700);
+                }
+                res.end();
+            };
+            const slow = await gw.chat(key, alone.model, { timeoutMs: 10000 });
+            assertOk(slow);
+            assert.equal(slow.json.choices[0].message.content, 'slow');
+        });
+
+    test('a body cut on a kept-alive connection goes to the next channel, logged', async () => {
+        let n = 0;
+        bad.handler = (req, res, rec) => {
+            n++;
+            if (n % 2 === 1) {
+                return sendJson(res, 200, openaiChat({ content: 'whole' }));
+            }
+            return faults['a JSON body cut short'](req, res, rec);
+        };
+        const { model, primary, second } = await pair();
+        const { key } = await makeUserKey(gw);
+        /* one connection: the first answer leaves it kept alive */
+        assertOk(await gw.chat(key, model));
+        bad.reset();
+        good.reset();
+        const r = await gw.chat(key, model);
+        assertOk(r);
+        assert.equal(r.json.choices[0].message.content, 'hello from mock');
+        assert.equal(bad.requests.length, 1, 'the cut channel got the request once');
+        assert.deepEqual((await rowOf(r)).channels_tried, [primary.id, second.id]);
+    });
+
+    test('a 204 is no answer; an interim 103 before the answer is skipped', async () => {
+        const { key } = await makeUserKey(gw);
+        bad.handler = (req, res) => { res.writeHead(204); res.end(); };
+        const alone = await pair(bad.url, { backup: false });
+        assertError(await gw.chat(key, alone.model), 502, { code: 'bad_response_body' });
+
+        bad.handler = (req, res) => {
+            res.writeEarlyHints({ link: '</x>; rel=preload' });
+            sendJson(res, 200, openaiChat({ content: 'after hints' }));
+        };
+        const r = await gw.chat(key, alone.model);
+        assertOk(r);
+        assert.equal(r.json.choices[0].message.content, 'after hints');
+    });
+
     test('an upstream error is read whole: one cut short is a transport error', async () => {
         bad.handler = (req, res) => {
             const body = JSON.stringify({ error: { message: 'bad things '.repeat(200),
