@@ -245,7 +245,8 @@ ngx_int_t ngx_llmgw_pg_query(const char *sql, int nparams,
     ngx_llmgw_pg_handler_pt handler, void *data);
 /* One blocking statement at worker exit only, never while serving. */
 ngx_int_t ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
-    const u_char *copy, size_t len);
+    const u_char *copy, size_t len, ngx_llmgw_pg_handler_pt handler,
+    void *data);
 /* A simple-query statement with COPY ... FROM STDIN: copy is its data. */
 ngx_int_t ngx_llmgw_pg_copy(const char *sql, const u_char *copy, size_t len,
     ngx_llmgw_pg_handler_pt handler, void *data);
@@ -337,7 +338,7 @@ ngx_int_t ngx_llmgw_billing_settle(ngx_llmgw_ctx_t *ctx, int64_t quota,
 void ngx_llmgw_billing_written_locked(ngx_llmgw_shm_ctx_t *shm,
     int64_t token_id, int64_t user_id, int64_t quota);
 void ngx_llmgw_billing_learned_locked(ngx_llmgw_shm_ctx_t *shm, int is_user,
-    int64_t id, int64_t balance, ngx_msec_t at);
+    int64_t id, int64_t balance, int64_t rev);
 void ngx_llmgw_billing_stale(int is_user, int64_t id);
 /* Balances a statement answered with ({"tokens": {..}, "users": {..}}). */
 void ngx_llmgw_billing_learn(const char *json, size_t len);

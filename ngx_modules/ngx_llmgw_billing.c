@@ -37,7 +37,7 @@ typedef struct {
     int64_t                    known;
     int64_t                    hold;
     int64_t                    pending;
-    ngx_msec_t                 synced_at;
+    int64_t                    rev;         /* bal_rev of known */
 } ngx_llmgw_bal_t;
 
 
@@ -119,7 +119,7 @@ ngx_llmgw_bal_expire(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t n)
  */
 static ngx_llmgw_bal_t *
 ngx_llmgw_bal_get(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t kind, int64_t id,
-    int64_t balance, ngx_uint_t unlimited, ngx_msec_t loaded_at)
+    int64_t balance, ngx_uint_t unlimited, int64_t rev)
 {
     size_t              size;
     ngx_llmgw_bal_t    *b;
@@ -148,18 +148,23 @@ ngx_llmgw_bal_get(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t kind, int64_t id,
         b->id = id;
         b->known = balance;
         b->unlimited = (u_char) unlimited;
-        b->synced_at = loaded_at;
+        b->rev = rev;
 
         ngx_rbtree_insert(&shm->sh->bal_tree, node);
 
     } else {
         ngx_queue_remove(&b->lru);
 
-        /* a newer reading (or any after an admin change) replaces it */
-        if (b->stale || (ngx_msec_int_t) (loaded_at - b->synced_at) > 0) {
+        /*
+         * A reading of a later revision replaces it (or one of the same
+         * after an admin change).  An earlier one would bring back a
+         * balance from before a write whose charge has already left
+         * pending: it is what overspending is made of.
+         */
+        if (rev > b->rev || (b->stale && rev == b->rev)) {
             b->known = balance;
             b->unlimited = (u_char) unlimited;
-            b->synced_at = loaded_at;
+            b->rev = rev;
             b->stale = 0;
         }
     }
@@ -302,7 +307,6 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     llmgw_verdict_t *v)
 {
     int64_t               avail;
-    ngx_msec_t            at;
     llmgw_token_t        *t;
     ngx_llmgw_bal_t      *tok, *usr;
     ngx_llmgw_hold_t     *h;
@@ -310,7 +314,6 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
 
     shm = ngx_llmgw_shm();
     t = ctx->token;
-    at = (ngx_msec_t) llmgw_token_loaded_at(t);
 
     if (amount < 0) {
         amount = 0;
@@ -320,7 +323,7 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
 
     tok = ngx_llmgw_bal_get(shm, NGX_LLMGW_BAL_TOKEN, ctx->token_id,
                             llmgw_token_remain_quota(t),
-                            llmgw_token_unlimited(t), at);
+                            llmgw_token_unlimited(t), llmgw_token_bal_rev(t));
 
     /* the key's balance is not freed to make room for the user's */
     if (tok) {
@@ -328,7 +331,8 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     }
 
     usr = ngx_llmgw_bal_get(shm, NGX_LLMGW_BAL_USER, ctx->user_id,
-                            llmgw_token_user_quota(t), 0, at);
+                            llmgw_token_user_quota(t), 0,
+                            llmgw_token_user_bal_rev(t));
 
     if (tok) {
         tok->refs--;
@@ -480,16 +484,25 @@ ngx_llmgw_billing_written_locked(ngx_llmgw_shm_ctx_t *shm, int64_t token_id,
 
 void
 ngx_llmgw_billing_learned_locked(ngx_llmgw_shm_ctx_t *shm, int is_user,
-    int64_t id, int64_t balance, ngx_msec_t at)
+    int64_t id, int64_t balance, int64_t rev)
 {
     ngx_llmgw_bal_t  *b;
 
     b = ngx_llmgw_bal_find(shm->sh, is_user ? NGX_LLMGW_BAL_USER
                                             : NGX_LLMGW_BAL_TOKEN, id);
 
-    if (b && (ngx_msec_int_t) (at - b->synced_at) > 0) {
+    if (b == NULL) {
+        return;
+    }
+
+    if (rev < 0) {
+        /* a reading without a revision can only lower the balance: what
+           it says may be older than what is known */
+        b->known = ngx_min(b->known, balance);
+
+    } else if (rev > b->rev) {
         b->known = balance;
-        b->synced_at = at;
+        b->rev = rev;
     }
 }
 
@@ -520,10 +533,9 @@ ngx_llmgw_billing_stale(int is_user, int64_t id)
 
 static void
 ngx_llmgw_billing_learn_one(void *arg, int is_user, int64_t id,
-    int64_t balance)
+    int64_t balance, int64_t rev)
 {
-    ngx_llmgw_billing_learned_locked(arg, is_user, id, balance,
-                                     ngx_current_msec);
+    ngx_llmgw_billing_learned_locked(arg, is_user, id, balance, rev);
 }
 
 

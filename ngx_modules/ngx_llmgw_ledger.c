@@ -36,7 +36,6 @@ static void ngx_llmgw_ledger_free(ngx_llmgw_batch_t *b);
 
 static ngx_event_t             ngx_llmgw_flush_ev;
 static ngx_event_t             ngx_llmgw_flush_next;
-static ngx_msec_t              ngx_llmgw_flush_sent;
 static ngx_llmgw_main_conf_t  *ngx_llmgw_ledger_mcf;
 static ngx_log_t              *ngx_llmgw_ledger_log;
 
@@ -301,7 +300,6 @@ ngx_llmgw_ledger_flush(void)
         return;
     }
 
-    ngx_llmgw_flush_sent = ngx_current_msec;
     sql.data = NULL;
 
     if (b.again) {
@@ -327,10 +325,10 @@ ngx_llmgw_ledger_flush(void)
 
 
 static void
-ngx_llmgw_ledger_balance(void *arg, int is_user, int64_t id, int64_t balance)
+ngx_llmgw_ledger_balance(void *arg, int is_user, int64_t id, int64_t balance,
+    int64_t rev)
 {
-    ngx_llmgw_billing_learned_locked(arg, is_user, id, balance,
-                                     ngx_llmgw_flush_sent);
+    ngx_llmgw_billing_learned_locked(arg, is_user, id, balance, rev);
 }
 
 
@@ -477,13 +475,17 @@ ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle)
             return;
         }
 
+        /* the balances it answers are learned with the batch's end: the
+           charges leave pending as the zone learns them */
         rc = ngx_llmgw_pg_exec_at_exit(LLMGW_FLUSH_AGAIN_SQL, NULL, b.copy,
-                                       b.len);
+                                       b.len, ngx_llmgw_ledger_flushed, NULL);
         ngx_llmgw_ledger_free(&b);
 
-        ngx_shmtx_lock(&shm->shpool->mutex);
-        ngx_llmgw_ledger_done_locked(shm, rc == NGX_OK);
-        ngx_shmtx_unlock(&shm->shpool->mutex);
+        if (rc != NGX_OK) {
+            ngx_shmtx_lock(&shm->shpool->mutex);
+            ngx_llmgw_ledger_done_locked(shm, 0);
+            ngx_shmtx_unlock(&shm->shpool->mutex);
+        }
 
         if (rc != NGX_OK) {
             return;

@@ -240,7 +240,8 @@ ngx_llmgw_pg_enqueue(const char *sql, int nparams, const char *const *params,
  */
 ngx_int_t
 ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
-    const u_char *copy, size_t len)
+    const u_char *copy, size_t len, ngx_llmgw_pg_handler_pt handler,
+    void *data)
 {
     PGconn          *conn;
     PGresult        *res, *next;
@@ -312,6 +313,9 @@ ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
         ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
                       "llmgw: statement failed at exit: %s",
                       res ? PQresultErrorMessage(res) : PQerrorMessage(conn));
+
+    } else if (handler != NULL && PQresultStatus(res) == PGRES_TUPLES_OK) {
+        handler(data, res, NULL);
     }
 
     PQclear(res);

@@ -133,7 +133,7 @@ ngx_llmgw_task_exit_process(ngx_cycle_t *cycle)
     {
         (void) ngx_llmgw_pg_exec_at_exit(
                    "select llmgw_task_release_owner($1)",
-                   (const char *) ngx_llmgw_poll_owner, NULL, 0);
+                   (const char *) ngx_llmgw_poll_owner, NULL, 0, NULL, NULL);
     }
 
     ngx_llmgw_http_exit_process(cycle);

@@ -272,17 +272,22 @@ llmgw_flush_answer(const char *json, size_t len, llmgw_balance_cb cb,
         }
 
         const char *const kinds[] = { "tokens", "users" };
+        const char *const revs[] = { "token_revs", "user_revs" };
 
         for (int is_user = 0; is_user < 2; is_user++) {
             const char  *k;
             json_t      *v;
+            json_t      *rev_of = json_object_get(root.get(), revs[is_user]);
 
             json_object_foreach(json_object_get(root.get(), kinds[is_user]),
                                 k, v)
             {
+                json_t *rev = json_object_get(rev_of, k);
+
                 if (json_is_integer(v)) {
                     cb(arg, is_user, std::strtoll(k, nullptr, 10),
-                       json_integer_value(v));
+                       json_integer_value(v),
+                       json_is_integer(rev) ? json_integer_value(rev) : -1);
                 }
             }
         }

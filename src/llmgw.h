@@ -239,6 +239,9 @@ int64_t llmgw_token_user_quota(const llmgw_token_t *t);
 /* When (a worker's msec clock) the lookup that read the record was sent. */
 void llmgw_token_set_loaded_at(llmgw_token_t *t, uint64_t msec);
 uint64_t llmgw_token_loaded_at(const llmgw_token_t *t);
+/* The revisions of the key's and its user's balances as read. */
+int64_t llmgw_token_bal_rev(const llmgw_token_t *t);
+int64_t llmgw_token_user_bal_rev(const llmgw_token_t *t);
 /* The effective group: the token's, else the user's, else "default". */
 llmgw_str_t llmgw_token_group(const llmgw_token_t *t);
 
@@ -419,11 +422,13 @@ int64_t llmgw_quota(const llmgw_price_t *p, double group_ratio,
 
 /*
  * Reads the answer of llmgw_flush_apply() and llmgw_flush_staged() (also
- * llmgw_flush()): {"inserted": n, "tokens": {"<id>":
- * remain_quota}, "users": {"<id>": quota}} and reports each balance.
+ * llmgw_flush() and the task statements): {"inserted": n, "tokens": {"<id>":
+ * remain_quota}, "users": {"<id>": quota}, "token_revs": {"<id>": bal_rev},
+ * "user_revs": {...}} and reports each balance with its revision (-1 when
+ * the answer has none: sql/015_balance_revisions.sql).
  */
 typedef void (*llmgw_balance_cb)(void *arg, int is_user, int64_t id,
-    int64_t balance);
+    int64_t balance, int64_t rev);
 
 int llmgw_flush_answer(const char *json, size_t len, llmgw_balance_cb cb,
     void *arg);

@@ -20,6 +20,8 @@ struct llmgw_token_s {
     int64_t                          remain_quota = 0;
     int64_t                          user_quota = 0;
     uint64_t                         loaded_at = 0;
+    int64_t                          bal_rev = 0;
+    int64_t                          user_bal_rev = 0;
     bool                             unlimited = false;
     bool                             all_models = true;
     std::unordered_set<std::string>  models;
@@ -52,6 +54,8 @@ llmgw_token_parse(const char *json, size_t len)
         t->remain_quota = json_int(j, "remain_quota", 0);
         t->unlimited = json_is_true(json_object_get(j, "unlimited_quota"));
         t->user_quota = json_int(user, "quota", 0);
+        t->bal_rev = json_int(j, "bal_rev", 0);
+        t->user_bal_rev = json_int(user, "bal_rev", 0);
 
         json_t *models = json_object_get(j, "models");
 
@@ -160,6 +164,20 @@ extern "C" void
 llmgw_token_set_loaded_at(llmgw_token_t *t, uint64_t msec)
 {
     t->loaded_at = msec;
+}
+
+
+extern "C" int64_t
+llmgw_token_bal_rev(const llmgw_token_t *t)
+{
+    return t->bal_rev;
+}
+
+
+extern "C" int64_t
+llmgw_token_user_bal_rev(const llmgw_token_t *t)
+{
+    return t->user_bal_rev;
 }
 
 

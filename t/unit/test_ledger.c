@@ -188,12 +188,65 @@ test_flush_new_sql_sums_charges_per_id(void **state)
 }
 
 
+typedef struct {
+    int      n;
+    int      is_user[8];
+    int64_t  id[8], balance[8], rev[8];
+} seen_t;
+
+
+static void
+seen(void *arg, int is_user, int64_t id, int64_t balance, int64_t rev)
+{
+    seen_t *s = arg;
+
+    if (s->n < 8) {
+        s->is_user[s->n] = is_user;
+        s->id[s->n] = id;
+        s->balance[s->n] = balance;
+        s->rev[s->n] = rev;
+        s->n++;
+    }
+}
+
+
+/* Balances come with their revisions; an answer without them says -1. */
+static void
+test_flush_answer_reports_balances_with_revisions(void **state)
+{
+    static const char with[] = "{\"inserted\":3,\"tokens\":{\"7\":470},"
+        "\"users\":{\"2\":970},\"token_revs\":{\"7\":12},"
+        "\"user_revs\":{\"2\":5}}";
+    static const char without[] = "{\"tokens\":{\"7\":400},\"users\":{}}";
+    seen_t s = { 0 };
+    (void) state;
+
+    assert_int_equal(llmgw_flush_answer(with, strlen(with), seen, &s), 0);
+    assert_int_equal(s.n, 2);
+    assert_int_equal(s.is_user[0], 0);
+    assert_int_equal(s.id[0], 7);
+    assert_int_equal(s.balance[0], 470);
+    assert_int_equal(s.rev[0], 12);
+    assert_int_equal(s.is_user[1], 1);
+    assert_int_equal(s.balance[1], 970);
+    assert_int_equal(s.rev[1], 5);
+
+    s.n = 0;
+    assert_int_equal(llmgw_flush_answer(without, strlen(without), seen, &s),
+                     0);
+    assert_int_equal(s.n, 1);
+    assert_int_equal(s.balance[0], 400);
+    assert_int_equal(s.rev[0], -1);
+}
+
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ledger_columns_name_every_field_in_order),
         cmocka_unit_test(test_ledger_row_values),
+        cmocka_unit_test(test_flush_answer_reports_balances_with_revisions),
         cmocka_unit_test(test_ledger_row_without_a_channel),
         cmocka_unit_test(test_ledger_row_keeps_large_ids_exact),
         cmocka_unit_test(test_ledger_row_text_is_escaped),

@@ -1,0 +1,98 @@
+// A node's view of a key's balance follows the database's order of writes:
+// a key lookup that read the balance before a ledger write committed must
+// not bring back a balance from before that write once the write's charge
+// has left what the node holds as pending (that overspends the key).
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertOk, createDb, dropDb, makeChannel, makeUserKey, psql, settle, sleep,
+    startGateway, stopAll, uniq,
+} from '../lib/harness.mjs';
+import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
+
+describe('balances in the shared zone', { timeout: 120000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-bal');
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock((req, res) => sendJson(res, 200, openaiChat({
+            usage: { prompt_tokens: 25, completion_tokens: 25 } })));
+        gw = await startGateway({
+            db, workers: 1,
+            http: 'llmgw_flush_interval 1s; llmgw_key_cache_ttl 3s;',
+        });
+        await makeChannel(gw, { base_url: mock.url, models: [M], free: false });
+        assertOk(await gw.admin('PUT', '/api/pricing', { [M]: { ratio: 1, completion_ratio: 1 } }));
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await mock?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('a lookup that read the balance before a ledger write does not undo the write', async () => {
+        const { key, token } = await makeUserKey(gw, {},
+            { unlimited_quota: false, remain_quota: 1100 });
+        const small = { extra: { max_tokens: 40 } };
+        const dbRemain = async () => Number(await psql(db.conninfo,
+            `select remain_quota from tokens where id = ${token.id}`));
+        /* what the node lets the key spend, from its refusal of a huge request */
+        const avail = async () => {
+            const r = await gw.chat(key, M, { extra: { max_tokens: 1e8 } });
+            assert.equal(r.status, 403, r.text);
+            return Number(/remaining quota \((-?\d+)\)/.exec(r.text)[1]);
+        };
+
+        /* the next ledger write sleeps 4 s inside PostgreSQL */
+        await psql(db.conninfo, `
+            CREATE TABLE slow_flush (x int); INSERT INTO slow_flush VALUES (1);
+            CREATE FUNCTION slow_flush_t() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM slow_flush) THEN
+                    DELETE FROM slow_flush; PERFORM pg_sleep(4);
+                END IF;
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER slow_flush_t AFTER INSERT ON logs
+                FOR EACH STATEMENT EXECUTE FUNCTION slow_flush_t();`);
+        const sleeping = async () => Number(await psql(db.conninfo,
+            "select count(*) from pg_stat_activity where datname = current_database() " +
+            "and wait_event = 'PgSleep'")) > 0;
+
+        const t0 = Date.now();
+        for (let i = 0; i < 20; i++) {
+            assertOk(await gw.chat(key, M, small));    /* 20 x 50 = 1000 */
+        }
+        for (let i = 0; i < 100 && !(await sleeping()); i++) {
+            await sleep(50);
+        }
+        assert.ok(await sleeping(), 'the ledger write is under way');
+
+        /* the cached key is older than its ttl: this reads it again, from
+           before the write commits */
+        await sleep(Math.max(0, t0 + 3300 - Date.now()));
+        await avail();
+        for (let i = 0; i < 200 && (await sleeping()); i++) {
+            await sleep(50);
+        }
+
+        const d = await dbRemain();
+        assert.equal(d, 100);
+        const a = await avail();
+        assert.ok(a <= d, `the node lets the key spend ${a}, the database holds ${d}`);
+
+        /* and a burst can spend no more than there is */
+        const rs = await Promise.all(Array.from({ length: 10 }, () => gw.chat(key, M, small)));
+        assert.ok(rs.filter((r) => r.status === 200).length <= 2);
+        await sleep(2500);
+        assert.ok(await dbRemain() >= 0, 'never below 0');
+    });
+});
