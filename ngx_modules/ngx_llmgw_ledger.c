@@ -444,6 +444,7 @@ void
 ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle)
 {
     ngx_int_t             rc;
+    ngx_uint_t            left;
     ngx_llmgw_batch_t     b;
     ngx_llmgw_shm_ctx_t  *shm;
 
@@ -484,10 +485,15 @@ ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle)
         if (rc != NGX_OK) {
             ngx_shmtx_lock(&shm->shpool->mutex);
             ngx_llmgw_ledger_done_locked(shm, 0);
+            left = shm->sh->ledger_rows;
             ngx_shmtx_unlock(&shm->shpool->mutex);
-        }
 
-        if (rc != NGX_OK) {
+            /* said loudly: when this is the last process, they are lost */
+            ngx_log_error(NGX_LOG_CRIT, cycle->log, 0,
+                          "llmgw: %ui ledger rows left queued at exit, the "
+                          "database did not take them: a worker still "
+                          "running writes them, else they are lost with the "
+                          "zone", left);
             return;
         }
     }

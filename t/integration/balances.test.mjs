@@ -7,8 +7,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertOk, createDb, dropDb, makeChannel, makeUserKey, psql, settle, sleep,
-    startGateway, stopAll, uniq,
+    assertOk, conninfoFor, createDb, dropDb, makeChannel, makeUserKey, psql,
+    settle, sleep, startGateway, stopAll, uniq,
 } from '../lib/harness.mjs';
 import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
 
@@ -94,5 +94,23 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
         assert.ok(rs.filter((r) => r.status === 200).length <= 2);
         await sleep(2500);
         assert.ok(await dbRemain() >= 0, 'never below 0');
+    });
+
+    test('rows a stopping worker cannot write are said so', async () => {
+        const { key } = await makeUserKey(gw);
+        assertOk(await gw.chat(key, M));    /* the key is cached */
+        const admin = conninfoFor('postgres');
+        await psql(admin, `ALTER DATABASE ${db.name} ALLOW_CONNECTIONS false`);
+        try {
+            await psql(admin, 'select pg_terminate_backend(pid) from pg_stat_activity ' +
+                `where datname = '${db.name}'`);
+            for (let i = 0; i < 3; i++) {
+                assertOk(await gw.chat(key, M));
+            }
+            await gw.stop();
+            assert.match(gw.errorLog(), /\[crit\].*ledger rows left queued at exit/);
+        } finally {
+            await psql(admin, `ALTER DATABASE ${db.name} ALLOW_CONNECTIONS true`);
+        }
     });
 });
