@@ -21,12 +21,17 @@ struct ngx_llmgw_snap_holder_s {
 };
 
 
+/* A key lookup that fails sooner than this is sent once more. */
+#define NGX_LLMGW_LOOKUP_AGAIN_MS  1000
+
+
 typedef struct {
     ngx_http_request_t            *request;
     ngx_llmgw_token_handler_pt     handler;
     char                           hash[65];
     ngx_uint_t                     epoch;
     ngx_msec_t                     sent;
+    ngx_uint_t                     again;   /* sent a second time */
 } ngx_llmgw_lookup_t;
 
 
@@ -48,6 +53,7 @@ static void ngx_llmgw_cache_unloaded(ngx_event_t *ev);
 static void ngx_llmgw_cache_run_waiters(ngx_uint_t done, ngx_uint_t all);
 static void ngx_llmgw_cache_rev_checked(void *data, PGresult *res,
     const char *err);
+static ngx_int_t ngx_llmgw_cache_lookup(ngx_llmgw_lookup_t *lk);
 static void ngx_llmgw_cache_token_found(void *data, PGresult *res,
     const char *err);
 static void ngx_llmgw_cache_invalidate_all(void);
@@ -179,7 +185,6 @@ ngx_int_t
 ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
     llmgw_token_t **t, ngx_llmgw_token_handler_pt handler)
 {
-    const char          *params[1];
     ngx_llmgw_lookup_t  *lk;
 
     if (llmgw_tcache_get(ngx_llmgw_tcache, hash, t)) {
@@ -206,18 +211,22 @@ ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
     lk->handler = handler;
     lk->epoch = ngx_llmgw_epoch;
     lk->sent = ngx_current_msec;
+    lk->again = 0;
     ngx_memcpy(lk->hash, hash, 65);
+
+    return ngx_llmgw_cache_lookup(lk) == NGX_OK ? NGX_AGAIN : NGX_ERROR;
+}
+
+
+static ngx_int_t
+ngx_llmgw_cache_lookup(ngx_llmgw_lookup_t *lk)
+{
+    const char  *params[1];
 
     params[0] = lk->hash;
 
-    if (ngx_llmgw_pg_query("select llmgw_token_lookup($1)::text", 1, params,
-                           NULL, ngx_llmgw_cache_token_found, lk)
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    return NGX_AGAIN;
+    return ngx_llmgw_pg_query("select llmgw_token_lookup($1)::text", 1,
+                              params, NULL, ngx_llmgw_cache_token_found, lk);
 }
 
 
@@ -233,6 +242,21 @@ ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
     r = lk->request;
     c = r->connection;
     t = NULL;
+
+    /*
+     * A read that failed fast failed on its connection (one the server
+     * had just ended, say), not on the database: it is sent once more,
+     * on another.  One that ran into llmgw_pg_timeout is not.
+     */
+    if (err != NULL && !lk->again
+        && ngx_current_msec - lk->sent < NGX_LLMGW_LOOKUP_AGAIN_MS)
+    {
+        lk->again = 1;
+
+        if (ngx_llmgw_cache_lookup(lk) == NGX_OK) {
+            return;
+        }
+    }
 
     if (err == NULL && !PQgetisnull(res, 0, 0)) {
         t = llmgw_token_parse(PQgetvalue(res, 0, 0), PQgetlength(res, 0, 0));

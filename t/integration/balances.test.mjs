@@ -96,6 +96,15 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
         assert.ok(await dbRemain() >= 0, 'never below 0');
     });
 
+    test('a key lookup sent on a connection the server just ended is sent again', async () => {
+        for (let i = 0; i < 5; i++) {
+            const { key } = await makeUserKey(gw);
+            await psql(conninfoFor('postgres'), 'select pg_terminate_backend(pid) ' +
+                `from pg_stat_activity where datname = '${db.name}'`);
+            assertOk(await gw.chat(key, M), `try ${i}`);
+        }
+    });
+
     test('rows a stopping worker cannot write are said so', async () => {
         const { key } = await makeUserKey(gw);
         assertOk(await gw.chat(key, M));    /* the key is cached */
