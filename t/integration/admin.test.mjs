@@ -5,9 +5,9 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel,
-    makeKey, makeUser, makeUserKey, rawHttp, settle, startGateway, stopAll, times,
-    uniq, PROPAGATION_MS,
+    assertError, assertOk, createDb, eventually, hex, makeChannel, makeKey,
+    makeUser, makeUserKey, rawHttp, settle, startGateway, tearDown, times, uniq,
+    PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -26,14 +26,7 @@ describe('admin API', { timeout: 180000 }, () => {
         await settle();
     });
 
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await mock?.close();
-            await dropDb(db);
-        }
-    });
+    after(() => tearDown(db, [gw], [mock]));
 
     /*
      * 16 requests on separate connections, after the change had its 1 s:

@@ -10,8 +10,8 @@ import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, idList, makeChannel, makeUserKey,
-    sleep, sseEvents, startGateway, stopAll, uniq, waitLogs,
+    assertError, assertOk, createDb, idList, makeChannel, makeUserKey, sleep,
+    sseEvents, startGateway, tearDown, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
     anthropicStream, hang, openaiChat, sendJson, startMock,
@@ -36,17 +36,11 @@ describe('answers and faults', { timeout: 180000 }, () => {
     });
 
     after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            for (const s of sockets) {
-                s.destroy();
-            }
-            silent?.close();
-            await bad?.close();
-            await good?.close();
-            await dropDb(db);
+        for (const s of sockets) {
+            s.destroy();
         }
+        silent?.close();
+        await tearDown(db, [gw], [bad, good]);
     });
 
     /* A model on the faulty mock (priority 10) with a good backup. */

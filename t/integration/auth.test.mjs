@@ -5,9 +5,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel,
-    makeKey, makeUser, makeUserKey, settle, startGateway, stopAll, uniq,
-    PROPAGATION_MS,
+    assertError, assertOk, createDb, eventually, hex, makeChannel, makeKey,
+    makeUser, makeUserKey, settle, startGateway, tearDown, uniq, PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -60,14 +59,7 @@ describe('authentication', { timeout: 180000 }, () => {
         await settle();
     });
 
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await mock?.close();
-            await dropDb(db);
-        }
-    });
+    after(() => tearDown(db, [gw], [mock]));
 
     /* k.ok is unlimited with remain_quota 0: unlimited wins. */
     test('a valid key is accepted with and without the sk- prefix', async () => {

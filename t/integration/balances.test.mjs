@@ -7,8 +7,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertOk, conninfoFor, createDb, dropDb, makeChannel, makeUserKey, psql,
-    settle, sleep, startGateway, stopAll, uniq,
+    assertOk, conninfoFor, createDb, makeChannel, makeUserKey, psql,
+    settle, sleep, startGateway, tearDown, uniq,
 } from '../lib/harness.mjs';
 import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
 
@@ -29,14 +29,7 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
         await settle();
     });
 
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await mock?.close();
-            await dropDb(db);
-        }
-    });
+    after(() => tearDown(db, [gw], [mock]));
 
     test('a lookup that read the balance before a ledger write does not undo the write', async () => {
         const { key, token } = await makeUserKey(gw, {},

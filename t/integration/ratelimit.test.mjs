@@ -5,8 +5,8 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, settle,
-    startGateway, stopAll, times, uniq,
+    assertError, assertOk, createDb, makeChannel, makeUserKey, settle,
+    startGateway, tearDown, times, uniq,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -39,14 +39,7 @@ describe('rate limits', { timeout: 180000 }, () => {
         await settle();
     });
 
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await mock?.close();
-            await dropDb(db);
-        }
-    });
+    after(() => tearDown(db, [gw], [mock]));
 
     function assertLimited(r, re) {
         const e = assertError(r, 429, { code: 'rate_limit_exceeded', message: re });

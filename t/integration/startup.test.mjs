@@ -6,8 +6,8 @@ import { spawn } from 'node:child_process';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertOk, createDb, dropDb, makeChannel, makeUserKey, psql,
-    settle, sleep, startGateway, stopAll, uniq,
+    assertOk, createDb, makeChannel, makeUserKey, psql,
+    settle, sleep, startGateway, tearDown, uniq,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -23,14 +23,7 @@ describe('a new worker and its first configuration', { timeout: 120000 }, () => 
         await settle();
     });
 
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await mock?.close();
-            await dropDb(db);
-        }
-    });
+    after(() => tearDown(db, [gw], [mock]));
 
     test('requests during a slow first load wait for it, then are served', async () => {
         const { key } = await makeUserKey(gw);

@@ -21,8 +21,8 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertOk, createDb, dropDb, psql, sleep, startGateway, stopAll, times,
-    uniq,
+    assertOk, createDb, dropDb, psql, sleep, startGateway, stopAll, tearDown,
+    times, uniq,
 } from '../lib/harness.mjs';
 import {
     account, expectUsed, gate, getTask, ledgerRows, mapLimit, pidOwningPort,
@@ -57,14 +57,7 @@ describe('poll classification', { timeout: 300000 }, () => {
         };
     });
 
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await vendor?.close();
-            await dropDb(db);
-        }
-    });
+    after(() => tearDown(db, [gw], [vendor]));
 
     /* Extra fields of the submit answer, by upstream id. */
     const submitExtra = new Map();

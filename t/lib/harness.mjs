@@ -786,6 +786,21 @@ export async function stopAll(...gws) {
     }
 }
 
+/*
+ * The usual after(): stops the gateways (their logs checked), then closes
+ * the mock vendors and drops the database, whatever failed before.
+ */
+export async function tearDown(db, gws = [], mocks = []) {
+    try {
+        await stopAll(...gws);
+    } finally {
+        for (const m of mocks) {
+            await m?.close();
+        }
+        await dropDb(db);
+    }
+}
+
 /* ------------------------------------------------------------------ */
 /* admin helpers                                                       */
 /* ------------------------------------------------------------------ */
