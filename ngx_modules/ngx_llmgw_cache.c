@@ -21,7 +21,10 @@ struct ngx_llmgw_snap_holder_s {
 };
 
 
-/* A key lookup that fails sooner than this is sent once more. */
+/*
+ * A key lookup that fails sooner than this is sent again, up to once per
+ * pooled connection.
+ */
 #define NGX_LLMGW_LOOKUP_AGAIN_MS  1000
 
 
@@ -31,7 +34,7 @@ typedef struct {
     char                           hash[65];
     ngx_uint_t                     epoch;
     ngx_msec_t                     sent;
-    ngx_uint_t                     again;   /* sent a second time */
+    ngx_uint_t                     again;   /* times sent again */
 } ngx_llmgw_lookup_t;
 
 
@@ -245,13 +248,15 @@ ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
 
     /*
      * A read that failed fast failed on its connection (one the server
-     * had just ended, say), not on the database: it is sent once more,
-     * on another.  One that ran into llmgw_pg_timeout is not.
+     * had just ended, say), not on the database: it is sent again.  When
+     * the server ended them all, each pooled connection can fail one try
+     * before the next goes out on a new one.  A read that ran into
+     * llmgw_pg_timeout is not sent again.
      */
-    if (err != NULL && !lk->again
+    if (err != NULL && lk->again < ngx_llmgw_cache_mcf->pg_pool_size
         && ngx_current_msec - lk->sent < NGX_LLMGW_LOOKUP_AGAIN_MS)
     {
-        lk->again = 1;
+        lk->again++;
 
         if (ngx_llmgw_cache_lookup(lk) == NGX_OK) {
             return;
