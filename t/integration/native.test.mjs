@@ -9,12 +9,13 @@
 
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
+import http2 from 'node:http2';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, hex, makeChannel, makeUserKey,
-    settle, sseEvents, startGateway, stopAll, uniq, waitLogs,
+    freePort, settle, sseEvents, startGateway, stopAll, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
     anthropicError, anthropicMessage, anthropicStream, echo, openaiChat,
@@ -181,6 +182,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         viaOpenai: uniq('msg-via-openai'),
     };
     const last = (mock) => mock.requests[mock.requests.length - 1];
+    let h2port;
 
     before(async () => {
         db = await createDb();
@@ -193,9 +195,11 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         an = await startMock();
         oa = await startMock();
         const closed = await startClosedPort();
+        h2port = await freePort();
         gw = await startGateway({
             db, http: `log_format keys '"$request" $request_uri $args $arg_key';`,
-            server: 'access_log keys.log keys;',
+            /* HTTP/2 without TLS (prior knowledge) on a second port */
+            server: `listen 127.0.0.1:${h2port} http2; access_log keys.log keys;`,
         });
         await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.tts, M.viaGemini] });
         /* a refused first try puts the request line into the error log */
@@ -336,6 +340,44 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.ok(lines[3].includes(`?key=${'*'.repeat(wrong.length)} HTTP/1.1"`), lines[3]);
             assert.ok(lines[4].startsWith(`"GET /v1beta/models?key=${stars} `), lines[4]);
             assert.ok(errors.includes(`request: "POST ${p}:generateContent?key=${stars} HTTP/1.1"`),
+                'the error log names the request, masked');
+        });
+
+        test('over HTTP/2 a ?key= works and shows masked in the access and error logs', async () => {
+            const p = `/v1beta/models/${M.keylog}:generateContent`;
+            const stars = '*'.repeat(key.length);
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
+            const session = http2.connect(`http://127.0.0.1:${h2port}`);
+            try {
+                const post = (query) => new Promise((resolve, reject) => {
+                    const s = session.request({
+                        ':method': 'POST', ':path': `${p}?${query}`,
+                        'content-type': 'application/json',
+                    });
+                    let status = 0;
+                    let text = '';
+                    s.setEncoding('utf8');
+                    s.on('response', (h) => { status = h[':status']; });
+                    s.on('data', (d) => { text += d; });
+                    s.on('end', () => resolve({ status, text }));
+                    s.on('error', reject);
+                    s.end(ttsBody('h2'));
+                });
+                const r = await post(`h2=1&key=${key}`);
+                assert.equal(r.status, 200, r.text);
+                assert.ok(JSON.parse(r.text).candidates);
+            } finally {
+                session.close();
+            }
+            assert.equal(last(gm).headers['x-goog-api-key'], gmKey);
+            assert.ok(!last(gm).path.includes(key.slice(3)));
+
+            const access = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+            assert.ok(!access.includes(key.slice(3)), `access log:\n${access}`);
+            assert.ok(!gw.errorLog().includes(key.slice(3)), 'the error log holds a key');
+            const q = `h2=1&key=${stars}`;
+            assert.ok(access.includes(`"POST ${p}?${q} HTTP/2.0" ${p}?${q} ${q} ${stars}`), access);
+            assert.ok(gw.errorLog().includes(`request: "POST ${p}?${q} HTTP/2.0"`),
                 'the error log names the request, masked');
         });
 
