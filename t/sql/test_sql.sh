@@ -1152,6 +1152,41 @@ expect_err "but not refilled" 400 invalid_request "task plugin $PV is not instal
 api PATCH /channel/999999999 '' '{"type":61}'
 expect_err "PATCH of an unknown channel" 404 not_found "channel 999999999 not found"
 
+echo "== upgrade: 014 trims channel keys stored before it"
+# A scratch database migrated to 013 only (a copy of migrate.sh next to the
+# first 13 files), a channel stored with a padded key, then the real
+# migrate.sh: the key comes out trimmed and the change is announced.
+UPDB=llmgw_upgrade_$RUN
+UPDIR=$(mktemp -d)
+if sql "CREATE DATABASE $UPDB" >/dev/null; then
+    UPCONN="$CONN dbname=$UPDB"
+    cp "$ROOT/sql/migrate.sh" "$UPDIR/"
+    for f in "$ROOT"/sql/0[0-9][0-9]_*.sql; do
+        case ${f##*/} in 01[4-9]_*|0[2-9]*) ;; *) cp "$f" "$UPDIR/" ;; esac
+    done
+    if sh "$UPDIR/migrate.sh" "$UPCONN" >/dev/null 2>&1; then
+        ok
+    else
+        bad "migrating a scratch database to 013"
+    fi
+    up_id=$(psql "$UPCONN" -X -At -q -v ON_ERROR_STOP=1 -c \
+        "SELECT (llmgw_api('POST', '/channel', '', json_build_object('type', 1,
+            'base_url', 'https://api.example.com', 'models', json_build_array('m'),
+            'key', E'  sk-padded\\n')::text)::jsonb -> 'body' ->> 'id')")
+    expect_eq "the key is stored padded before 014" \
+        "$(psql "$UPCONN" -X -At -c "SELECT key = E'  sk-padded\\n' FROM channels WHERE id = $up_id")" t
+    rev0=$(psql "$UPCONN" -X -At -c "SELECT rev FROM config_revision WHERE id = 1")
+    if sh "$ROOT/sql/migrate.sh" "$UPCONN" >/dev/null 2>&1; then ok; else bad "migrating 013 -> latest"; fi
+    expect_eq "the stored key is trimmed by 014" \
+        "$(psql "$UPCONN" -X -At -c "SELECT key FROM channels WHERE id = $up_id")" sk-padded
+    expect_eq "and the change is announced (config revision)" \
+        "$(psql "$UPCONN" -X -At -c "SELECT rev > $rev0 FROM config_revision WHERE id = 1")" t
+    sql "DROP DATABASE $UPDB" >/dev/null || bad "dropping $UPDB"
+else
+    bad "creating $UPDB"
+fi
+rm -rf "$UPDIR"
+
 echo
 echo "test_sql: $PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
