@@ -346,7 +346,6 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
     }
 
     if (ngx_llmgw_route(r, ctx, &v) != NGX_OK
-        || llmgw_req_check(ctx->req, ctx->channels[0]->type, &v) != 0
         || ngx_llmgw_price(r, ctx, &v) != NGX_OK)
     {
         ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
@@ -529,10 +528,15 @@ ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ctx->nchannels = llmgw_route(ctx->snapshot, ctx->endpoint.ep,
         (llmgw_str_t) { (char *) ctx->model.data, ctx->model.len },
         (llmgw_str_t) { (char *) ctx->group.data, ctx->group.len },
-        seed, ctx->channels, lcf->max_tries, &incompatible);
+        seed, ctx->channels, lcf->max_tries, &incompatible, ctx->req, v);
 
     if (ctx->nchannels > 0) {
         return NGX_OK;
+    }
+
+    /* served, but no channel's format can carry this request */
+    if (v->status != 0) {
+        return NGX_DECLINED;
     }
 
     if (incompatible > 0) {

@@ -559,6 +559,10 @@ ngx_llmgw_peer_get(ngx_peer_connection_t *pc, void *data)
     pc->cached = 0;
     pc->connection = NULL;
 
+    /* an earlier try's head is not the answer any more: should this try
+       fail here, nginx's own error is put in the contract */
+    ctx->upstream_header = 0;
+
     /*
      * nginx adds a try when a kept-alive connection failed (the channel may
      * simply have closed it): that try goes to the same channel, afresh.

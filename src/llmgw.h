@@ -49,6 +49,9 @@ void llmgw_verdict_set(llmgw_verdict_t *v, int status, const char *type,
     const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* A client request, parsed (request.cpp). */
+typedef struct llmgw_req_s  llmgw_req_t;
+
 
 /* ---- error contract (errors.cpp) ---- */
 
@@ -183,10 +186,14 @@ void llmgw_snapshot_rate_limit(const llmgw_snapshot_t *s, llmgw_str_t group,
  * channels serving the model for the group, highest priority first,
  * weighted random inside a priority (seeded).  Only channels that can serve
  * the endpoint are returned; *incompatible counts those left out for that.
+ * With req, only channels whose format can carry that request (see
+ * llmgw_req_check) are returned; when that leaves none, *unfit holds the
+ * refusal of the first one left out (unfit->status is 0 otherwise).
  */
 size_t llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep,
     llmgw_str_t model, llmgw_str_t group, uint64_t seed,
-    const llmgw_channel_t **out, size_t max, size_t *incompatible);
+    const llmgw_channel_t **out, size_t max, size_t *incompatible,
+    const llmgw_req_t *req, llmgw_verdict_t *unfit);
 
 /* A model's price: per token (ratios) or per call (USD). */
 typedef struct {
@@ -307,7 +314,7 @@ int llmgw_notice_parse(const char *json, size_t len, llmgw_notice_t *n);
 
 /* ---- client requests (request.cpp) ---- */
 
-typedef struct llmgw_req_s  llmgw_req_t;
+/* llmgw_req_t is declared at the top: routing reads it too */
 
 /*
  * Parses and validates a request body for an endpoint (the body must stay

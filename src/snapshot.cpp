@@ -385,6 +385,56 @@ try_order(std::vector<Channel *> &cand, uint64_t seed,
     return n;
 }
 
+
+/*
+ * Leaves out the candidates whose format cannot carry the request (a
+ * converted request holding a part the other format has no place for).
+ * Each channel type is checked once.  When none is left, *unfit holds the
+ * refusal for the one of the highest priority.
+ */
+void
+keep_fit(std::vector<Channel *> &cand, const llmgw_req_t *req,
+    llmgw_verdict_t *unfit)
+{
+    std::vector<std::pair<int, bool>> checked;
+    std::vector<Channel *> fit;
+    llmgw_verdict_t v;
+
+    /* the first unfit one met is then of the highest priority */
+    std::stable_sort(cand.begin(), cand.end(),
+                     [](const Channel *a, const Channel *b) {
+                         return a->pub.priority > b->pub.priority;
+                     });
+
+    for (Channel *c : cand) {
+        auto tc = std::find_if(checked.begin(), checked.end(),
+                               [c](const std::pair<int, bool> &p) {
+                                   return p.first == c->pub.type;
+                               });
+
+        if (tc == checked.end()) {
+            v.status = 0;
+            bool ok = llmgw_req_check(req, c->pub.type, &v) == 0;
+
+            if (!ok && unfit != nullptr && unfit->status == 0) {
+                *unfit = v;
+            }
+
+            tc = checked.insert(checked.end(), { c->pub.type, ok });
+        }
+
+        if (tc->second) {
+            fit.push_back(c);
+        }
+    }
+
+    cand.swap(fit);
+
+    if (!cand.empty() && unfit != nullptr) {
+        unfit->status = 0;
+    }
+}
+
 } /* namespace */
 
 
@@ -560,9 +610,14 @@ llmgw_snapshot_rate_limit(const llmgw_snapshot_t *s, llmgw_str_t group,
 extern "C" size_t
 llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep, llmgw_str_t model,
     llmgw_str_t group, uint64_t seed, const llmgw_channel_t **out,
-    size_t max, size_t *incompatible)
+    size_t max, size_t *incompatible, const llmgw_req_t *req,
+    llmgw_verdict_t *unfit)
 {
     *incompatible = 0;
+
+    if (unfit != nullptr) {
+        unfit->status = 0;
+    }
 
     auto it = s->by_model.find(std::string(sv(model)));
 
@@ -582,6 +637,10 @@ llmgw_route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep, llmgw_str_t model,
             continue;
         }
         cand.push_back(c);
+    }
+
+    if (req != nullptr && !cand.empty()) {
+        keep_fit(cand, req, unfit);
     }
 
     return try_order(cand, seed, out, max);

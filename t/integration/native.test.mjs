@@ -180,6 +180,8 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         cohere: uniq('rerank-co'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
         viaClaude: uniq('chat-via-claude'), viaGemini: uniq('chat-via-gemini'),
         viaOpenai: uniq('msg-via-openai'),
+        /* an OpenAI channel first, an Anthropic one after it */
+        mix: uniq('mixed'),
     };
     const last = (mock) => mock.requests[mock.requests.length - 1];
     let h2port;
@@ -224,6 +226,8 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             model_mapping: { [M.viaClaude]: 'claude-real-1' },
         });
         await makeChannel(gw, { type: 1, base_url: oa.url, key: oaKey, models: [M.viaOpenai] });
+        await makeChannel(gw, { type: 1, base_url: oa.url, key: oaKey, models: [M.mix], priority: 10 });
+        await makeChannel(gw, { type: 14, base_url: an.url, key: anKey, models: [M.mix] });
         ({ key, token } = await makeUserKey(gw));
         await settle();
     });
@@ -1021,6 +1025,50 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal(r.json.type, 'error', r.text);
             assert.equal(typeof r.json.error.type, 'string', r.text);
             assert.ok(r.json.error.message.includes("Invalid value for 'temperature'"), r.text);
+        });
+
+        /* -------- channels whose format cannot carry the request -------- */
+
+        const audioPart = { type: 'input_audio', input_audio: { data: 'UklGRg==', format: 'wav' } };
+
+        test('a part no channel format can carry: 400 invalid_request naming it; nothing sent', async () => {
+            const n = an.requests.length;
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: { model: M.viaClaude, messages: [{ role: 'user', content: [audioPart] }] },
+            });
+            assertError(r, 400, { code: 'invalid_request' });
+            assert.match(r.json.error.message, /input_audio/);
+            assert.equal(an.requests.length, n, 'the upstream was not called');
+        });
+
+        test('a channel that cannot carry the request is left out of the tries', async () => {
+            /* the OpenAI channel fails; the Anthropic one cannot take audio:
+               the OpenAI channel's error is the answer, as JSON */
+            oa.handler = (req, res) => openaiError(res, 503, 'overloaded');
+            const n = an.requests.length;
+            for (const stream of [false, true]) {
+                const r = await gw.req('POST', '/v1/chat/completions', {
+                    key, body: { model: M.mix, stream, messages: [{ role: 'user', content: [audioPart] }] },
+                });
+                assertError(r, 503, { type: 'upstream_error' });
+                assert.match(r.json.error.message, /overloaded/);
+            }
+            assert.equal(an.requests.length, n, 'the Anthropic channel was not called');
+
+            /* an Anthropic server tool: only the Anthropic channel can take
+               it, though the OpenAI one comes first */
+            an.handler = (req, res) => sendJson(res, 200, anthropicMessage({ content: 'searched' }));
+            const m = oa.requests.length;
+            const r = await gw.req('POST', '/v1/messages', {
+                key, body: {
+                    model: M.mix, max_tokens: 32, messages: [{ role: 'user', content: 'news?' }],
+                    tools: [{ type: 'web_search_20250305', name: 'web_search', max_uses: 1 }],
+                },
+            });
+            assertOk(r);
+            assert.equal(r.json.content[0].text, 'searched');
+            assert.equal(oa.requests.length, m, 'the OpenAI channel was not called');
+            assert.equal(last(an).json.tools[0].type, 'web_search_20250305');
         });
 
         test('500 convert_request_failed: a chat or messages call for a rerank-only model', async () => {

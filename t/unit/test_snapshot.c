@@ -62,7 +62,7 @@ route(const llmgw_snapshot_t *s, llmgw_endpoint_e ep, const char *model,
     size_t *incompatible)
 {
     return llmgw_route(s, ep, S(model), S(group), seed, out, MAXC,
-                       incompatible);
+                       incompatible, NULL, NULL);
 }
 
 
@@ -659,13 +659,13 @@ test_route_max_bounds_the_output(void **state)
 
     out[2] = NULL;
     assert_int_equal(llmgw_route(s, LLMGW_EP_CHAT, S("m"), S("default"), 1,
-                                 out, 2, &inc), 2);
+                                 out, 2, &inc, NULL, NULL), 2);
     assert_int_equal(out[0]->id, 1);
     assert_int_equal(out[1]->id, 2);
     assert_null(out[2]);
 
     assert_int_equal(llmgw_route(s, LLMGW_EP_CHAT, S("m"), S("default"), 1,
-                                 out, 0, &inc), 0);
+                                 out, 0, &inc, NULL, NULL), 0);
     llmgw_snapshot_free(s);
 }
 
