@@ -486,7 +486,12 @@ llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
 }
 
 
-/* The held JSON answer in the client's format (or as it came). */
+/*
+ * The held JSON answer in the client's format (or as it came).  An answer
+ * that cannot be put in the client's format (an error object under a 2xx,
+ * say) is no answer: it is marked invalid, and goes to the next channel
+ * uncharged like any 2xx that holds no answer.
+ */
 std::string
 converted_json(llmgw_resp_s &r)
 {
@@ -509,7 +514,8 @@ converted_json(llmgw_resp_s &r)
                                                         "stream_options"),
                                         "include_usage")));
         }
-        return r.body;
+        r.valid = false;
+        return std::string();
     }
 
     if (in) {
@@ -522,7 +528,8 @@ converted_json(llmgw_resp_s &r)
         }
     }
 
-    return r.body;
+    r.valid = false;
+    return std::string();
 }
 
 

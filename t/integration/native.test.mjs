@@ -14,7 +14,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, hex, makeChannel, makeUserKey,
+    assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel, makeUserKey,
     freePort, settle, sseEvents, startGateway, stopAll, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
@@ -376,11 +376,16 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal(last(gm).headers['x-goog-api-key'], gmKey);
             assert.ok(!last(gm).path.includes(key.slice(3)));
 
-            const access = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+            /* the log line is written as the stream closes, just after
+               the answer */
+            const q = `h2=1&key=${stars}`;
+            const access = await eventually(() => {
+                const text = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+                assert.ok(text.includes(`"POST ${p}?${q} HTTP/2.0" ${p}?${q} ${q} ${stars}`), text);
+                return text;
+            }, { ms: 3000 });
             assert.ok(!access.includes(key.slice(3)), `access log:\n${access}`);
             assert.ok(!gw.errorLog().includes(key.slice(3)), 'the error log holds a key');
-            const q = `h2=1&key=${stars}`;
-            assert.ok(access.includes(`"POST ${p}?${q} HTTP/2.0" ${p}?${q} ${q} ${stars}`), access);
             assert.ok(gw.errorLog().includes(`request: "POST ${p}?${q} HTTP/2.0"`),
                 'the error log names the request, masked');
         });
@@ -1069,6 +1074,33 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal(r.json.content[0].text, 'searched');
             assert.equal(oa.requests.length, m, 'the OpenAI channel was not called');
             assert.equal(last(an).json.tools[0].type, 'web_search_20250305');
+        });
+
+        test('a 2xx that cannot be put in the client format is no answer: 502 bad_response_body, uncharged', async () => {
+            const rowOf = async (r, model) => (await waitLogs(gw, { token_id: token.id, model },
+                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
+                .items.find((i) => i.request_id === r.headers['x-request-id']);
+
+            oa.handler = (req, res) => sendJson(res, 200,
+                { error: { message: 'upstream quota exceeded', type: 'insufficient_quota' } });
+            for (const stream of [false, true]) {
+                const r = await gw.req('POST', '/v1/messages', { key, body: msgBody({ stream }) });
+                assertError(r, 502, { code: 'bad_response_body' });
+                const row = await rowOf(r, M.viaOpenai);
+                assert.equal(row.type, 'error', JSON.stringify(row));
+                assert.equal(row.quota, 0);
+            }
+
+            /* asked for a stream, answered one JSON error object under 200 */
+            an.handler = (req, res) => sendJson(res, 200,
+                { type: 'error', error: { type: 'overloaded_error', message: 'Overloaded' } });
+            for (const stream of [false, true]) {
+                const r = await gw.req('POST', '/v1/chat/completions', {
+                    key, body: chatBody(M.viaClaude, { stream }),
+                });
+                assertError(r, 502, { code: 'bad_response_body' });
+                assert.equal((await rowOf(r, M.viaClaude)).quota, 0);
+            }
         });
 
         test('500 convert_request_failed: a chat or messages call for a rerank-only model', async () => {
