@@ -190,9 +190,8 @@ struct ngx_llmgw_ctx_s {
     void                      *admin;        /* an admin answer waiting */
     void                      *hold;         /* this request's reservation */
     llmgw_price_t              price;
-    void                      *rl_node;      /* rate limiter node */
-    uint64_t                   rl_key;
-    llmgw_rate_limit_t         rl;
+    ngx_uint_t                 rl_held;      /* admitted by the limiter */
+    int64_t                    rl_reserved;  /* its success slot, or -1 */
     int64_t                    user_id;
     int64_t                    token_id;
     ngx_str_t                  body;         /* the client's body */
@@ -306,7 +305,7 @@ ngx_rbtree_node_t *ngx_llmgw_rbtree_find(ngx_rbtree_t *tree,
 ngx_int_t ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *ctx,
     const llmgw_rate_limit_t *rl, int64_t user_id, int *which,
     ngx_uint_t *retry);
-void ngx_llmgw_rl_success(ngx_llmgw_ctx_t *ctx);
+void ngx_llmgw_rl_done(ngx_llmgw_ctx_t *ctx, ngx_uint_t success);
 
 /* ngx_llmgw_metrics.c */
 void ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);

@@ -798,8 +798,8 @@ ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     status = r->headers_out.status;
 
-    if (ctx->token != NULL && status >= 200 && status < 300) {
-        ngx_llmgw_rl_success(ctx);
+    if (ctx->token != NULL) {
+        ngx_llmgw_rl_done(ctx, status >= 200 && status < 300);
     }
 
     ngx_llmgw_metrics_record(r, ctx);

@@ -1,11 +1,14 @@
 /*
  * The node-wide shared zone and the per-user rate limiter kept in it.
  *
- * Each user has a node per limit configuration (window, total, success):
- * an rbtree entry on the zone's slab holding the sliding logs that
- * llmgw_rl_* maintain.  All of it is touched under the zone mutex, so the
- * limit is exact across the workers of one node.  Least recently used nodes
- * are freed when the slab is full, as limit_req does.
+ * Each user has one node: an rbtree entry on the zone's slab holding the
+ * sliding logs that llmgw_rl_* maintain, sized for the user's limit.  A
+ * changed limit moves the user's history into a node of the new sizes, so
+ * that a lowered limit applies to what was already used.  All of it is
+ * touched under the zone mutex, so the limit is exact across the workers
+ * of one node.  Nodes idle for longer than their window are freed; when the
+ * slab is full the least recently used ones go, as limit_req does, and the
+ * loss of a window still running is logged.
  */
 
 #include "ngx_llmgw.h"
@@ -149,51 +152,41 @@ ngx_llmgw_shm_attach(ngx_shm_zone_t *zone)
 
 
 static uint64_t
-ngx_llmgw_rl_key(int64_t user_id, const llmgw_rate_limit_t *rl)
+ngx_llmgw_rl_key(int64_t user_id)
 {
-    uint64_t  k;
-
-    k = (uint64_t) user_id * 0x9e3779b97f4a7c15ULL;
-    k ^= (uint64_t) rl->window_ms * 0xbf58476d1ce4e5b9ULL;
-    k ^= ((uint64_t) rl->total << 32 | rl->success) * 0x94d049bb133111ebULL;
-
-    return k;
+    return (uint64_t) user_id * 0x9e3779b97f4a7c15ULL;
 }
-
-
-typedef struct {
-    int64_t                    user_id;
-    const llmgw_rate_limit_t  *rl;
-} ngx_llmgw_rl_want_t;
 
 
 static ngx_int_t
 ngx_llmgw_rl_match(ngx_rbtree_node_t *node, const void *data)
 {
-    const ngx_llmgw_rl_want_t  *w = data;
-    ngx_llmgw_rl_node_t        *n;
+    ngx_llmgw_rl_node_t  *n;
 
     n = (ngx_llmgw_rl_node_t *) &node->color;
 
-    return n->user_id == w->user_id && n->window_ms == w->rl->window_ms
-           && n->total == w->rl->total && n->success == w->rl->success;
+    return n->user_id == *(const int64_t *) data;
 }
 
 
 static ngx_llmgw_rl_node_t *
-ngx_llmgw_rl_lookup(ngx_llmgw_shm_t *sh, uint64_t key, int64_t user_id,
-    const llmgw_rate_limit_t *rl)
+ngx_llmgw_rl_lookup(ngx_llmgw_shm_t *sh, int64_t user_id)
 {
-    ngx_rbtree_node_t    *node;
-    ngx_llmgw_rl_want_t   want;
+    ngx_rbtree_node_t  *node;
 
-    want.user_id = user_id;
-    want.rl = rl;
-
-    node = ngx_llmgw_rbtree_find(&sh->rl_tree, (ngx_rbtree_key_t) key,
-                                 ngx_llmgw_rl_match, &want);
+    node = ngx_llmgw_rbtree_find(&sh->rl_tree,
+                                 (ngx_rbtree_key_t) ngx_llmgw_rl_key(user_id),
+                                 ngx_llmgw_rl_match, &user_id);
 
     return node ? (ngx_llmgw_rl_node_t *) &node->color : NULL;
+}
+
+
+static ngx_rbtree_node_t *
+ngx_llmgw_rl_rbnode(ngx_llmgw_rl_node_t *n)
+{
+    return (ngx_rbtree_node_t *)
+               ((u_char *) n - offsetof(ngx_rbtree_node_t, color));
 }
 
 
@@ -239,14 +232,19 @@ ngx_llmgw_rbtree_find(ngx_rbtree_t *tree, ngx_rbtree_key_t key,
 }
 
 
-/* Frees least recently used nodes idle longer than their window. */
+/*
+ * Frees least recently used nodes idle longer than their window; with
+ * force, the least recently used one in any case (the slab is full).
+ */
 static void
 ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
 {
     ngx_uint_t            n;
     ngx_queue_t          *q;
-    ngx_rbtree_node_t    *node;
+    ngx_msec_int_t        idle;
     ngx_llmgw_rl_node_t  *rn;
+
+    static ngx_msec_t     warned;
 
     for (n = 0; n < 3; n++) {
         if (ngx_queue_empty(&ctx->sh->rl_lru)) {
@@ -255,69 +253,112 @@ ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
 
         q = ngx_queue_last(&ctx->sh->rl_lru);
         rn = ngx_queue_data(q, ngx_llmgw_rl_node_t, queue);
+        idle = (ngx_msec_int_t) (ngx_current_msec - rn->last);
 
-        if (!force
-            && (ngx_msec_int_t) (ngx_current_msec - rn->last)
-               < rn->window_ms)
-        {
+        if (!force && idle < rn->window_ms) {
             return;
+        }
+
+        /* at most one line a minute from each worker */
+        if (idle < rn->window_ms
+            && (warned == 0 || ngx_current_msec - warned > 60000))
+        {
+            warned = ngx_current_msec;
+            ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                          "llmgw: the shared zone is full: the rate limit "
+                          "window of user %L was dropped while it ran; "
+                          "raise llmgw_zone_size", rn->user_id);
         }
 
         force = 0;
         ngx_queue_remove(q);
 
-        node = (ngx_rbtree_node_t *)
-                   ((u_char *) rn - offsetof(ngx_rbtree_node_t, color));
-        ngx_rbtree_delete(&ctx->sh->rl_tree, node);
-        ngx_slab_free_locked(ctx->shpool, node);
+        ngx_rbtree_delete(&ctx->sh->rl_tree, ngx_llmgw_rl_rbnode(rn));
+        ngx_slab_free_locked(ctx->shpool, ngx_llmgw_rl_rbnode(rn));
     }
 }
 
 
-/*
- * The limiter of a user and limit, made when missing, moved to the head of
- * the LRU and marked used now (expiry keeps a node a window past its last
- * use, so the successes it records are still counted).  NULL when the zone
- * has no room.  Under the mutex.
- */
+/* A node for a limit, on the slab; NULL when the zone has no room. */
 static ngx_llmgw_rl_node_t *
-ngx_llmgw_rl_node(ngx_llmgw_shm_ctx_t *ctx, uint64_t key, int64_t user_id,
+ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
     const llmgw_rate_limit_t *rl)
 {
     size_t                size;
     ngx_rbtree_node_t    *node;
     ngx_llmgw_rl_node_t  *n;
 
-    n = ngx_llmgw_rl_lookup(ctx->sh, key, user_id, rl);
+    size = offsetof(ngx_rbtree_node_t, color)
+           + offsetof(ngx_llmgw_rl_node_t, data)
+           + llmgw_rl_size(rl->total, rl->success);
 
-    if (n == NULL) {
-        size = offsetof(ngx_rbtree_node_t, color)
-               + offsetof(ngx_llmgw_rl_node_t, data)
-               + llmgw_rl_size(rl->total, rl->success);
+    node = ngx_slab_alloc_locked(ctx->shpool, size);
 
+    if (node == NULL) {
+        ngx_llmgw_rl_expire(ctx, 1);
         node = ngx_slab_alloc_locked(ctx->shpool, size);
+    }
 
-        if (node == NULL) {
-            ngx_llmgw_rl_expire(ctx, 1);
-            node = ngx_slab_alloc_locked(ctx->shpool, size);
+    if (node == NULL) {
+        return NULL;
+    }
+
+    node->key = (ngx_rbtree_key_t) ngx_llmgw_rl_key(user_id);
+    n = (ngx_llmgw_rl_node_t *) &node->color;
+    n->user_id = user_id;
+    n->window_ms = rl->window_ms;
+    n->total = rl->total;
+    n->success = rl->success;
+    llmgw_rl_init(n->data, rl->total, rl->success);
+
+    return n;
+}
+
+
+/*
+ * The limiter of a user, made when missing or moved to the sizes of a
+ * changed limit, at the head of the LRU and marked used now (expiry keeps
+ * a node a window past its last use, so what it records still counts).
+ * NULL when the zone has no room.  Under the mutex.
+ */
+static ngx_llmgw_rl_node_t *
+ngx_llmgw_rl_node(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
+    const llmgw_rate_limit_t *rl)
+{
+    ngx_llmgw_rl_node_t  *n, *old;
+
+    old = ngx_llmgw_rl_lookup(ctx->sh, user_id);
+
+    if (old != NULL) {
+        /* out of the LRU while a new node may have to make room */
+        ngx_queue_remove(&old->queue);
+
+        /* the log holds times: another window reads them as well */
+        old->window_ms = rl->window_ms;
+    }
+
+    if (old != NULL && old->total == rl->total
+        && old->success == rl->success)
+    {
+        n = old;
+
+    } else {
+        n = ngx_llmgw_rl_alloc(ctx, user_id, rl);
+
+        if (old != NULL) {
+            if (n != NULL) {
+                llmgw_rl_copy(n->data, old->data);
+            }
+
+            ngx_rbtree_delete(&ctx->sh->rl_tree, ngx_llmgw_rl_rbnode(old));
+            ngx_slab_free_locked(ctx->shpool, ngx_llmgw_rl_rbnode(old));
         }
 
-        if (node == NULL) {
+        if (n == NULL) {
             return NULL;
         }
 
-        node->key = key;
-        n = (ngx_llmgw_rl_node_t *) &node->color;
-        n->user_id = user_id;
-        n->window_ms = rl->window_ms;
-        n->total = rl->total;
-        n->success = rl->success;
-        llmgw_rl_init(n->data, rl->total, rl->success);
-
-        ngx_rbtree_insert(&ctx->sh->rl_tree, node);
-
-    } else {
-        ngx_queue_remove(&n->queue);
+        ngx_rbtree_insert(&ctx->sh->rl_tree, ngx_llmgw_rl_rbnode(n));
     }
 
     ngx_queue_insert_head(&ctx->sh->rl_lru, &n->queue);
@@ -331,19 +372,17 @@ ngx_int_t
 ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
     int64_t user_id, int *which, ngx_uint_t *retry)
 {
-    int64_t                after;
-    uint64_t               key;
+    int64_t                after, reserved;
     ngx_llmgw_shm_ctx_t   *ctx;
     ngx_llmgw_rl_node_t   *n;
 
     ctx = ngx_llmgw_shm_ctx;
-    key = ngx_llmgw_rl_key(user_id, rl);
 
     ngx_shmtx_lock(&ctx->shpool->mutex);
 
     ngx_llmgw_rl_expire(ctx, 0);
 
-    n = ngx_llmgw_rl_node(ctx, key, user_id, rl);
+    n = ngx_llmgw_rl_node(ctx, user_id, rl);
 
     if (n == NULL) {
         ngx_shmtx_unlock(&ctx->shpool->mutex);
@@ -354,7 +393,7 @@ ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
     }
 
     *which = llmgw_rl_acquire(n->data, (int64_t) ngx_current_msec,
-                              rl->window_ms, &after);
+                              rl->window_ms, &after, &reserved);
 
     ngx_shmtx_unlock(&ctx->shpool->mutex);
 
@@ -366,33 +405,37 @@ ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
         return NGX_DECLINED;
     }
 
-    rctx->rl_key = key;
-    rctx->rl_node = n;
-    rctx->rl = *rl;
+    rctx->rl_held = 1;
+    rctx->rl_reserved = reserved;
 
     return NGX_OK;
 }
 
 
+/*
+ * The request ended: a success keeps the slot it took when admitted, any
+ * other end gives it back.
+ */
 void
-ngx_llmgw_rl_success(ngx_llmgw_ctx_t *rctx)
+ngx_llmgw_rl_done(ngx_llmgw_ctx_t *rctx, ngx_uint_t success)
 {
     ngx_llmgw_shm_ctx_t  *ctx;
     ngx_llmgw_rl_node_t  *n;
 
-    if (rctx->rl_node == NULL) {
+    if (!rctx->rl_held || success || rctx->rl_reserved < 0) {
         return;
     }
 
+    rctx->rl_held = 0;
     ctx = ngx_llmgw_shm_ctx;
 
     ngx_shmtx_lock(&ctx->shpool->mutex);
 
-    /* the node may have been freed since: found, or made again */
-    n = ngx_llmgw_rl_node(ctx, rctx->rl_key, rctx->user_id, &rctx->rl);
+    /* gone with its window, or dropped for room: nothing to give back */
+    n = ngx_llmgw_rl_lookup(ctx->sh, rctx->user_id);
 
-    if (n != NULL && n->success > 0) {
-        llmgw_rl_success(n->data, (int64_t) ngx_current_msec);
+    if (n != NULL) {
+        llmgw_rl_release(n->data, rctx->rl_reserved);
     }
 
     ngx_shmtx_unlock(&ctx->shpool->mutex);

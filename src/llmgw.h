@@ -506,12 +506,16 @@ enum { LLMGW_RL_OK = 0, LLMGW_RL_TOTAL = 1, LLMGW_RL_SUCCESS = 2 };
 
 /*
  * Admits and records one request, or refuses it with the limit that was hit
- * and the milliseconds until a slot frees.
+ * and the milliseconds until a slot frees.  An admitted request holds a
+ * success slot from then on (*reserved, -1 when none was taken; may be
+ * NULL): a request that did not succeed gives it back with
+ * llmgw_rl_release().
  */
 int llmgw_rl_acquire(void *mem, int64_t now_ms, int64_t window_ms,
-    int64_t *retry_after_ms);
-/* Records a successful request. */
-void llmgw_rl_success(void *mem, int64_t now_ms);
+    int64_t *retry_after_ms, int64_t *reserved);
+void llmgw_rl_release(void *mem, int64_t reserved);
+/* Moves the history into a limiter of other sizes (llmgw_rl_init'ed). */
+void llmgw_rl_copy(void *dst, const void *src);
 
 
 /* ---- incremental SSE framing (sse.cpp) ---- */

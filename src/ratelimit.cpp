@@ -53,8 +53,11 @@ struct Ring {
         }
     }
 
-    /* When full the oldest goes: only the newest cap entries decide. */
-    void push(int64_t now)
+    int64_t at(uint32_t i) const { return slots[(*head + i) % cap]; }
+
+    /* When full the oldest goes: only the newest cap entries decide.
+       Returns the time recorded. */
+    int64_t push(int64_t now)
     {
         /* a clock step back must not break the time order */
         if (*count > 0 && now < newest()) {
@@ -64,11 +67,35 @@ struct Ring {
         if (full()) {
             slots[*head] = now;
             *head = (*head + 1) % cap;
-            return;
+            return now;
         }
 
         slots[(*head + *count) % cap] = now;
         (*count)++;
+        return now;
+    }
+
+    /* Takes out one entry of time t, searched from the newest (a request
+       ends soon after it was admitted); the newer ones move up. */
+    bool remove(int64_t t)
+    {
+        for (uint32_t i = *count; i-- > 0; ) {
+            int64_t v = at(i);
+
+            if (v < t) {
+                return false;
+            }
+
+            if (v == t) {
+                for (uint32_t j = i; j + 1 < *count; j++) {
+                    slots[(*head + j) % cap] = at(j + 1);
+                }
+                (*count)--;
+                return true;
+            }
+        }
+
+        return false;
     }
 };
 
@@ -136,20 +163,30 @@ llmgw_rl_init(void *mem, uint32_t total, uint32_t success)
 }
 
 
-/* A refused request is not recorded: only admitted ones count. */
+/*
+ * A refused request is not recorded: only admitted ones count.  An admitted
+ * request also takes a success slot at once (*reserved: its time, -1 when
+ * successes are not limited), so that requests still running cannot all
+ * succeed past the limit; one that fails gives it back (llmgw_rl_release).
+ */
 extern "C" int
 llmgw_rl_acquire(void *mem, int64_t now_ms, int64_t window_ms,
-    int64_t *retry_after_ms)
+    int64_t *retry_after_ms, int64_t *reserved)
 {
     Ring t = total_ring(mem);
     Ring s = success_ring(mem);
-    int64_t unused;
+    int64_t unused, unused_reserved;
 
     if (retry_after_ms == nullptr) {
         retry_after_ms = &unused;
     }
 
+    if (reserved == nullptr) {
+        reserved = &unused_reserved;
+    }
+
     *retry_after_ms = 0;
+    *reserved = -1;
 
     if (window_ms <= 0) {
         return LLMGW_RL_OK;
@@ -177,22 +214,49 @@ llmgw_rl_acquire(void *mem, int64_t now_ms, int64_t window_ms,
         t.push(now_ms);
     }
 
+    if (s.cap > 0) {
+        *reserved = s.push(now_ms);
+    }
+
     return LLMGW_RL_OK;
 }
 
 
-/*
- * Without the window here expired entries cannot be told apart, and need
- * not be: acquire() drops them first, and when the ring is full the entry
- * overwritten is the oldest, which is exactly the one that no longer
- * decides when the next slot frees.
- */
+/* An entry already gone (expired, or a limiter made anew) is no error. */
 extern "C" void
-llmgw_rl_success(void *mem, int64_t now_ms)
+llmgw_rl_release(void *mem, int64_t reserved)
 {
     Ring s = success_ring(mem);
 
-    if (s.cap > 0) {
-        s.push(now_ms);
+    if (s.cap > 0 && reserved >= 0) {
+        (void) s.remove(reserved);
+    }
+}
+
+
+/*
+ * A limit changed: the history moves to a limiter of the new sizes, the
+ * newest entries first (they decide when the next slot frees).
+ */
+extern "C" void
+llmgw_rl_copy(void *dst, const void *src)
+{
+    void *from = const_cast<void *>(src);
+    Ring rings_from[2] = { total_ring(from), success_ring(from) };
+    Ring rings_to[2] = { total_ring(dst), success_ring(dst) };
+
+    for (int k = 0; k < 2; k++) {
+        Ring &f = rings_from[k];
+        Ring &to = rings_to[k];
+
+        if (to.cap == 0 || f.cap == 0) {
+            continue;
+        }
+
+        uint32_t n = *f.count < to.cap ? *f.count : to.cap;
+
+        for (uint32_t i = *f.count - n; i < *f.count; i++) {
+            to.push(f.at(i));
+        }
     }
 }

@@ -25,17 +25,18 @@ describe('rate limits', { timeout: 180000 }, () => {
         db = await createDb();
         mock = await startMock();
         gw = await startGateway({ db, ...SPREAD });
-        let r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1 });
+        let r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1, chg: 1 });
         assert.equal(r.status, 200, r.text);
         r = await gw.admin('PUT', '/api/rate_limit', {
             default: { duration_minutes: 1, total: 5, success: 0 },
             groups: {
                 two: { duration_minutes: 1, total: 2, success: 0 },
                 succ: { duration_minutes: 1, total: 100, success: 2 },
+                chg: { duration_minutes: 1, total: 10, success: 0 },
             },
         });
         assert.equal(r.status, 200, r.text);
-        await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'two', 'succ'] });
+        await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'two', 'succ', 'chg'] });
         await settle();
     });
 
@@ -106,6 +107,61 @@ describe('rate limits', { timeout: 180000 }, () => {
         assertLimited(await gw.chat(key, M),
             /at most 2 successful requests in 1 minutes?\b/);
         assert.equal(upstreamCalls() - before, 2);
+    });
+
+    test('requests still running hold their success slots: 20 at once, success limit 2', async () => {
+        const { key } = await makeUserKey(gw, { group: 'succ' });
+        const plain = mock.handler;
+        /* all 20 are admitted before any has succeeded */
+        mock.handler = async (req, res, rec) => {
+            await new Promise((r) => setTimeout(r, 300));
+            return plain(req, res, rec);
+        };
+        try {
+            const before = upstreamCalls();
+            const rs = await times(20, () => gw.chat(key, M));
+            assert.equal(rs.filter((r) => r.status === 200).length, 2,
+                `statuses: ${rs.map((r) => r.status).join(',')}`);
+            rs.filter((r) => r.status !== 200).forEach((r) =>
+                assertLimited(r, /at most 2 successful requests in 1 minutes?\b/));
+            assert.equal(upstreamCalls() - before, 2);
+        } finally {
+            mock.handler = plain;
+        }
+    });
+
+    test('a changed limit counts what was used before it', async () => {
+        const { key } = await makeUserKey(gw, { group: 'chg' });
+        const limits = async (total) => {
+            const t0 = Date.now();
+            const r = await gw.admin('PUT', '/api/rate_limit', {
+                default: { duration_minutes: 1, total: 5, success: 0 },
+                groups: {
+                    two: { duration_minutes: 1, total: 2, success: 0 },
+                    succ: { duration_minutes: 1, total: 100, success: 2 },
+                    chg: { duration_minutes: 1, total, success: 0 },
+                },
+            });
+            assert.equal(r.status, 200, r.text);
+            await settle(t0);
+        };
+        for (let i = 0; i < 4; i++) {
+            assertOk(await gw.chat(key, M));
+        }
+        /* lowered below what was used: refused */
+        await limits(3);
+        assertLimited(await gw.chat(key, M), /at most 3 requests in 1 minutes?\b/);
+
+        /* another user spends the 3, then the limit is raised to 5: two more */
+        const other = (await makeUserKey(gw, { group: 'chg' })).key;
+        for (let i = 0; i < 3; i++) {
+            assertOk(await gw.chat(other, M));
+        }
+        assertLimited(await gw.chat(other, M), /at most 3 requests in 1 minutes?\b/);
+        await limits(5);
+        assertOk(await gw.chat(other, M));
+        assertOk(await gw.chat(other, M));
+        assertLimited(await gw.chat(other, M), /at most 5 requests in 1 minutes?\b/);
     });
 
     test('a changed limit applies within 1 s', async () => {

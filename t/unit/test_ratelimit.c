@@ -37,7 +37,22 @@ static int
 acquire(void *mem, int64_t now, int64_t *retry)
 {
     *retry = -12345;
-    return llmgw_rl_acquire(mem, now, WINDOW, retry);
+    return llmgw_rl_acquire(mem, now, WINDOW, retry, NULL);
+}
+
+
+/* Admitted: the success slot it holds; refused: -1. */
+static int64_t
+admit(void *mem, int64_t now)
+{
+    int64_t  retry, reserved = -7;
+
+    if (llmgw_rl_acquire(mem, now, WINDOW, &retry, &reserved) != LLMGW_RL_OK) {
+        assert_int_equal(reserved, -1);
+        return -1;
+    }
+
+    return reserved;
 }
 
 
@@ -134,15 +149,87 @@ test_success_limit_refuses_exactly_at_s(void **state)
     void     *rl = limiter(0, 2);
     int64_t   retry;
 
-    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
-    llmgw_rl_success(rl, 0);
-    assert_int_equal(acquire(rl, 1, &retry), LLMGW_RL_OK);
-    /* an admitted request that did not succeed does not count here */
-    assert_int_equal(acquire(rl, 2, &retry), LLMGW_RL_OK);
-    llmgw_rl_success(rl, 3);
+    assert_int_equal(admit(rl, 0), 0);
+    assert_int_equal(admit(rl, 1), 1);
+    /* an admitted request that did not succeed gives its slot back */
+    llmgw_rl_release(rl, 1);
+    assert_int_equal(admit(rl, 2), 2);
     assert_int_equal(acquire(rl, 4, &retry), LLMGW_RL_SUCCESS);
     assert_int_equal(retry, 0 + WINDOW - 4);
     assert_int_equal(acquire(rl, WINDOW, &retry), LLMGW_RL_OK);
+    free(rl);
+}
+
+
+static void
+test_requests_in_flight_hold_success_slots(void **state)
+{
+    void     *rl = limiter(1000, 5);
+    int64_t   retry;
+    int       ok = 0;
+
+    /* thirty at once, none finished yet: five may run */
+    for (int i = 0; i < 30; i++) {
+        if (acquire(rl, 100, &retry) == LLMGW_RL_OK) {
+            ok++;
+        } else {
+            assert_int_equal(retry, WINDOW);
+        }
+    }
+
+    assert_int_equal(ok, 5);
+    free(rl);
+}
+
+
+static void
+test_release_takes_out_its_own_entry_only(void **state)
+{
+    void     *rl = limiter(0, 3);
+    int64_t   retry;
+
+    assert_int_equal(admit(rl, 0), 0);
+    assert_int_equal(admit(rl, 10), 10);
+    assert_int_equal(admit(rl, 20), 20);
+    /* the middle one failed: 0 still decides the wait */
+    llmgw_rl_release(rl, 10);
+    /* a slot already gone, or none taken: nothing changes */
+    llmgw_rl_release(rl, 15);
+    llmgw_rl_release(rl, -1);
+    assert_int_equal(admit(rl, 30), 30);
+    assert_int_equal(acquire(rl, 40, &retry), LLMGW_RL_SUCCESS);
+    assert_int_equal(retry, 0 + WINDOW - 40);
+    llmgw_rl_release(rl, 30);
+    llmgw_rl_release(rl, 0);
+    assert_int_equal(admit(rl, 50), 50);
+    assert_int_equal(admit(rl, 55), 55);
+    assert_int_equal(acquire(rl, 60, &retry), LLMGW_RL_SUCCESS);
+    assert_int_equal(retry, 20 + WINDOW - 60);
+    free(rl);
+}
+
+
+static void
+test_release_after_the_ring_wrapped(void **state)
+{
+    void     *rl = limiter(0, 3);
+    int64_t   retry;
+
+    /* the ring's start moves past its end */
+    for (int64_t t = 0; t < 5 * WINDOW; t += WINDOW) {
+        assert_int_equal(admit(rl, t), t);
+        assert_int_equal(admit(rl, t + 1), t + 1);
+    }
+
+    assert_int_equal(admit(rl, 4 * WINDOW + 2), 4 * WINDOW + 2);
+    llmgw_rl_release(rl, 4 * WINDOW + 1);
+    assert_int_equal(admit(rl, 4 * WINDOW + 3), 4 * WINDOW + 3);
+    assert_int_equal(acquire(rl, 4 * WINDOW + 4, &retry), LLMGW_RL_SUCCESS);
+    assert_int_equal(retry, WINDOW - 4);
+    llmgw_rl_release(rl, 4 * WINDOW);
+    assert_int_equal(admit(rl, 4 * WINDOW + 5), 4 * WINDOW + 5);
+    assert_int_equal(acquire(rl, 4 * WINDOW + 6, &retry), LLMGW_RL_SUCCESS);
+    assert_int_equal(retry, 2 + WINDOW - 6);
     free(rl);
 }
 
@@ -153,12 +240,12 @@ test_success_refusal_is_not_recorded_in_total(void **state)
     void     *rl = limiter(2, 1);
     int64_t   retry;
 
-    assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
-    llmgw_rl_success(rl, 0);
+    assert_int_equal(admit(rl, 0), 0);
     assert_int_equal(acquire(rl, 500, &retry), LLMGW_RL_SUCCESS);
     assert_int_equal(acquire(rl, 600, &retry), LLMGW_RL_SUCCESS);
     /* had 500 and 600 been recorded the total ring would be full now */
-    assert_int_equal(acquire(rl, 1000, &retry), LLMGW_RL_OK);
+    assert_int_equal(admit(rl, 1000), 1000);
+    llmgw_rl_release(rl, 1000);
     assert_int_equal(acquire(rl, 1001, &retry), LLMGW_RL_OK);
     free(rl);
 }
@@ -171,7 +258,6 @@ test_total_limit_is_reported_before_success_limit(void **state)
     int64_t   retry;
 
     assert_int_equal(acquire(rl, 0, &retry), LLMGW_RL_OK);
-    llmgw_rl_success(rl, 100);
     assert_int_equal(acquire(rl, 200, &retry), LLMGW_RL_TOTAL);
     assert_int_equal(retry, 0 + WINDOW - 200);
     free(rl);
@@ -179,19 +265,34 @@ test_total_limit_is_reported_before_success_limit(void **state)
 
 
 static void
-test_full_success_ring_overwrites_oldest(void **state)
+test_copy_keeps_the_newest_history(void **state)
 {
-    void     *rl = limiter(0, 2);
+    void     *a = limiter(4, 4);
+    void     *b = limiter(2, 6);
+    void     *c = limiter(0, 0);
     int64_t   retry;
 
-    llmgw_rl_success(rl, 0);
-    llmgw_rl_success(rl, 100);
-    llmgw_rl_success(rl, 200);
-    /* the entry at 0 was dropped: the wait runs from 100 */
-    assert_int_equal(acquire(rl, 300, &retry), LLMGW_RL_SUCCESS);
-    assert_int_equal(retry, 100 + WINDOW - 300);
-    assert_int_equal(acquire(rl, 100 + WINDOW, &retry), LLMGW_RL_OK);
-    free(rl);
+    for (int64_t t = 0; t < 4; t++) {
+        assert_int_equal(admit(a, t * 100), t * 100);
+    }
+
+    /* lowered: the newest two decide; raised: all four are kept */
+    llmgw_rl_copy(b, a);
+    assert_int_equal(acquire(b, 400, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 200 + WINDOW - 400);
+    assert_int_equal(admit(b, 1250), 1250);
+    assert_int_equal(admit(b, 1310), 1310);
+    assert_int_equal(acquire(b, 1330, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 1250 + WINDOW - 1330);
+
+    /* to and from an unlimited one */
+    llmgw_rl_copy(c, a);
+    llmgw_rl_copy(a, c);
+    assert_int_equal(acquire(a, 500, &retry), LLMGW_RL_TOTAL);
+
+    free(a);
+    free(b);
+    free(c);
 }
 
 
@@ -203,9 +304,9 @@ test_zero_limits_are_unlimited(void **state)
 
     for (int i = 0; i < 10000; i++) {
         assert_int_equal(acquire(rl, i / 100, &retry), LLMGW_RL_OK);
-        llmgw_rl_success(rl, i / 100);
     }
 
+    assert_int_equal(admit(rl, 200), -1);
     free(rl);
 }
 
@@ -217,7 +318,7 @@ test_zero_window_is_no_limit(void **state)
     int64_t   retry = -1;
 
     for (int i = 0; i < 5; i++) {
-        assert_int_equal(llmgw_rl_acquire(rl, 7, 0, &retry), LLMGW_RL_OK);
+        assert_int_equal(llmgw_rl_acquire(rl, 7, 0, &retry, NULL), LLMGW_RL_OK);
         assert_int_equal(retry, 0);
     }
 
@@ -230,8 +331,9 @@ test_null_retry_pointer_is_allowed(void **state)
 {
     void *rl = limiter(1, 0);
 
-    assert_int_equal(llmgw_rl_acquire(rl, 0, WINDOW, NULL), LLMGW_RL_OK);
-    assert_int_equal(llmgw_rl_acquire(rl, 1, WINDOW, NULL), LLMGW_RL_TOTAL);
+    assert_int_equal(llmgw_rl_acquire(rl, 0, WINDOW, NULL, NULL), LLMGW_RL_OK);
+    assert_int_equal(llmgw_rl_acquire(rl, 1, WINDOW, NULL, NULL),
+                     LLMGW_RL_TOTAL);
     free(rl);
 }
 
@@ -286,7 +388,7 @@ test_matches_naive_sliding_log(void **state)
     const uint32_t  total = 7, success = 4;
     void           *rl = limiter(total, success);
     uint64_t        seed = 42;
-    int64_t         now = 0, retry, want_retry;
+    int64_t         now = 0, retry, want_retry, reserved;
     size_t          na = 0, ns = 0, first_a, first_s, in_a, in_s;
     int             want, got;
 
@@ -309,13 +411,19 @@ test_matches_naive_sliding_log(void **state)
             sim_admitted[na++] = now;
         }
 
-        got = acquire(rl, now, &retry);
+        got = llmgw_rl_acquire(rl, now, WINDOW, &retry, &reserved);
         assert_int_equal(got, want);
         assert_int_equal(retry, want_retry);
 
-        if (got == LLMGW_RL_OK && (seed >> 20) % 3 != 0) {
-            llmgw_rl_success(rl, now);
-            sim_succeeded[ns++] = now;
+        /* admitted: holds a success slot, given back by a failure */
+        if (got == LLMGW_RL_OK) {
+            assert_int_equal(reserved, now);
+
+            if ((seed >> 20) % 3 != 0) {
+                sim_succeeded[ns++] = now;
+            } else {
+                llmgw_rl_release(rl, reserved);
+            }
         }
     }
 
@@ -335,9 +443,12 @@ main(void)
         cmocka_unit_test(
             test_retry_after_never_exceeds_window_after_clock_step_back),
         cmocka_unit_test(test_success_limit_refuses_exactly_at_s),
+        cmocka_unit_test(test_requests_in_flight_hold_success_slots),
+        cmocka_unit_test(test_release_takes_out_its_own_entry_only),
+        cmocka_unit_test(test_release_after_the_ring_wrapped),
         cmocka_unit_test(test_success_refusal_is_not_recorded_in_total),
         cmocka_unit_test(test_total_limit_is_reported_before_success_limit),
-        cmocka_unit_test(test_full_success_ring_overwrites_oldest),
+        cmocka_unit_test(test_copy_keeps_the_newest_history),
         cmocka_unit_test(test_zero_limits_are_unlimited),
         cmocka_unit_test(test_zero_window_is_no_limit),
         cmocka_unit_test(test_null_retry_pointer_is_allowed),
