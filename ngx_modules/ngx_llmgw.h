@@ -181,6 +181,8 @@ struct ngx_llmgw_ctx_s {
     ngx_buf_t                 *error_body;   /* kept to rewrite an error */
     ngx_table_elt_t           *content_type; /* the upstream's, as passed */
     ngx_str_t                  answer;       /* a held answer, checked */
+    ngx_str_t                  last_error;   /* a try's upstream error */
+    ngx_uint_t                 last_error_status;
     ngx_str_t                  pending;      /* held bytes still to send */
     ngx_msec_t                 start_msec;
     ngx_msec_t                 upstream_start;

@@ -135,6 +135,19 @@ ngx_llmgw_header_filter(ngx_http_request_t *r)
 
     /* an answer nginx made: replace its page by the contract */
 
+    /*
+     * No channel reached on the last try, but an earlier one answered an
+     * error: that error is the answer, as when it came last.
+     */
+    if (r->headers_out.status == NGX_HTTP_BAD_GATEWAY && !ctx->bad_answer
+        && ctx->last_error.len > 0)
+    {
+        r->headers_out.status = ctx->last_error_status;
+        r->headers_out.status_line.len = 0;
+        ctx->own_body = ctx->last_error;
+        goto own;
+    }
+
     ngx_llmgw_errpage_verdict(r, &v);
 
     body = llmgw_error_json(
@@ -156,6 +169,8 @@ ngx_llmgw_header_filter(ngx_http_request_t *r)
     ngx_memcpy(ctx->own_body.data, body.data, body.len);
     ctx->own_body.len = body.len;
     llmgw_buf_free(&body);
+
+own:
 
     ctx->errpage = 1;
 

@@ -1622,6 +1622,12 @@ ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         return NGX_ERROR;
     }
 
+    /* the answer if a later try reaches no channel at all */
+    if (ctx->error_mode) {
+        ctx->last_error = ctx->answer;
+        ctx->last_error_status = ctx->status;
+    }
+
     ctx->holding = 0;
     ctx->length = 0;
     u->headers_in.chunked = 0;

@@ -50,7 +50,7 @@ describe('routing and retries', { timeout: 240000 }, () => {
 
         for (const name of ['on500', 'on429', 'onConn', 'on504', 'on400', 'max3',
             'allConn', 'stream', 'tries2', 'prio', 'weight', 'noAddr', 'noAddrOnly',
-            'split', 'cutHeader']) {
+            'split', 'cutHeader', 'errThenConn']) {
             M[name] = uniq(`gpt-${name}`);
         }
         ch.on500 = [await channel(M.on500, failWith(500, 'A exploded'), { priority: 10 }),
@@ -70,6 +70,8 @@ describe('routing and retries', { timeout: 240000 }, () => {
             ch.max3.push(await channel(M.max3, failWith(503, `fail-${i}`),
                 { priority: 50 - i * 10 }));
         }
+        ch.errThenConn = [await channel(M.errThenConn, failWith(500, 'A broke'), { priority: 10 }),
+            await channel(M.errThenConn, null, { priority: 5, base_url: closed.url })];
         ch.allConn = [await channel(M.allConn, null, { priority: 10, base_url: closed.url }),
             await channel(M.allConn, null, { priority: 5, base_url: closed2.url })];
         ch.stream = [await channel(M.stream, async (req, res) => {
@@ -196,6 +198,17 @@ describe('routing and retries', { timeout: 240000 }, () => {
         const r = await gw.chat(key, M.max3);
         assertError(r, 503, { type: 'upstream_error', message: 'fail-3' });
         assert.deepEqual(ch.max3.map(count), [1, 1, 1, 0]);
+    });
+
+    test('an upstream error, then a channel not reached: that error comes back', async () => {
+        for (const stream of [false, true]) {
+            const r = await gw.chat(key, M.errThenConn, { extra: { stream } });
+            assertError(r, 500, { type: 'upstream_error', message: 'A broke' });
+        }
+        const m = await gw.messages(key, M.errThenConn);
+        assert.equal(m.status, 500, m.text);
+        assert.equal(m.json.type, 'error', m.text);
+        assert.match(m.json.error.message, /A broke/);
     });
 
     test('every channel unreachable: 502 do_request_failed', async () => {
