@@ -1923,7 +1923,7 @@ messages_to_chat(const json_t *in, std::string_view model, Json &out,
 const char *
 chat_finish_from_anthropic(std::string_view reason)
 {
-    if (reason == "max_tokens") {
+    if (reason == "max_tokens" || reason == "model_context_window_exceeded") {
         return "length";
     }
 
@@ -1974,7 +1974,11 @@ anthropic_stop_from_chat(std::string_view reason)
         return "tool_use";
     }
 
-    /* stop, content_filter */
+    if (reason == "content_filter") {
+        return "refusal";
+    }
+
+    /* stop */
     return "end_turn";
 }
 
@@ -2677,6 +2681,10 @@ public:
 private:
     void end(std::string &out) override
     {
+        if (errored_) {
+            /* the error chunk ended it: no [DONE] to say it is whole */
+            return;
+        }
         if (started_) {
             send_usage(out, chat_usage(usage_));
         }
@@ -2828,6 +2836,10 @@ public:
 private:
     void end(std::string &out) override
     {
+        if (errored_) {
+            /* the error chunk ended it: no [DONE] to say it is whole */
+            return;
+        }
         if (usage_known_) {
             send_usage(out, usage_);
         }
@@ -3113,7 +3125,19 @@ private:
 
     void end(std::string &out)
     {
-        if (!started_ || stopped_) {
+        if (stopped_) {
+            return;
+        }
+
+        if (!started_ && !errored_) {
+            /* not one chunk: an empty 200 would look like a whole, empty
+               answer */
+            stopped_ = true;
+            Json e(json_object());
+            put(e.get(), "type", "api_error");
+            put(e.get(), "message",
+                "the upstream stream ended before its first chunk");
+            send_error(out, e.get());
             return;
         }
 

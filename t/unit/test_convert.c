@@ -1009,6 +1009,8 @@ test_anthropic_stop_reasons_map_to_finish_reasons(void **state)
     static const char *const map[][2] = {
         { "end_turn", "stop" }, { "stop_sequence", "stop" },
         { "max_tokens", "length" }, { "tool_use", "tool_calls" },
+        { "model_context_window_exceeded", "length" },
+        { "refusal", "content_filter" },
     };
     char body[256];
     (void) state;
@@ -1215,7 +1217,7 @@ test_openai_finish_reasons_map_to_stop_reasons(void **state)
 {
     static const char *const map[][2] = {
         { "stop", "end_turn" }, { "length", "max_tokens" },
-        { "tool_calls", "tool_use" }, { "content_filter", "end_turn" },
+        { "tool_calls", "tool_use" }, { "content_filter", "refusal" },
     };
     char body[256];
     (void) state;
@@ -1399,12 +1401,75 @@ test_anthropic_stream_error_becomes_openai_error_chunk(void **state)
         "'type':'overloaded_error','message':'Overloaded'}}\n\n",
         &evs);
 
-    assert_int_equal(evs.n, 2);
+    /* the error ends the stream: no [DONE] to say it is whole */
+    assert_int_equal(evs.n, 1);
     assert_string_equal(str_at(evs.ev[0].data, "error/message"),
                         "Overloaded");
     assert_string_equal(str_at(evs.ev[0].data, "error/type"),
                         "overloaded_error");
-    assert_true(evs.ev[1].done);
+    evs_free(&evs);
+}
+
+
+static void
+test_stream_error_after_text_ends_without_usage_or_done(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    /* Anthropic, then Gemini: some text, then the upstream's error */
+    stream(14, LLMGW_EP_CHAT,
+        "event: message_start\ndata: {'type':'message_start','message':{"
+        "'id':'msg_1','usage':{'input_tokens':5,'output_tokens':1}}}\n\n"
+        "event: content_block_start\ndata: {'type':'content_block_start',"
+        "'index':0,'content_block':{'type':'text','text':''}}\n\n"
+        "event: content_block_delta\ndata: {'type':'content_block_delta',"
+        "'index':0,'delta':{'type':'text_delta','text':'Hel'}}\n\n"
+        "event: error\ndata: {'type':'error','error':{"
+        "'type':'overloaded_error','message':'Overloaded'}}\n\n",
+        &evs);
+
+    assert_true(evs.n >= 2);
+    assert_string_equal(str_at(evs.ev[evs.n - 1].data, "error/message"),
+                        "Overloaded");
+    for (int i = 0; i < evs.n; i++) {
+        assert_false(evs.ev[i].done);
+        assert_null(at(evs.ev[i].data, "usage"));
+    }
+    evs_free(&evs);
+
+    stream(24, LLMGW_EP_CHAT,
+        "data: {'candidates':[{'content':{'parts':[{'text':'Hel'}]}}],"
+        "'usageMetadata':{'promptTokenCount':5,'candidatesTokenCount':1}}\n\n"
+        "data: {'error':{'code':503,'message':'unavailable',"
+        "'status':'UNAVAILABLE'}}\n\n",
+        &evs);
+
+    assert_true(evs.n >= 2);
+    assert_non_null(at(evs.ev[evs.n - 1].data, "error"));
+    for (int i = 0; i < evs.n; i++) {
+        assert_false(evs.ev[i].done);
+    }
+    evs_free(&evs);
+}
+
+
+static void
+test_openai_stream_without_chunks_is_an_anthropic_error(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    /* only [DONE], or nothing at all */
+    stream(1, LLMGW_EP_MESSAGES, "data: [DONE]\n\n", &evs);
+    assert_int_equal(evs.n, 1);
+    assert_string_equal(str_at(evs.ev[0].data, "type"), "error");
+    assert_string_equal(str_at(evs.ev[0].data, "error/type"), "api_error");
+    evs_free(&evs);
+
+    stream(1, LLMGW_EP_MESSAGES, "", &evs);
+    assert_int_equal(evs.n, 1);
+    assert_string_equal(str_at(evs.ev[0].data, "type"), "error");
     evs_free(&evs);
 }
 
@@ -2056,6 +2121,10 @@ main(void)
             test_anthropic_stream_tool_without_arguments_gets_an_empty_object),
         cmocka_unit_test(
             test_anthropic_stream_error_becomes_openai_error_chunk),
+        cmocka_unit_test(
+            test_stream_error_after_text_ends_without_usage_or_done),
+        cmocka_unit_test(
+            test_openai_stream_without_chunks_is_an_anthropic_error),
         cmocka_unit_test(
             test_anthropic_stream_cut_short_ends_with_an_error_not_done),
         cmocka_unit_test(
