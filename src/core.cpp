@@ -140,6 +140,134 @@ json_parse(const char *data, size_t len)
     return j;
 }
 
+namespace {
+
+/* A real in the fewest digits that read back as the same double. */
+void
+shortest_real(std::string_view tok, std::string &out)
+{
+    char   num[40];
+    char   buf[40];
+    double v;
+
+    if (tok.size() >= sizeof(num)) {
+        out.append(tok);
+        return;
+    }
+
+    std::memcpy(num, tok.data(), tok.size());
+    num[tok.size()] = '\0';
+    v = std::strtod(num, nullptr);
+
+    for (int p = 1; p <= 17; p++) {
+        std::snprintf(buf, sizeof(buf), "%.*g", p, v);
+        if (std::strtod(buf, nullptr) == v) {
+            break;
+        }
+    }
+
+    /* the exponent as jansson writes it: 1e19, 1e-5 (not 1e+19, 1e-05) */
+    char *e = std::strchr(buf, 'e');
+
+    if (e != nullptr) {
+        char *d = e + 1;
+        char *from = d;
+
+        if (*from == '+') {
+            from++;
+        } else if (*from == '-') {
+            d++;
+            from++;
+        }
+
+        while (*from == '0' && from[1] != '\0') {
+            from++;
+        }
+
+        std::memmove(d, from, std::strlen(from) + 1);
+    }
+
+    out.append(buf);
+
+    /* still a real: 3.0 stays 3.0 */
+    if (std::strpbrk(buf, ".e") == nullptr) {
+        out.append(".0");
+    }
+}
+
+/*
+ * jansson writes every real with 17 significant digits, so a 0.1 read from
+ * a vendor's answer would leave as 0.10000000000000001: each real of the
+ * text is written again in its shortest form.  Strings are skipped whole.
+ */
+void
+shortest_reals(std::string &s)
+{
+    std::string out;
+    size_t      i = 0, copied = 0, n = s.size();
+
+    while (i < n) {
+        char c = s[i];
+
+        if (c == '"') {
+            for (i++; i < n && s[i] != '"'; i++) {
+                i = s.find_first_of("\"\\", i);
+                if (i == std::string::npos) {
+                    return;
+                }
+                if (s[i] == '"') {
+                    break;
+                }
+                i++;    /* the escaped character */
+            }
+            i++;
+            continue;
+        }
+
+        if (c != '-' && (c < '0' || c > '9')) {
+            i++;
+            continue;
+        }
+
+        size_t start = i;
+        bool   real = false;
+
+        for (; i < n; i++) {
+            c = s[i];
+            if (c == '.' || c == 'e' || c == 'E') {
+                real = true;
+            } else if (c != '-' && c != '+' && (c < '0' || c > '9')) {
+                break;
+            }
+        }
+
+        if (!real) {
+            continue;
+        }
+
+        std::string_view tok(s.data() + start, i - start);
+        size_t mark = out.size();
+
+        out.append(s, copied, start - copied);
+        size_t at = out.size();
+        shortest_real(tok, out);
+
+        if (std::string_view(out).substr(at) == tok) {
+            out.resize(mark);   /* unchanged: copied later with the rest */
+            continue;
+        }
+
+        copied = i;
+    }
+
+    if (copied > 0) {
+        out.append(s, copied, std::string::npos);
+        s.swap(out);
+    }
+}
+
+} // namespace
+
 std::string
 json_dump(const json_t *j)
 {
@@ -148,6 +276,7 @@ json_dump(const json_t *j)
 
     if (n > 0) {
         json_dumpb(j, out.data(), n, JSON_COMPACT);
+        shortest_reals(out);
     }
 
     return out;

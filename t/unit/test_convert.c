@@ -975,6 +975,29 @@ test_an_integer_beyond_int64_in_tool_input_still_converts(void **state)
 
 
 static void
+test_reals_in_tool_input_keep_their_shortest_form(void **state)
+{
+    json_t *j = response(14, LLMGW_EP_CHAT,
+        "{'id':'msg_3','type':'message','role':'assistant','model':'claude',"
+        "'content':[{'type':'tool_use','id':'tu_1','name':'pay',"
+        "'input':{'amount':0.1,'big':1e30,'tiny':1.5e-7,'whole':3.0,"
+        "'neg':-0.25,'sum':0.30000000000000004,'n':7,"
+        "'s':'0.10000000000000001 \\\" 2.50'}}],"
+        "'stop_reason':'tool_use','usage':{'input_tokens':1,"
+        "'output_tokens':1}}");
+    (void) state;
+
+    /* not 0.10000000000000001: the text a vendor wrote, as a double */
+    assert_string_equal(
+        str_at(j, "choices/0/message/tool_calls/0/function/arguments"),
+        "{\"amount\":0.1,\"big\":1e30,\"tiny\":1.5e-7,\"whole\":3.0,"
+        "\"neg\":-0.25,\"sum\":0.30000000000000004,\"n\":7,"
+        "\"s\":\"0.10000000000000001 \\\" 2.50\"}");
+    json_decref(j);
+}
+
+
+static void
 test_anthropic_answer_becomes_chat_completion(void **state)
 {
     json_t *j = response(14, LLMGW_EP_CHAT,
@@ -2102,6 +2125,7 @@ main(void)
         cmocka_unit_test(test_anthropic_stream_request_asks_openai_for_usage),
         cmocka_unit_test(test_anthropic_tools_and_tool_choice_map_to_openai),
         cmocka_unit_test(test_anthropic_server_tools_are_refused),
+        cmocka_unit_test(test_reals_in_tool_input_keep_their_shortest_form),
         cmocka_unit_test(test_anthropic_answer_becomes_chat_completion),
         cmocka_unit_test(test_anthropic_stop_reasons_map_to_finish_reasons),
         cmocka_unit_test(test_tool_call_round_trip),
