@@ -281,6 +281,7 @@ ngx_int_t ngx_llmgw_cache_wait_first(ngx_http_request_t *r,
 ngx_int_t ngx_llmgw_gateway_handler(ngx_http_request_t *r);
 void ngx_llmgw_admit_cancel(ngx_llmgw_ctx_t *ctx);
 void ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+ngx_uint_t ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 
 /* ngx_llmgw_upstream.c */
 ngx_int_t ngx_llmgw_upstream_start(ngx_http_request_t *r,

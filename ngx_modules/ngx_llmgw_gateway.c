@@ -780,6 +780,19 @@ ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 }
 
 
+/* A 2xx, unless its stream opened with the upstream's error event. */
+ngx_uint_t
+ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_uint_t  status;
+
+    status = r->headers_out.status;
+
+    return status >= 200 && status < 300
+           && !(ctx->resp != NULL && llmgw_resp_failed_stream(ctx->resp));
+}
+
+
 /*
  * Settlement, the ledger row, metrics and the rate limiter's success log,
  * once per request: as soon as the answer is decided (before its last byte
@@ -788,18 +801,14 @@ ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 void
 ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
-    ngx_uint_t  status;
-
     if (ctx->logged) {
         return;
     }
 
     ctx->logged = 1;
 
-    status = r->headers_out.status;
-
     if (ctx->token != NULL) {
-        ngx_llmgw_rl_done(ctx, status >= 200 && status < 300);
+        ngx_llmgw_rl_done(ctx, ngx_llmgw_succeeded(r, ctx));
     }
 
     ngx_llmgw_metrics_record(r, ctx);

@@ -78,7 +78,7 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     tp = ngx_timeofday();
 
     row.request_id = (char *) ctx->request_id;
-    row.type = (status >= 200 && status < 300) ? "consume" : "error";
+    row.type = ngx_llmgw_succeeded(r, ctx) ? "consume" : "error";
     row.user_id = ctx->user_id;
     row.token_id = ctx->token_id;
     row.channel_id = ctx->current >= 0 ? ctx->channels[ctx->current]->id : 0;
@@ -95,7 +95,9 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
                     || (ctx->req && llmgw_req_stream(ctx->req));
     /* a 2xx that was cut short is charged for what it delivered, and its
        row shows how it ended (499 client gone, 502 upstream cut, 504) */
-    row.status = (int) (ctx->end_status ? ctx->end_status : status);
+    row.status = (int) (ctx->end_status ? ctx->end_status
+                        : ctx->resp && llmgw_resp_failed_stream(ctx->resp)
+                        ? NGX_HTTP_BAD_GATEWAY : status);
     row.latency_ms = (int64_t) (ngx_current_msec - ctx->start_msec);
     row.created_at = (double) tp->sec + (double) tp->msec / 1000;
 

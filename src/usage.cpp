@@ -37,6 +37,8 @@ struct llmgw_resp_s {
        message_delta, Gemini's chunk with a finishReason): before that, a
        reported count is partial */
     bool              final_usage = false;
+    /* the upstream's error event came before any text was delivered */
+    bool              error_first = false;
 
     /* the client's format when it is not the channel's */
     llmgw_endpoint_e                  client = LLMGW_EP_NONE;
@@ -271,6 +273,18 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     }
 
     bool drop = false;
+
+    /* an error event (Anthropic's event: error; OpenAI's and Gemini's
+       {"error": ...}) before any text: the stream failed, nothing to bill */
+    if (r->text_bytes == 0 && !r->error_first
+        && (sv(ev->event) == "error"
+            || data.find("\"error\"") != std::string_view::npos))
+    {
+        JsonView e = j ? j : JsonView::parse(data);
+
+        r->error_first = e.get("error").is_object()
+                         || e.get("type").string_equals("error");
+    }
 
     r->text_bytes += j ? chunk_text(j) : scan_text(data);
 
@@ -678,6 +692,13 @@ extern "C" int
 llmgw_resp_rewrites(const llmgw_resp_t *r)
 {
     return r->hold_json || r->conv != nullptr || r->usage_injected;
+}
+
+
+extern "C" int
+llmgw_resp_failed_stream(const llmgw_resp_t *r)
+{
+    return r->stream && r->error_first && r->text_bytes == 0;
 }
 
 

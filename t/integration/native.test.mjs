@@ -1103,6 +1103,46 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             }
         });
 
+        test('a stream that opens with the upstream error event is a failure, not charged', async () => {
+            const rowOf = async (r) => (await waitLogs(gw, { token_id: token.id, model: M.viaClaude },
+                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
+                .items.find((i) => i.request_id === r.headers['x-request-id']);
+            const overloaded = 'event: error\ndata: {"type":"error","error":'
+                + '{"type":"overloaded_error","message":"Overloaded"}}\n\n';
+            an.handler = (req, res) => {
+                sseHead(res);
+                res.end(overloaded);
+            };
+            const asks = [
+                ['/v1/messages', { model: M.viaClaude, max_tokens: 32, stream: true,
+                    messages: [{ role: 'user', content: 'hi' }] }],
+                ['/v1/chat/completions', chatBody(M.viaClaude, { stream: true })],
+            ];
+            for (const [p, body] of asks) {
+                const r = await gw.req('POST', p, { key, body });
+                assert.equal(r.status, 200, r.text);
+                assert.match(r.text, /Overloaded/);
+                const row = await rowOf(r);
+                assert.equal(row.type, 'error', JSON.stringify(row));
+                assert.equal(row.status, 502);
+                assert.equal(row.quota, 0);
+            }
+
+            /* text first, then the error: what was delivered is charged */
+            an.handler = (req, res) => {
+                sseHead(res);
+                res.end('event: message_start\ndata: {"type":"message_start","message":'
+                    + '{"id":"msg_1","type":"message","role":"assistant","content":[],'
+                    + '"usage":{"input_tokens":10,"output_tokens":1}}}\n\n'
+                    + 'event: content_block_delta\ndata: {"type":"content_block_delta",'
+                    + '"index":0,"delta":{"type":"text_delta","text":"Hello there"}}\n\n'
+                    + overloaded);
+            };
+            const r = await gw.req('POST', '/v1/messages', { key, body: asks[0][1] });
+            assert.match(r.text, /Hello there/);
+            assert.equal((await rowOf(r)).type, 'consume');
+        });
+
         test('500 convert_request_failed: a chat or messages call for a rerank-only model', async () => {
             const n = rr.requests.length;
             const r = await gw.chat(key, M.cohere);
