@@ -825,6 +825,40 @@ anthropic_params(const json_t *in, json_t *body)
 }
 
 
+/*
+ * What a chat request can ask for that an Anthropic answer cannot give:
+ * refused rather than dropped, as the client would read an answer that
+ * looks like what it asked for.
+ */
+bool
+anthropic_can_answer(const json_t *in, std::string &err)
+{
+    const json_t *n = json_object_get(in, "n");
+    const json_t *format = json_object_get(in, "response_format");
+    std::string_view type = json_str(format, "type");
+
+    if (json_is_integer(n) && json_integer_value(n) > 1) {
+        err = "n: more than one choice cannot be sent to this channel";
+        return false;
+    }
+
+    if (json_is_true(json_object_get(in, "logprobs"))
+        || json_is_integer(json_object_get(in, "top_logprobs")))
+    {
+        err = "logprobs: log probabilities cannot be sent to this channel";
+        return false;
+    }
+
+    if (type == "json_schema" || type == "json_object") {
+        err = "response_format \"" + std::string(type)
+              + "\" cannot be sent to this channel";
+        return false;
+    }
+
+    return true;
+}
+
+
 bool
 chat_to_anthropic(const json_t *in, std::string_view model, Json &out,
     std::string &err)
@@ -838,6 +872,10 @@ chat_to_anthropic(const json_t *in, std::string_view model, Json &out,
 
     if (!json_is_array(msgs)) {
         err = "field messages is required";
+        return false;
+    }
+
+    if (!anthropic_can_answer(in, err)) {
         return false;
     }
 
@@ -1626,11 +1664,32 @@ chat_user_block(const json_t *block, const std::string &where,
             err = where + ".tool_use_id is required";
             return false;
         }
-        /* OpenAI tool messages carry text only; images in results drop */
-        json_t *m = chat_message("tool", jstr(anthropic_text(
-                                     json_object_get(block, "content"))));
+        /* OpenAI tool messages carry text only: a result's images go in
+           the user message that follows the tool messages */
+        const json_t *content = json_object_get(block, "content");
+        json_t *m = chat_message("tool", jstr(anthropic_text(content)));
         put(m, "tool_call_id", id);
         append(messages, m);
+
+        size_t  k;
+        json_t *inner;
+
+        json_array_foreach(content, k, inner) {
+            if (json_str(inner, "type") != "image") {
+                continue;
+            }
+
+            std::string url = source_url(json_object_get(inner, "source"));
+
+            if (url.empty()) {
+                err = at(where + ".content", k)
+                      + ": its source type cannot be sent to this channel";
+                return false;
+            }
+
+            append(parts, chat_image_part(url));
+        }
+
         return true;
     }
 

@@ -389,6 +389,31 @@ test_image_urls_become_anthropic_image_sources(void **state)
 
 
 static void
+test_what_an_anthropic_answer_cannot_give_is_refused(void **state)
+{
+    (void) state;
+    request_error(LLMGW_EP_CHAT, 14,
+        "{'model':'m','n':2,'messages':[{'role':'user','content':'a'}]}",
+        "n: more than one choice cannot be sent to this channel");
+    request_error(LLMGW_EP_CHAT, 14,
+        "{'model':'m','logprobs':true,'messages':[{'role':'user','content':'a'}]}",
+        "logprobs: log probabilities cannot be sent to this channel");
+    request_error(LLMGW_EP_CHAT, 14,
+        "{'model':'m','response_format':{'type':'json_schema','json_schema':"
+        "{'name':'x','schema':{'type':'object'}}},"
+        "'messages':[{'role':'user','content':'a'}]}",
+        "response_format \"json_schema\" cannot be sent to this channel");
+
+    /* what changes nothing is fine */
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','n':1,'logprobs':false,'response_format':{'type':'text'},"
+        "'messages':[{'role':'user','content':'a'}]}");
+    assert_null(json_object_get(j, "n"));
+    json_decref(j);
+}
+
+
+static void
 test_unusable_image_url_is_refused_with_its_position(void **state)
 {
     (void) state;
@@ -809,6 +834,33 @@ test_gemini_tool_schema_keeps_only_keys_gemini_knows(void **state)
 
 
 /* ---- Anthropic messages -> OpenAI chat ---- */
+
+static void
+test_tool_result_images_follow_as_a_user_message(void **state)
+{
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':30,'messages':["
+        "{'role':'user','content':'shoot'},"
+        "{'role':'assistant','content':[{'type':'tool_use','id':'tu_1',"
+        "'name':'screen','input':{}}]},"
+        "{'role':'user','content':[{'type':'tool_result','tool_use_id':'tu_1',"
+        "'content':[{'type':'text','text':'done'},{'type':'image','source':"
+        "{'type':'base64','media_type':'image/png','data':'iVBORw0KGgo='}}]},"
+        "{'type':'text','text':'what is on it?'}]}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "messages/2/role"), "tool");
+    assert_string_equal(str_at(j, "messages/2/tool_call_id"), "tu_1");
+    assert_string_equal(str_at(j, "messages/2/content"), "done");
+    assert_string_equal(str_at(j, "messages/3/role"), "user");
+    assert_string_equal(str_at(j, "messages/3/content/0/type"), "image_url");
+    assert_string_equal(str_at(j, "messages/3/content/0/image_url/url"),
+                        "data:image/png;base64,iVBORw0KGgo=");
+    assert_string_equal(str_at(j, "messages/3/content/1/text"),
+                        "what is on it?");
+    json_decref(j);
+}
+
 
 static void
 test_anthropic_system_blocks_become_first_system_message(void **state)
@@ -2127,6 +2179,8 @@ main(void)
         cmocka_unit_test(test_anthropic_server_tools_are_refused),
         cmocka_unit_test(test_reals_in_tool_input_keep_their_shortest_form),
         cmocka_unit_test(test_anthropic_answer_becomes_chat_completion),
+        cmocka_unit_test(test_what_an_anthropic_answer_cannot_give_is_refused),
+        cmocka_unit_test(test_tool_result_images_follow_as_a_user_message),
         cmocka_unit_test(test_anthropic_stop_reasons_map_to_finish_reasons),
         cmocka_unit_test(test_tool_call_round_trip),
         cmocka_unit_test(test_gemini_answer_becomes_chat_completion),
