@@ -97,10 +97,16 @@ typedef struct {
     ngx_uint_t                 batch_rows;
 } ngx_llmgw_proc_t;
 
+/*
+ * What a build keeps in the zone: the size of the state below, and a
+ * version for what hangs off it (bumped when a node's layout changes).
+ */
+#define NGX_LLMGW_ZONE_LAYOUT  (sizeof(ngx_llmgw_shm_t) * 100 + 2)
+
 /* The node-wide shared state (one slab zone): rate limiter and metrics. */
 typedef struct {
-    /* sizeof this struct in the build that made the zone: a reload into a
-     * build with another layout is refused (first, so that any build can
+    /* NGX_LLMGW_ZONE_LAYOUT in the build that made the zone: a reload into
+     * a build with another layout is refused (first, so that any build can
      * read it) */
     size_t                     layout;
 

@@ -1,10 +1,11 @@
 /*
  * The node-wide shared zone and the per-user rate limiter kept in it.
  *
- * Each user has one node: an rbtree entry on the zone's slab holding the
- * sliding logs that llmgw_rl_* maintain, sized for the user's limit.  A
- * changed limit moves the user's history into a node of the new sizes, so
- * that a lowered limit applies to what was already used.  All of it is
+ * Each user has one node per group its keys are limited under (a key's
+ * group may be another than its user's): an rbtree entry on the zone's
+ * slab holding the sliding logs that llmgw_rl_* maintain, sized for that
+ * group's limit.  A changed limit moves the history into a node of the new
+ * sizes, so that a lowered limit applies to what was already used.  All of it is
  * touched under the zone mutex, so the limit is exact across the workers
  * of one node.  Nodes idle for longer than their window are freed; when the
  * slab is full the least recently used ones go, as limit_req does, and the
@@ -20,6 +21,7 @@ typedef struct {
     ngx_queue_t                queue;
     ngx_msec_t                 last;
     int64_t                    user_id;
+    uint64_t                   group;       /* ngx_llmgw_rl_group() */
     int64_t                    window_ms;
     uint32_t                   total;
     uint32_t                   success;
@@ -81,7 +83,7 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     if (octx || zone->shm.exists || ctx->shpool->data) {
         ctx->sh = ctx->shpool->data;
 
-        if (ctx->sh->layout != sizeof(ngx_llmgw_shm_t)) {
+        if (ctx->sh->layout != NGX_LLMGW_ZONE_LAYOUT) {
             ngx_log_error(NGX_LOG_EMERG, zone->shm.log, 0,
                           "llmgw: the shared zone \"%V\" was made by another "
                           "build of the module; restart nginx instead of "
@@ -99,7 +101,7 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     }
 
     ctx->shpool->data = ctx->sh;
-    ctx->sh->layout = sizeof(ngx_llmgw_shm_t);
+    ctx->sh->layout = NGX_LLMGW_ZONE_LAYOUT;
 
     ngx_rbtree_init(&ctx->sh->rl_tree, &ctx->sh->rl_sentinel,
                     ngx_llmgw_rl_insert);
@@ -151,32 +153,57 @@ ngx_llmgw_shm_attach(ngx_shm_zone_t *zone)
 }
 
 
+/* FNV-1a of the group name: groups are told apart by it. */
 static uint64_t
-ngx_llmgw_rl_key(int64_t user_id)
+ngx_llmgw_rl_group(ngx_str_t *group)
 {
-    return (uint64_t) user_id * 0x9e3779b97f4a7c15ULL;
+    size_t    i;
+    uint64_t  h;
+
+    h = 0xcbf29ce484222325ULL;
+
+    for (i = 0; i < group->len; i++) {
+        h = (h ^ group->data[i]) * 0x100000001b3ULL;
+    }
+
+    return h;
+}
+
+
+typedef struct {
+    int64_t                    user_id;
+    uint64_t                   group;
+} ngx_llmgw_rl_want_t;
+
+
+static uint64_t
+ngx_llmgw_rl_key(const ngx_llmgw_rl_want_t *w)
+{
+    return (uint64_t) w->user_id * 0x9e3779b97f4a7c15ULL
+           ^ w->group * 0xbf58476d1ce4e5b9ULL;
 }
 
 
 static ngx_int_t
 ngx_llmgw_rl_match(ngx_rbtree_node_t *node, const void *data)
 {
-    ngx_llmgw_rl_node_t  *n;
+    const ngx_llmgw_rl_want_t  *w = data;
+    ngx_llmgw_rl_node_t        *n;
 
     n = (ngx_llmgw_rl_node_t *) &node->color;
 
-    return n->user_id == *(const int64_t *) data;
+    return n->user_id == w->user_id && n->group == w->group;
 }
 
 
 static ngx_llmgw_rl_node_t *
-ngx_llmgw_rl_lookup(ngx_llmgw_shm_t *sh, int64_t user_id)
+ngx_llmgw_rl_lookup(ngx_llmgw_shm_t *sh, const ngx_llmgw_rl_want_t *w)
 {
     ngx_rbtree_node_t  *node;
 
     node = ngx_llmgw_rbtree_find(&sh->rl_tree,
-                                 (ngx_rbtree_key_t) ngx_llmgw_rl_key(user_id),
-                                 ngx_llmgw_rl_match, &user_id);
+                                 (ngx_rbtree_key_t) ngx_llmgw_rl_key(w),
+                                 ngx_llmgw_rl_match, w);
 
     return node ? (ngx_llmgw_rl_node_t *) &node->color : NULL;
 }
@@ -281,7 +308,7 @@ ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
 
 /* A node for a limit, on the slab; NULL when the zone has no room. */
 static ngx_llmgw_rl_node_t *
-ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
+ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, const ngx_llmgw_rl_want_t *w,
     const llmgw_rate_limit_t *rl)
 {
     size_t                size;
@@ -303,9 +330,10 @@ ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
         return NULL;
     }
 
-    node->key = (ngx_rbtree_key_t) ngx_llmgw_rl_key(user_id);
+    node->key = (ngx_rbtree_key_t) ngx_llmgw_rl_key(w);
     n = (ngx_llmgw_rl_node_t *) &node->color;
-    n->user_id = user_id;
+    n->user_id = w->user_id;
+    n->group = w->group;
     n->window_ms = rl->window_ms;
     n->total = rl->total;
     n->success = rl->success;
@@ -316,18 +344,18 @@ ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
 
 
 /*
- * The limiter of a user, made when missing or moved to the sizes of a
- * changed limit, at the head of the LRU and marked used now (expiry keeps
- * a node a window past its last use, so what it records still counts).
- * NULL when the zone has no room.  Under the mutex.
+ * The limiter of a user and group, made when missing or moved to the sizes
+ * of a changed limit, at the head of the LRU and marked used now (expiry
+ * keeps a node a window past its last use, so what it records still
+ * counts).  NULL when the zone has no room.  Under the mutex.
  */
 static ngx_llmgw_rl_node_t *
-ngx_llmgw_rl_node(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
+ngx_llmgw_rl_node(ngx_llmgw_shm_ctx_t *ctx, const ngx_llmgw_rl_want_t *w,
     const llmgw_rate_limit_t *rl)
 {
     ngx_llmgw_rl_node_t  *n, *old;
 
-    old = ngx_llmgw_rl_lookup(ctx->sh, user_id);
+    old = ngx_llmgw_rl_lookup(ctx->sh, w);
 
     if (old != NULL) {
         /* out of the LRU while a new node may have to make room */
@@ -343,22 +371,25 @@ ngx_llmgw_rl_node(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
         n = old;
 
     } else {
-        n = ngx_llmgw_rl_alloc(ctx, user_id, rl);
+        n = ngx_llmgw_rl_alloc(ctx, w, rl);
 
-        if (old != NULL) {
-            if (n != NULL) {
+        if (n == NULL && old != NULL) {
+            /* no room for the new sizes: the old ones limit meanwhile */
+            n = old;
+
+        } else if (n == NULL) {
+            return NULL;
+
+        } else {
+            if (old != NULL) {
                 llmgw_rl_copy(n->data, old->data);
+                ngx_rbtree_delete(&ctx->sh->rl_tree,
+                                  ngx_llmgw_rl_rbnode(old));
+                ngx_slab_free_locked(ctx->shpool, ngx_llmgw_rl_rbnode(old));
             }
 
-            ngx_rbtree_delete(&ctx->sh->rl_tree, ngx_llmgw_rl_rbnode(old));
-            ngx_slab_free_locked(ctx->shpool, ngx_llmgw_rl_rbnode(old));
+            ngx_rbtree_insert(&ctx->sh->rl_tree, ngx_llmgw_rl_rbnode(n));
         }
-
-        if (n == NULL) {
-            return NULL;
-        }
-
-        ngx_rbtree_insert(&ctx->sh->rl_tree, ngx_llmgw_rl_rbnode(n));
     }
 
     ngx_queue_insert_head(&ctx->sh->rl_lru, &n->queue);
@@ -375,14 +406,17 @@ ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
     int64_t                after, reserved;
     ngx_llmgw_shm_ctx_t   *ctx;
     ngx_llmgw_rl_node_t   *n;
+    ngx_llmgw_rl_want_t    w;
 
     ctx = ngx_llmgw_shm_ctx;
+    w.user_id = user_id;
+    w.group = ngx_llmgw_rl_group(&rctx->group);
 
     ngx_shmtx_lock(&ctx->shpool->mutex);
 
     ngx_llmgw_rl_expire(ctx, 0);
 
-    n = ngx_llmgw_rl_node(ctx, user_id, rl);
+    n = ngx_llmgw_rl_node(ctx, &w, rl);
 
     if (n == NULL) {
         ngx_shmtx_unlock(&ctx->shpool->mutex);
@@ -421,6 +455,7 @@ ngx_llmgw_rl_done(ngx_llmgw_ctx_t *rctx, ngx_uint_t success)
 {
     ngx_llmgw_shm_ctx_t  *ctx;
     ngx_llmgw_rl_node_t  *n;
+    ngx_llmgw_rl_want_t   w;
 
     if (!rctx->rl_held || success || rctx->rl_reserved < 0) {
         return;
@@ -428,11 +463,13 @@ ngx_llmgw_rl_done(ngx_llmgw_ctx_t *rctx, ngx_uint_t success)
 
     rctx->rl_held = 0;
     ctx = ngx_llmgw_shm_ctx;
+    w.user_id = rctx->user_id;
+    w.group = ngx_llmgw_rl_group(&rctx->group);
 
     ngx_shmtx_lock(&ctx->shpool->mutex);
 
     /* gone with its window, or dropped for room: nothing to give back */
-    n = ngx_llmgw_rl_lookup(ctx->sh, rctx->user_id);
+    n = ngx_llmgw_rl_lookup(ctx->sh, &w);
 
     if (n != NULL) {
         llmgw_rl_release(n->data, rctx->rl_reserved);

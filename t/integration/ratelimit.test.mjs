@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, makeChannel, makeUserKey, settle,
+    assertError, assertOk, createDb, makeChannel, makeKey, makeUserKey, settle,
     startGateway, tearDown, times, uniq,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
@@ -162,6 +162,21 @@ describe('rate limits', { timeout: 180000 }, () => {
         assertOk(await gw.chat(other, M));
         assertOk(await gw.chat(other, M));
         assertLimited(await gw.chat(other, M), /at most 5 requests in 1 minutes?\b/);
+    });
+
+    test('keys of one user in two groups: each group keeps its own log', async () => {
+        /* the user's key under the default limit (5), another under "two" (2) */
+        const { user, key } = await makeUserKey(gw);
+        const other = (await makeKey(gw, user.id, { group: 'two' })).key;
+        for (let i = 0; i < 5; i++) {
+            assertOk(await gw.chat(key, M));
+        }
+        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
+        /* a request under the other group neither resets nor shrinks it */
+        assertOk(await gw.chat(other, M));
+        assertOk(await gw.chat(other, M));
+        assertLimited(await gw.chat(other, M), /at most 2 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
     });
 
     test('a changed limit applies within 1 s', async () => {
