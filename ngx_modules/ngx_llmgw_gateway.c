@@ -780,7 +780,8 @@ ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 }
 
 
-/* A 2xx, unless its stream opened with the upstream's error event. */
+/* A 2xx, unless its stream failed under that head (no text: the
+   upstream's error came first, or not one event came). */
 ngx_uint_t
 ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
@@ -788,8 +789,13 @@ ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     status = r->headers_out.status;
 
-    return status >= 200 && status < 300
-           && !(ctx->resp != NULL && llmgw_resp_failed_stream(ctx->resp));
+    if (status < 200 || status >= 300) {
+        return 0;
+    }
+
+    return ctx->resp == NULL
+           || !llmgw_resp_failed_stream(ctx->resp, ctx->end_status
+                                        == NGX_HTTP_CLIENT_CLOSED_REQUEST);
 }
 
 

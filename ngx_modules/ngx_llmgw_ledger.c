@@ -95,9 +95,17 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
                     || (ctx->req && llmgw_req_stream(ctx->req));
     /* a 2xx that was cut short is charged for what it delivered, and its
        row shows how it ended (499 client gone, 502 upstream cut, 504) */
-    row.status = (int) (ctx->end_status ? ctx->end_status
-                        : ctx->resp && llmgw_resp_failed_stream(ctx->resp)
-                        ? NGX_HTTP_BAD_GATEWAY : status);
+    if (ctx->end_status) {
+        row.status = (int) ctx->end_status;
+
+    } else if (row.type[0] == 'e' && status >= 200 && status < 300) {
+        /* a stream that failed under a 200 head */
+        row.status = NGX_HTTP_BAD_GATEWAY;
+
+    } else {
+        row.status = (int) status;
+    }
+
     row.latency_ms = (int64_t) (ngx_current_msec - ctx->start_msec);
     row.created_at = (double) tp->sec + (double) tp->msec / 1000;
 

@@ -39,6 +39,8 @@ struct llmgw_resp_s {
     bool              final_usage = false;
     /* the upstream's error event came before any text was delivered */
     bool              error_first = false;
+    /* a stream's events with data (not counting [DONE]) */
+    size_t            events = 0;
 
     /* the client's format when it is not the channel's */
     llmgw_endpoint_e                  client = LLMGW_EP_NONE;
@@ -273,6 +275,10 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     }
 
     bool drop = false;
+
+    if (!data.empty() && data != "[DONE]") {
+        r->events++;
+    }
 
     /* an error event (Anthropic's event: error; OpenAI's and Gemini's
        {"error": ...}) before any text: the stream failed, nothing to bill */
@@ -696,9 +702,15 @@ llmgw_resp_rewrites(const llmgw_resp_t *r)
 
 
 extern "C" int
-llmgw_resp_failed_stream(const llmgw_resp_t *r)
+llmgw_resp_failed_stream(const llmgw_resp_t *r, int client_gone)
 {
-    return r->stream && r->error_first && r->text_bytes == 0;
+    if (!r->stream || r->text_bytes > 0) {
+        return 0;
+    }
+
+    /* its error came first; or the upstream ended it without one event
+       (a reader who left first still pays for the prompt) */
+    return r->error_first || (r->events == 0 && !client_gone);
 }
 
 

@@ -1143,6 +1143,26 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal((await rowOf(r)).type, 'consume');
         });
 
+        test('a stream the upstream ends without one event is a failure, not charged', async () => {
+            const rowOf = async (r, model) => (await waitLogs(gw, { token_id: token.id, model },
+                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
+                .items.find((i) => i.request_id === r.headers['x-request-id']);
+            for (const tail of ['data: [DONE]\n\n', '', ': keep-alive\n\n']) {
+                oa.handler = (req, res) => {
+                    sseHead(res);
+                    res.end(tail);
+                };
+                const r = await gw.req('POST', '/v1/messages', {
+                    key, body: { ...msgBody(), stream: true },
+                });
+                assert.equal(r.status, 200, r.text);
+                assert.match(r.text, /event: error/);
+                const row = await rowOf(r, M.viaOpenai);
+                assert.equal(row.type, 'error', JSON.stringify(row));
+                assert.equal(row.status, 502);
+            }
+        });
+
         test('500 convert_request_failed: a chat or messages call for a rerank-only model', async () => {
             const n = rr.requests.length;
             const r = await gw.chat(key, M.cohere);
