@@ -300,6 +300,7 @@ char *ngx_llmgw_upstream_merge(ngx_conf_t *cf, ngx_llmgw_loc_conf_t *prev,
 /* ngx_llmgw_ratelimit.c */
 ngx_int_t ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data);
 ngx_llmgw_shm_ctx_t *ngx_llmgw_shm(void);
+void *ngx_llmgw_shm_alloc_locked(ngx_llmgw_shm_ctx_t *ctx, size_t size);
 void ngx_llmgw_shm_attach(ngx_shm_zone_t *zone);
 /*
  * The node of a zone tree whose key is key and for which match() says yes.

@@ -134,7 +134,7 @@ ngx_llmgw_bal_get(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t kind, int64_t id,
 
         if (node == NULL) {
             ngx_llmgw_bal_expire(shm, 16);
-            node = ngx_slab_alloc_locked(shm->shpool, size);
+            node = ngx_llmgw_shm_alloc_locked(shm, size);
             if (node == NULL) {
                 return NULL;
             }
@@ -341,7 +341,7 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     h = NULL;
 
     if (tok && usr) {
-        h = ngx_slab_alloc_locked(shm->shpool, sizeof(ngx_llmgw_hold_t));
+        h = ngx_llmgw_shm_alloc_locked(shm, sizeof(ngx_llmgw_hold_t));
     }
 
     if (h == NULL) {
@@ -426,8 +426,7 @@ ngx_llmgw_billing_settle(ngx_llmgw_ctx_t *ctx, int64_t quota, u_char *row,
 
     ngx_shmtx_lock(&shm->shpool->mutex);
 
-    r = ngx_slab_alloc_locked(shm->shpool,
-                              offsetof(ngx_llmgw_row_t, data) + len);
+    r = ngx_llmgw_shm_alloc_locked(shm, offsetof(ngx_llmgw_row_t, data) + len);
 
     if (r == NULL) {
         rc = NGX_ERROR;

@@ -119,6 +119,9 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     }
 
     ctx->shpool->log_ctx = (u_char *) " in llmgw zone";
+    /* a full zone is handled (and said) where it matters, not per failed
+       allocation */
+    ctx->shpool->log_nomem = 0;
     zone->data = ctx;
 
     return NGX_OK;
@@ -302,6 +305,29 @@ ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
 
         ngx_rbtree_delete(&ctx->sh->rl_tree, ngx_llmgw_rl_rbnode(rn));
         ngx_slab_free_locked(ctx->shpool, ngx_llmgw_rl_rbnode(rn));
+    }
+}
+
+
+/*
+ * Memory for billing (holds, balances, ledger rows) in a full zone: rate
+ * limit logs are given up for it, least recently used first, as a request
+ * that was served must have its row, and a limit window is only the
+ * lesser loss.  Under the mutex; NULL when no log is left to free.
+ */
+void *
+ngx_llmgw_shm_alloc_locked(ngx_llmgw_shm_ctx_t *ctx, size_t size)
+{
+    void  *p;
+
+    for ( ;; ) {
+        p = ngx_slab_alloc_locked(ctx->shpool, size);
+
+        if (p != NULL || ngx_queue_empty(&ctx->sh->rl_lru)) {
+            return p;
+        }
+
+        ngx_llmgw_rl_expire(ctx, 1);
     }
 }
 

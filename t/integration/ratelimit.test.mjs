@@ -6,7 +6,7 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, makeChannel, makeKey, makeUserKey, settle,
-    startGateway, tearDown, times, uniq,
+    startGateway, tearDown, times, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -197,5 +197,48 @@ describe('rate limits', { timeout: 180000 }, () => {
         const limited = rs.filter((x) => x.status === 429);
         assert.equal(limited.length, 5);
         assertLimited(limited[0], /at most 3 requests in 1 minutes?\b/);
+    });
+});
+
+describe('rate limit logs in a full zone', { timeout: 180000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-rlzone');
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        /* 64k: a few dozen logs of 400 entries (3.2 KB each) fill it */
+        gw = await startGateway({ db, http: 'llmgw_zone_size 64k;' });
+        const r = await gw.admin('PUT', '/api/rate_limit', {
+            default: { duration_minutes: 60, total: 400, success: 0 },
+        });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M] });
+        await gw.admin('PUT', '/api/pricing', { [M]: { ratio: 1, completion_ratio: 1 } });
+        await settle();
+    });
+
+    after(() => tearDown(db, [gw], [mock]));
+
+    test('give way to ledger rows: every request served is recorded and charged', async () => {
+        const users = [];
+        for (let i = 0; i < 30; i++) {
+            users.push(await makeUserKey(gw, {}, { unlimited_quota: false, remain_quota: 100000 }));
+        }
+        for (let round = 0; round < 2; round++) {
+            for (const u of users) {
+                assertOk(await gw.chat(u.key, M), `round ${round}`);
+            }
+        }
+        /* 30 (prompt 10 + completion 20) per request, two each */
+        await waitLogs(gw, { model: M }, (items, l) => l.total >= 60, { ms: 10000 });
+        for (const u of users.slice(0, 5)) {
+            const t = (await gw.admin('GET', `/api/token/${u.token.id}`)).json;
+            assert.equal(t.used_quota, 60, JSON.stringify(t));
+        }
+        const log = gw.errorLog();
+        assert.doesNotMatch(log, /could not be queued|out of shared memory/);
+        assert.doesNotMatch(log, /\[crit\] .*ngx_slab_alloc\(\) failed/);
+        assert.match(log, /\[warn\] .*rate limit window of user \d+ was dropped/);
     });
 });
