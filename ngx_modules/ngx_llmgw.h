@@ -101,7 +101,7 @@ typedef struct {
  * What a build keeps in the zone: the size of the state below, and a
  * version for what hangs off it (bumped when a node's layout changes).
  */
-#define NGX_LLMGW_ZONE_LAYOUT  (sizeof(ngx_llmgw_shm_t) * 100 + 2)
+#define NGX_LLMGW_ZONE_LAYOUT  (sizeof(ngx_llmgw_shm_t) * 100 + 3)
 
 /* The node-wide shared state (one slab zone): rate limiter and metrics. */
 typedef struct {
@@ -316,6 +316,9 @@ ngx_int_t ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *ctx,
     const llmgw_rate_limit_t *rl, int64_t user_id, int *which,
     ngx_uint_t *retry);
 void ngx_llmgw_rl_done(ngx_llmgw_ctx_t *ctx, ngx_uint_t success);
+uint64_t ngx_llmgw_rl_group(ngx_str_t *group);
+void ngx_llmgw_rl_release_locked(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
+    uint64_t group, int64_t reserved);
 
 /* ngx_llmgw_metrics.c */
 void ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);

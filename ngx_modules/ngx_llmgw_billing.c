@@ -46,6 +46,10 @@ typedef struct {
     ngx_llmgw_bal_t           *token;
     ngx_llmgw_bal_t           *user;
     int64_t                    amount;
+    /* the request's rate limit success slot: a dead worker's go back too */
+    int64_t                    rl_user;
+    uint64_t                   rl_group;
+    int64_t                    rl_reserved;  /* -1: none */
 } ngx_llmgw_hold_t;
 
 
@@ -261,6 +265,7 @@ ngx_llmgw_billing_reap_locked(ngx_llmgw_shm_ctx_t *shm)
     ngx_uint_t         i;
     ngx_queue_t       *q;
     ngx_llmgw_proc_t  *p;
+    ngx_llmgw_hold_t  *h;
 
     for (i = 0; i < NGX_LLMGW_MAX_PROCS; i++) {
         p = &shm->sh->procs[i];
@@ -280,8 +285,14 @@ ngx_llmgw_billing_reap_locked(ngx_llmgw_shm_ctx_t *shm)
 
         while (!ngx_queue_empty(&p->holds)) {
             q = ngx_queue_head(&p->holds);
-            ngx_llmgw_release_locked(shm,
-                ngx_queue_data(q, ngx_llmgw_hold_t, queue));
+            h = ngx_queue_data(q, ngx_llmgw_hold_t, queue);
+
+            if (h->rl_reserved >= 0) {
+                ngx_llmgw_rl_release_locked(shm, h->rl_user, h->rl_group,
+                                            h->rl_reserved);
+            }
+
+            ngx_llmgw_release_locked(shm, h);
         }
 
         /*
@@ -396,6 +407,9 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     h->token = tok;
     h->user = usr;
     h->amount = amount;
+    h->rl_user = ctx->user_id;
+    h->rl_group = ngx_llmgw_rl_group(&ctx->group);
+    h->rl_reserved = ctx->rl_held ? ctx->rl_reserved : -1;
     tok->hold += amount;
     usr->hold += amount;
     tok->refs++;

@@ -157,7 +157,7 @@ ngx_llmgw_shm_attach(ngx_shm_zone_t *zone)
 
 
 /* FNV-1a of the group name: groups are told apart by it. */
-static uint64_t
+uint64_t
 ngx_llmgw_rl_group(ngx_str_t *group)
 {
     size_t    i;
@@ -472,6 +472,25 @@ ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
 }
 
 
+/* A success slot given back; its log may be gone.  Under the mutex. */
+void
+ngx_llmgw_rl_release_locked(ngx_llmgw_shm_ctx_t *ctx, int64_t user_id,
+    uint64_t group, int64_t reserved)
+{
+    ngx_llmgw_rl_node_t  *n;
+    ngx_llmgw_rl_want_t   w;
+
+    w.user_id = user_id;
+    w.group = group;
+
+    n = ngx_llmgw_rl_lookup(ctx->sh, &w);
+
+    if (n != NULL) {
+        llmgw_rl_release(n->data, reserved);
+    }
+}
+
+
 /*
  * The request ended: a success keeps the slot it took when admitted, any
  * other end gives it back.
@@ -480,8 +499,6 @@ void
 ngx_llmgw_rl_done(ngx_llmgw_ctx_t *rctx, ngx_uint_t success)
 {
     ngx_llmgw_shm_ctx_t  *ctx;
-    ngx_llmgw_rl_node_t  *n;
-    ngx_llmgw_rl_want_t   w;
 
     if (!rctx->rl_held || success || rctx->rl_reserved < 0) {
         return;
@@ -489,17 +506,10 @@ ngx_llmgw_rl_done(ngx_llmgw_ctx_t *rctx, ngx_uint_t success)
 
     rctx->rl_held = 0;
     ctx = ngx_llmgw_shm_ctx;
-    w.user_id = rctx->user_id;
-    w.group = ngx_llmgw_rl_group(&rctx->group);
 
     ngx_shmtx_lock(&ctx->shpool->mutex);
-
-    /* gone with its window, or dropped for room: nothing to give back */
-    n = ngx_llmgw_rl_lookup(ctx->sh, &w);
-
-    if (n != NULL) {
-        llmgw_rl_release(n->data, rctx->rl_reserved);
-    }
-
+    ngx_llmgw_rl_release_locked(ctx, rctx->user_id,
+                                ngx_llmgw_rl_group(&rctx->group),
+                                rctx->rl_reserved);
     ngx_shmtx_unlock(&ctx->shpool->mutex);
 }

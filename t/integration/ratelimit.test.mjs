@@ -5,10 +5,10 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, makeChannel, makeKey, makeUserKey, settle,
+    assertError, assertOk, createDb, dropDb, eventually, makeChannel, makeKey, makeUserKey, settle,
     startGateway, tearDown, times, uniq, waitLogs,
 } from '../lib/harness.mjs';
-import { startMock } from '../lib/mock.mjs';
+import { echo, startMock } from '../lib/mock.mjs';
 
 /* reuseport: the kernel spreads connections over both workers. */
 const SPREAD = { listen: 'reuseport', server: 'add_header X-Worker $pid always;' };
@@ -240,5 +240,62 @@ describe('rate limit logs in a full zone', { timeout: 180000 }, () => {
         assert.doesNotMatch(log, /could not be queued|out of shared memory/);
         assert.doesNotMatch(log, /\[crit\] .*ngx_slab_alloc\(\) failed/);
         assert.match(log, /\[warn\] .*rate limit window of user \d+ was dropped/);
+    });
+});
+
+describe('success slots of a worker killed with kill -9', { timeout: 120000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-rlkill');
+    let slow = true;
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock(async (req, res, rec) => {
+            if (slow) {
+                await new Promise((r) => setTimeout(r, 4000));
+            }
+            return echo(req, res, rec);
+        });
+        gw = await startGateway({ db, workers: 1 });
+        const r = await gw.admin('PUT', '/api/rate_limit', {
+            default: { duration_minutes: 60, total: 0, success: 4 },
+        });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M] });
+        await settle();
+    });
+
+    after(async () => {
+        try {
+            await gw?.stop();
+            const bad = (gw?.errorLog() || '').split('\n')
+                .filter((l) => /\[(alert|emerg)\]/.test(l) && !/exited on signal 9/.test(l));
+            assert.deepEqual(bad, []);
+        } finally {
+            await mock?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('are given back when another worker finds the dead one', async () => {
+        const { key } = await makeUserKey(gw);
+        /* three requests hold slots inside the upstream */
+        const inflight = times(3, () => gw.chat(key, M).catch(() => null));
+        await eventually(() => assert.equal(mock.requests.length, 3), { ms: 5000 });
+        const pids = gw.workerPids();
+        for (const p of pids) {
+            process.kill(p, 'SIGKILL');
+        }
+        await inflight;
+        await eventually(() => {
+            const now = gw.workerPids();
+            assert.ok(now.length === 1 && !pids.includes(now[0]));
+        }, { ms: 5000 });
+        slow = false;
+        const rs = [];
+        for (let i = 0; i < 5; i++) {
+            rs.push((await gw.chat(key, M)).status);
+        }
+        assert.deepEqual(rs, [200, 200, 200, 200, 429]);
     });
 });
