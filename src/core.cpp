@@ -3,6 +3,7 @@
  * JSON accessors.
  */
 
+#include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -159,9 +160,15 @@ shortest_real(std::string_view tok, std::string &out)
     num[tok.size()] = '\0';
     v = std::strtod(num, nullptr);
 
+    /* the fewest digits; an exponent only where a number is written with
+       one anyway (100.0 stays 100.0, not 1e2) */
+    bool plain = std::fabs(v) >= 1e-4 && std::fabs(v) < 1e17;
+
     for (int p = 1; p <= 17; p++) {
         std::snprintf(buf, sizeof(buf), "%.*g", p, v);
-        if (std::strtod(buf, nullptr) == v) {
+        if (std::strtod(buf, nullptr) == v
+            && (!plain || std::strchr(buf, 'e') == nullptr || p == 17))
+        {
             break;
         }
     }

@@ -1033,7 +1033,7 @@ test_reals_in_tool_input_keep_their_shortest_form(void **state)
         "{'id':'msg_3','type':'message','role':'assistant','model':'claude',"
         "'content':[{'type':'tool_use','id':'tu_1','name':'pay',"
         "'input':{'amount':0.1,'big':1e30,'tiny':1.5e-7,'whole':3.0,"
-        "'neg':-0.25,'sum':0.30000000000000004,'n':7,"
+        "'neg':-0.25,'sum':0.30000000000000004,'n':7,'hundred':100.0,"
         "'s':'0.10000000000000001 \\\" 2.50'}}],"
         "'stop_reason':'tool_use','usage':{'input_tokens':1,"
         "'output_tokens':1}}");
@@ -1044,7 +1044,7 @@ test_reals_in_tool_input_keep_their_shortest_form(void **state)
         str_at(j, "choices/0/message/tool_calls/0/function/arguments"),
         "{\"amount\":0.1,\"big\":1e30,\"tiny\":1.5e-7,\"whole\":3.0,"
         "\"neg\":-0.25,\"sum\":0.30000000000000004,\"n\":7,"
-        "\"s\":\"0.10000000000000001 \\\" 2.50\"}");
+        "\"hundred\":100.0,\"s\":\"0.10000000000000001 \\\" 2.50\"}");
     json_decref(j);
 }
 
