@@ -584,6 +584,10 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
 
     /* ============================================================== */
     describe('format conversion', () => {
+        /* the ledger row of an answer, by its request id */
+        const rowOf = async (r, model) => (await waitLogs(gw, { token_id: token.id, model },
+            (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
+            .items.find((i) => i.request_id === r.headers['x-request-id']);
         const chatBody = (model, extra = {}) => ({
             model,
             messages: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hello there' }],
@@ -1077,9 +1081,6 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         });
 
         test('a 2xx that cannot be put in the client format is no answer: 502 bad_response_body, uncharged', async () => {
-            const rowOf = async (r, model) => (await waitLogs(gw, { token_id: token.id, model },
-                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
-                .items.find((i) => i.request_id === r.headers['x-request-id']);
 
             oa.handler = (req, res) => sendJson(res, 200,
                 { error: { message: 'upstream quota exceeded', type: 'insufficient_quota' } });
@@ -1104,9 +1105,6 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         });
 
         test('a stream that opens with the upstream error event is a failure, not charged', async () => {
-            const rowOf = async (r) => (await waitLogs(gw, { token_id: token.id, model: M.viaClaude },
-                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
-                .items.find((i) => i.request_id === r.headers['x-request-id']);
             const overloaded = 'event: error\ndata: {"type":"error","error":'
                 + '{"type":"overloaded_error","message":"Overloaded"}}\n\n';
             an.handler = (req, res) => {
@@ -1122,7 +1120,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 const r = await gw.req('POST', p, { key, body });
                 assert.equal(r.status, 200, r.text);
                 assert.match(r.text, /Overloaded/);
-                const row = await rowOf(r);
+                const row = await rowOf(r, M.viaClaude);
                 assert.equal(row.type, 'error', JSON.stringify(row));
                 assert.equal(row.status, 502);
                 assert.equal(row.quota, 0);
@@ -1140,13 +1138,10 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             };
             const r = await gw.req('POST', '/v1/messages', { key, body: asks[0][1] });
             assert.match(r.text, /Hello there/);
-            assert.equal((await rowOf(r)).type, 'consume');
+            assert.equal((await rowOf(r, M.viaClaude)).type, 'consume');
         });
 
         test('a stream the upstream ends without one event is a failure, not charged', async () => {
-            const rowOf = async (r, model) => (await waitLogs(gw, { token_id: token.id, model },
-                (items) => items.some((i) => i.request_id === r.headers['x-request-id'])))
-                .items.find((i) => i.request_id === r.headers['x-request-id']);
             for (const tail of ['data: [DONE]\n\n', '', ': keep-alive\n\n']) {
                 oa.handler = (req, res) => {
                     sseHead(res);
