@@ -254,7 +254,9 @@ ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
      * llmgw_pg_timeout is not sent again.
      */
     if (err != NULL && lk->again < ngx_llmgw_cache_mcf->pg_pool_size
-        && ngx_current_msec - lk->sent < NGX_LLMGW_LOOKUP_AGAIN_MS)
+        && ngx_current_msec - lk->sent
+           < ngx_min(NGX_LLMGW_LOOKUP_AGAIN_MS,
+                     ngx_llmgw_cache_mcf->pg_timeout))
     {
         lk->again++;
 
