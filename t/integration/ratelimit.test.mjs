@@ -21,23 +21,30 @@ describe('rate limits', { timeout: 180000 }, () => {
         key, headers: { 'Content-Type': 'application/json' }, body: '{"model":',
     });
 
+    /* The suite's limits, the totals of "two" and "chg" as given; returns
+       once they apply on every worker. */
+    async function putLimits({ two = 2, chg = 10 } = {}) {
+        const t0 = Date.now();
+        const r = await gw.admin('PUT', '/api/rate_limit', {
+            default: { duration_minutes: 1, total: 5, success: 0 },
+            groups: {
+                two: { duration_minutes: 1, total: two, success: 0 },
+                succ: { duration_minutes: 1, total: 100, success: 2 },
+                chg: { duration_minutes: 1, total: chg, success: 0 },
+            },
+        });
+        assert.equal(r.status, 200, r.text);
+        await settle(t0);
+    }
+
     before(async () => {
         db = await createDb();
         mock = await startMock();
         gw = await startGateway({ db, ...SPREAD });
-        let r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1, chg: 1 });
-        assert.equal(r.status, 200, r.text);
-        r = await gw.admin('PUT', '/api/rate_limit', {
-            default: { duration_minutes: 1, total: 5, success: 0 },
-            groups: {
-                two: { duration_minutes: 1, total: 2, success: 0 },
-                succ: { duration_minutes: 1, total: 100, success: 2 },
-                chg: { duration_minutes: 1, total: 10, success: 0 },
-            },
-        });
+        const r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1, chg: 1 });
         assert.equal(r.status, 200, r.text);
         await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'two', 'succ', 'chg'] });
-        await settle();
+        await putLimits();
     });
 
     after(() => tearDown(db, [gw], [mock]));
@@ -132,24 +139,11 @@ describe('rate limits', { timeout: 180000 }, () => {
 
     test('a changed limit counts what was used before it', async () => {
         const { key } = await makeUserKey(gw, { group: 'chg' });
-        const limits = async (total) => {
-            const t0 = Date.now();
-            const r = await gw.admin('PUT', '/api/rate_limit', {
-                default: { duration_minutes: 1, total: 5, success: 0 },
-                groups: {
-                    two: { duration_minutes: 1, total: 2, success: 0 },
-                    succ: { duration_minutes: 1, total: 100, success: 2 },
-                    chg: { duration_minutes: 1, total, success: 0 },
-                },
-            });
-            assert.equal(r.status, 200, r.text);
-            await settle(t0);
-        };
         for (let i = 0; i < 4; i++) {
             assertOk(await gw.chat(key, M));
         }
         /* lowered below what was used: refused */
-        await limits(3);
+        await putLimits({ chg: 3 });
         assertLimited(await gw.chat(key, M), /at most 3 requests in 1 minutes?\b/);
 
         /* another user spends the 3, then the limit is raised to 5: two more */
@@ -158,7 +152,7 @@ describe('rate limits', { timeout: 180000 }, () => {
             assertOk(await gw.chat(other, M));
         }
         assertLimited(await gw.chat(other, M), /at most 3 requests in 1 minutes?\b/);
-        await limits(5);
+        await putLimits({ chg: 5 });
         assertOk(await gw.chat(other, M));
         assertOk(await gw.chat(other, M));
         assertLimited(await gw.chat(other, M), /at most 5 requests in 1 minutes?\b/);
@@ -181,16 +175,7 @@ describe('rate limits', { timeout: 180000 }, () => {
 
     test('a changed limit applies within 1 s', async () => {
         const { key } = await makeUserKey(gw, { group: 'two' });
-        const t0 = Date.now();
-        const r = await gw.admin('PUT', '/api/rate_limit', {
-            default: { duration_minutes: 1, total: 5, success: 0 },
-            groups: {
-                two: { duration_minutes: 1, total: 3, success: 0 },
-                succ: { duration_minutes: 1, total: 100, success: 2 },
-            },
-        });
-        assert.equal(r.status, 200, r.text);
-        await settle(t0);
+        await putLimits({ two: 3 });
         const rs = await times(8, () => gw.chat(key, M));
         assert.equal(rs.filter((x) => x.status === 200).length, 3,
             `statuses: ${rs.map((x) => x.status).join(',')}`);
