@@ -1893,12 +1893,33 @@ chat_tool_choice(const json_t *choice, json_t *body, std::string &err)
 }
 
 
+/* OpenAI's reasoning models (o1, o3, o4-mini, gpt-5, ...) refuse
+   max_tokens and take max_completion_tokens; compatible servers mostly know
+   only max_tokens. A provider prefix ("openai/o3") is looked through. */
+bool
+takes_max_completion_tokens(std::string_view model)
+{
+    size_t slash = model.rfind('/');
+
+    if (slash != std::string_view::npos) {
+        model.remove_prefix(slash + 1);
+    }
+
+    return (model.size() >= 2 && model[0] == 'o'
+            && model[1] >= '1' && model[1] <= '9')
+           || model.substr(0, 5) == "gpt-5";
+}
+
+
 void
-chat_params(const json_t *in, json_t *body)
+chat_params(const json_t *in, std::string_view model, json_t *body)
 {
     const json_t *stop = json_object_get(in, "stop_sequences");
 
-    copy_number(body, "max_tokens", in, "max_tokens");
+    copy_number(body,
+                takes_max_completion_tokens(model) ? "max_completion_tokens"
+                                                   : "max_tokens",
+                in, "max_tokens");
     copy_number(body, "temperature", in, "temperature");
     copy_number(body, "top_p", in, "top_p");
 
@@ -1970,7 +1991,7 @@ messages_to_chat(const json_t *in, std::string_view model, Json &out,
         return false;
     }
 
-    chat_params(in, body.get());
+    chat_params(in, model, body.get());
 
     out = std::move(body);
     return true;

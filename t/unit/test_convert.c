@@ -882,6 +882,40 @@ test_anthropic_system_blocks_become_first_system_message(void **state)
 }
 
 
+/* OpenAI's reasoning models refuse max_tokens: they are sent
+   max_completion_tokens; other models keep max_tokens */
+static void
+test_anthropic_max_tokens_to_reasoning_models(void **state)
+{
+    static const struct { const char *model; int completion; } cases[] = {
+        { "o3-mini", 1 }, { "o1", 1 }, { "openai/o4-mini", 1 },
+        { "gpt-5", 1 }, { "gpt-5-mini-2025-08-07", 1 },
+        { "gpt-4o", 0 }, { "omni-moderation", 0 }, { "llama-3", 0 },
+        { "o", 0 },
+    };
+    size_t i;
+    (void) state;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char        *body = unquote("{'model':'claude','max_tokens':77,"
+                                    "'messages':[{'role':'user','content':'q'}]}");
+        llmgw_buf_t  b = llmgw_test_convert_request(LLMGW_EP_MESSAGES, 1, body,
+                                                    cases[i].model);
+        json_t      *j = take_json(b);
+
+        free(body);
+        if (cases[i].completion) {
+            assert_int_equal(int_at(j, "max_completion_tokens"), 77);
+            assert_null(json_object_get(j, "max_tokens"));
+        } else {
+            assert_int_equal(int_at(j, "max_tokens"), 77);
+            assert_null(json_object_get(j, "max_completion_tokens"));
+        }
+        json_decref(j);
+    }
+}
+
+
 static void
 test_anthropic_tool_use_and_result_become_openai_tool_calls(void **state)
 {
@@ -2145,6 +2179,7 @@ main(void)
             test_unusable_image_url_is_refused_with_its_position),
         cmocka_unit_test(
             test_tool_calls_become_tool_use_and_tool_messages_tool_results),
+        cmocka_unit_test(test_anthropic_max_tokens_to_reasoning_models),
         cmocka_unit_test(
             test_tool_ids_are_made_valid_for_anthropic_on_both_sides),
         cmocka_unit_test(test_consecutive_same_role_messages_merge),
