@@ -231,6 +231,7 @@ extern ngx_module_t  ngx_http_llmgw_module;
 
 
 /* ngx_llmgw_module.c */
+extern ngx_connection_t  ngx_llmgw_no_connection;
 ngx_llmgw_ctx_t *ngx_llmgw_get_ctx(ngx_http_request_t *r);
 ngx_int_t ngx_llmgw_send_error(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     const llmgw_verdict_t *v);

@@ -90,10 +90,12 @@ ngx_llmgw_cache_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     }
 
     ngx_llmgw_tick_ev.handler = ngx_llmgw_cache_tick;
+    ngx_llmgw_tick_ev.data = &ngx_llmgw_no_connection;
     ngx_llmgw_tick_ev.log = cycle->log;
     ngx_llmgw_tick_ev.cancelable = 1;
 
     ngx_llmgw_unloaded_ev.handler = ngx_llmgw_cache_unloaded;
+    ngx_llmgw_unloaded_ev.data = &ngx_llmgw_no_connection;
     ngx_llmgw_unloaded_ev.log = cycle->log;
 
     ngx_llmgw_cache_load();

@@ -378,6 +378,7 @@ ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     if (ngx_llmgw_admit_ev.handler == NULL) {
         ngx_queue_init(&ngx_llmgw_admit_waiting);
         ngx_llmgw_admit_ev.handler = ngx_llmgw_admit_tick;
+        ngx_llmgw_admit_ev.data = &ngx_llmgw_no_connection;
         ngx_llmgw_admit_ev.log = ngx_cycle->log;
     }
 

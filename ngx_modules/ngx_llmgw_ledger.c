@@ -47,10 +47,12 @@ ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_ledger_log = cycle->log;
 
     ngx_llmgw_flush_ev.handler = ngx_llmgw_ledger_tick;
+    ngx_llmgw_flush_ev.data = &ngx_llmgw_no_connection;
     ngx_llmgw_flush_ev.log = cycle->log;
     ngx_llmgw_flush_ev.cancelable = 1;
 
     ngx_llmgw_flush_next.handler = ngx_llmgw_ledger_next;
+    ngx_llmgw_flush_next.data = &ngx_llmgw_no_connection;
     ngx_llmgw_flush_next.log = cycle->log;
 
     ngx_add_timer(&ngx_llmgw_flush_ev, mcf->flush_interval);

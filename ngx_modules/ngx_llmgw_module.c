@@ -536,6 +536,12 @@ static ngx_uint_t  ngx_llmgw_rid_ready;
 static uint64_t  ngx_llmgw_rid_counter;
 
 
+/* nginx's debug log names an event by the fd of the connection in its
+   data ("event timer add: <fd>: ..."): the module's own timers, which
+   belong to no connection, point at this one instead of at nothing */
+ngx_connection_t  ngx_llmgw_no_connection = { .fd = (ngx_socket_t) -1 };
+
+
 ngx_llmgw_ctx_t *
 ngx_llmgw_get_ctx(ngx_http_request_t *r)
 {

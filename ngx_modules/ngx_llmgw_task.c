@@ -108,6 +108,7 @@ ngx_llmgw_task_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     }
 
     ngx_llmgw_poll_ev.handler = ngx_llmgw_poll_tick;
+    ngx_llmgw_poll_ev.data = &ngx_llmgw_no_connection;
     ngx_llmgw_poll_ev.log = cycle->log;
     ngx_llmgw_poll_ev.cancelable = 1;
 

@@ -79,6 +79,7 @@ ngx_llmgw_v8host_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     }
 
     ngx_llmgw_v8_kick.handler = ngx_llmgw_v8_posted;
+    ngx_llmgw_v8_kick.data = &ngx_llmgw_no_connection;
     ngx_llmgw_v8_kick.log = cycle->log;
 
     return NGX_OK;

@@ -63,3 +63,31 @@ describe('a new worker and its first configuration', { timeout: 120000 }, () => 
         }
     });
 });
+
+describe('with the error log at debug level', { timeout: 120000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-debug');
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        /* the helper too: its kick and the task poll timer are the module's */
+        gw = await startGateway({ db, errorLevel: 'debug', v8host: true });
+        await makeChannel(gw, { base_url: mock.url, models: [M] });
+        await settle();
+    });
+
+    /* stopAll() fails on the [alert] "worker process exited on signal 11"
+       lines a crashed worker leaves */
+    after(() => tearDown(db, [gw], [mock]));
+
+    test('the module timers log their debug lines and the workers serve', async () => {
+        const { key } = await makeUserKey(gw);
+        assertOk(await gw.chat(key, M));
+        /* the ledger flush and configuration refresh timers fire again */
+        await sleep(1500);
+        assertOk(await gw.chat(key, M));
+        assert.match(gw.errorLog(), /event timer add: -1: /);
+        assert.doesNotMatch(gw.errorLog(), /exited on signal/);
+    });
+});

@@ -477,10 +477,10 @@ export async function startV8host({ dir, workers = 2, deadlineMs, heapMb,
 }
 
 export function nginxConf({ dir, port, dbConninfo, http: httpExtra = '',
-    server = '', workers = 2, listen = '' }) {
+    server = '', workers = 2, listen = '', errorLevel = 'info' }) {
     return `load_module ${MODULE};
 daemon off; master_process on; worker_processes ${workers};
-error_log ${dir}/error.log info; pid ${dir}/nginx.pid;
+error_log ${dir}/error.log ${errorLevel}; pid ${dir}/nginx.pid;
 ${process.env.LLMGW_CORE_DIR ? `worker_rlimit_core 2g; working_directory ${process.env.LLMGW_CORE_DIR};` : ''}
 events { worker_connections 1024; }
 http {
@@ -519,7 +519,7 @@ http {
  *             log()}; gw.stop() stops it after nginx.
  */
 export async function startGateway({ db, workers = 2, http: httpExtra = '',
-    server = '', listen = '', conf, rootToken, v8host } = {}) {
+    server = '', listen = '', conf, rootToken, v8host, errorLevel } = {}) {
     assert.ok(db && db.conninfo, 'startGateway needs {db}');
     assert.ok(fs.existsSync(MODULE), `module not built: ${MODULE}`);
 
@@ -550,7 +550,7 @@ export async function startGateway({ db, workers = 2, http: httpExtra = '',
             ? conf.replaceAll('{{DIR}}', dir).replaceAll('{{PORT}}', String(port))
                 .replaceAll('{{V8SOCK}}', helper ? helper.socket : '')
             : nginxConf({ dir, port, dbConninfo: db.conninfo, http: httpExtra,
-                server, workers, listen });
+                server, workers, listen, errorLevel });
         fs.writeFileSync(path.join(dir, 'nginx.conf'), text);
         const gw = await launch({ dir, port, token, db, helper });
         if (gw.ok) {
