@@ -654,12 +654,16 @@ ngx_llmgw_send_json(ngx_http_request_t *r, ngx_uint_t status, u_char *data,
         r->keepalive = 0;
     }
 
-    b = ngx_create_temp_buf(r->pool, len);
+    /* an empty body is a buffer with no memory: nginx refuses an empty
+       temporary one ("zero size buf") */
+    b = (len > 0) ? ngx_create_temp_buf(r->pool, len) : ngx_calloc_buf(r->pool);
     if (b == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    b->last = ngx_cpymem(b->pos, data, len);
+    if (len > 0) {
+        b->last = ngx_cpymem(b->pos, data, len);
+    }
     b->last_buf = (r == r->main) ? 1 : 0;
     b->last_in_chain = 1;
 

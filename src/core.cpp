@@ -278,11 +278,12 @@ shortest_reals(std::string &s)
 std::string
 json_dump(const json_t *j)
 {
-    size_t n = json_dumpb(j, nullptr, 0, JSON_COMPACT);
+    /* a plugin's answer may be any JSON value, "hello" or 42 too */
+    size_t n = json_dumpb(j, nullptr, 0, JSON_COMPACT | JSON_ENCODE_ANY);
     std::string out(n, '\0');
 
     if (n > 0) {
-        json_dumpb(j, out.data(), n, JSON_COMPACT);
+        json_dumpb(j, out.data(), n, JSON_COMPACT | JSON_ENCODE_ANY);
         shortest_reals(out);
     }
 

@@ -1779,7 +1779,11 @@ llmgw_tjob_s::next_request()
 
     case RENDERED:
         if (!hook.ok) {
-            return plugin_failed(nullptr);
+            /* The vendor took the task and it is charged: a refusal now
+               would be retried by the client (and paid twice), so the
+               task is answered in the host's own view, which names it. */
+            Json v(api_view(json_object_get(created.get(), "task")));
+            return respond_json(200, v.get());
         }
         return respond_json(200, hook.result.get());
 

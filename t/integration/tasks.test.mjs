@@ -294,6 +294,25 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(env.vendor.submits().length, 1);
     });
 
+    test('a render may answer any JSON value; a render that fails answers the task anyway', async () => {
+        const env = await setup();
+        for (const value of ['hello', 42, null, '', true, [1, 'a']]) {
+            const r = await native(env, 'POST', '/generate',
+                { body: { model: env.model, prompt: 'p', render_as: value } });
+            assert.equal(r.status, 200, `render_as ${JSON.stringify(value)}: ${r.text}`);
+            assert.equal(r.text, JSON.stringify(value));
+        }
+
+        /* the vendor took the task and it is charged: the client learns
+           its id (an error would be retried, and paid twice) */
+        const r = assertOk(await native(env, 'POST', '/generate',
+            { body: { model: env.model, prompt: 'p', render_as: 'throw' } }));
+        assert.match(r.json.task_id, /^task_/, r.text);
+        const g = assertOk(await getTask(gw, env.acct.key, r.json.task_id));
+        assert.equal(g.json.task_id, r.json.task_id);
+        assert.equal(env.vendor.submits().length, 7);
+    });
+
     test('route models: a missing, non-string or unlisted model is 400 and sends nothing', async () => {
         const env = await setup();
         for (const [what, model] of [['missing', undefined], ['a number', 42],
