@@ -88,6 +88,11 @@ static ngx_str_t  ngx_llmgw_hide_headers[] = {
     ngx_string("X-Accel-Charset"),
     ngx_string("Set-Cookie"),
     ngx_string("X-Request-Id"),
+    /* the operator's upstream account, and its challenge: not the client's */
+    ngx_string("OpenAI-Organization"),
+    ngx_string("OpenAI-Project"),
+    ngx_string("Anthropic-Organization-Id"),
+    ngx_string("WWW-Authenticate"),
     ngx_null_string
 };
 
@@ -1139,6 +1144,25 @@ ngx_llmgw_push_header(ngx_http_request_t *r, ngx_str_t *key,
 }
 
 
+/* Whether an upstream header value holds the try's channel credential. */
+static ngx_uint_t
+ngx_llmgw_quotes_key(ngx_llmgw_ctx_t *ctx, ngx_str_t *value)
+{
+    size_t       len;
+    const char  *key;
+
+    if (ctx->current < 0) {
+        return 0;
+    }
+
+    key = ctx->channels[ctx->current]->key;
+    len = ngx_strlen(key);
+
+    return len >= LLMGW_CREDENTIAL_MIN_BYTES
+           && memmem(value->data, value->len, key, len) != NULL;
+}
+
+
 static ngx_int_t
 ngx_llmgw_process_header(ngx_http_request_t *r)
 {
@@ -1246,6 +1270,10 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
                    != NULL)
             {
                 ctx->event_stream = 1;
+            }
+
+            if (ngx_llmgw_quotes_key(ctx, &value)) {
+                ngx_str_set(&value, "[credential]");
             }
 
             key.data = ngx_pstrdup(r->pool, &key);
@@ -1385,6 +1413,9 @@ ngx_llmgw_new_resp(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     if (ctx->resp == NULL) {
         return NGX_ERROR;
     }
+
+    llmgw_resp_secret(ctx->resp, ctx->channels[ctx->current]->key,
+                      ngx_strlen(ctx->channels[ctx->current]->key));
 
     if (ctx->whole_for_stream) {
         llmgw_resp_whole_for_stream(ctx->resp);

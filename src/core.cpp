@@ -3,6 +3,7 @@
  * JSON accessors.
  */
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -494,6 +495,26 @@ replace_all(std::string &s, std::string_view what, std::string_view with)
 }
 
 }  // namespace
+
+std::vector<std::string>
+credential_forms(std::string_view credential)
+{
+    std::vector<std::string> forms;
+
+    if (credential.size() < kCredentialMinBytes) {
+        return forms;
+    }
+
+    forms.emplace_back(credential);
+    for (const char *hex : { "0123456789ABCDEF", "0123456789abcdef" }) {
+        std::string f = percent_encoded(credential, hex);
+        if (std::find(forms.begin(), forms.end(), f) == forms.end()) {
+            forms.push_back(std::move(f));
+        }
+    }
+
+    return forms;
+}
 
 std::string
 redact(std::string_view s, std::string_view credential)

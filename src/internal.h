@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 #include <cstdio>
 
 #include "llmgw.h"
@@ -79,8 +80,7 @@ void append_json_string(std::string &out, std::string_view s);
 /* At most max bytes of s, never splitting a UTF-8 sequence. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 
-/* Shorter credentials would be "found" in unrelated text by chance. */
-constexpr size_t kCredentialMinBytes = 8;
+constexpr size_t kCredentialMinBytes = LLMGW_CREDENTIAL_MIN_BYTES;
 
 /*
  * s with every copy of a channel credential replaced by "[credential]": as
@@ -89,6 +89,8 @@ constexpr size_t kCredentialMinBytes = 8;
  * passes here before it is cut, logged or shown to a client.
  */
 std::string redact(std::string_view s, std::string_view credential);
+/* The spellings redact() looks for (none for a credential too short). */
+std::vector<std::string> credential_forms(std::string_view credential);
 
 /* Whether a JSON array holds the string v. */
 inline bool

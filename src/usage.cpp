@@ -55,6 +55,13 @@ struct llmgw_resp_s {
     bool                              whole_for_stream = false;
     std::unique_ptr<StreamConverter>  conv;
 
+    /* the try's channel credential, taken out of everything the client
+       gets (an upstream error event can quote it); the end of the last
+       output when it may be the start of one, held for the next */
+    std::string                       secret;
+    std::vector<std::string>          secret_forms;
+    std::string                       secret_tail;
+
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
 
@@ -436,9 +443,10 @@ llmgw_resp_free(llmgw_resp_t *r)
 }
 
 
-extern "C" int
-llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
-    llmgw_buf_t *out)
+namespace {
+
+int
+feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
 {
     out->data = nullptr;
     out->len = 0;
@@ -553,8 +561,8 @@ converted_json(llmgw_resp_s &r)
 }
 
 
-extern "C" int
-llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out)
+int
+finish(llmgw_resp_t *r, llmgw_buf_t *out)
 {
     out->data = nullptr;
     out->len = 0;
@@ -577,6 +585,121 @@ llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out)
 
     } catch (...) {
         return -1;
+    }
+}
+
+
+
+/*
+ * What the client gets for `produced` (the bytes fed or what they became),
+ * with the credential taken out.  The end of the text that may begin a
+ * copy split over two reads waits for the next; `last` hands it out.
+ */
+int
+masked(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out,
+    bool last)
+{
+    if (r->secret_forms.empty()) {
+        return 0;
+    }
+
+    std::string_view produced = out->data ? std::string_view(out->data,
+                                                             out->len)
+                                          : std::string_view(data, len);
+    bool found = false;
+
+    for (const std::string &f : r->secret_forms) {
+        found = found || produced.find(f) != std::string_view::npos;
+    }
+
+    /* the forms are as long as the credential or longer */
+    const std::string &key = r->secret;
+    size_t hold = 0;
+
+    if (!last) {
+        size_t from = produced.size() >= key.size()
+                      ? produced.size() - key.size() + 1 : 0;
+        for (size_t at = from; at < produced.size(); at++) {
+            if (key.compare(0, produced.size() - at, produced.substr(at)) == 0)
+            {
+                hold = produced.size() - at;
+                break;
+            }
+        }
+    }
+
+    if (!found && hold == 0 && r->secret_tail.empty()) {
+        return 0;
+    }
+
+    std::string text = r->secret_tail;
+    text.append(produced);
+    r->secret_tail.clear();
+
+    /* a copy that ends in what is held now is found with the next bytes */
+    if (hold > 0) {
+        r->secret_tail.assign(text, text.size() - hold, hold);
+        text.resize(text.size() - hold);
+    }
+
+    llmgw_buf_free(out);
+    *out = make_buf(redact(text, key));
+    return out->data ? 0 : -1;
+}
+
+} /* namespace */
+
+
+extern "C" int
+llmgw_resp_feed(llmgw_resp_t *r, const char *data, size_t len,
+    llmgw_buf_t *out)
+{
+    try {
+        return feed(r, data, len, out) == 0
+               ? masked(r, data, len, out, false) : -1;
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out)
+{
+    try {
+        if (finish(r, out) != 0) {
+            return -1;
+        }
+
+        if (out->data == nullptr && r->secret_tail.empty()) {
+            return 0;
+        }
+
+        if (out->data == nullptr) {
+            *out = make_buf("");
+            if (out->data == nullptr) {
+                return -1;
+            }
+        }
+
+        return masked(r, nullptr, 0, out, true);
+
+    } catch (...) {
+        return -1;
+    }
+}
+
+
+extern "C" void
+llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len)
+{
+    try {
+        r->secret.assign(key, len);
+        r->secret_forms = credential_forms(r->secret);
+
+    } catch (...) {
+        r->secret_forms.clear();
     }
 }
 
@@ -662,7 +785,7 @@ llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out)
     try {
         /* the same as a feed past kMaxJsonBody, before it */
         *out = make_buf(r->body);
-        if (out->data == nullptr) {
+        if (out->data == nullptr || masked(r, nullptr, 0, out, false) != 0) {
             return -1;
         }
 
@@ -697,7 +820,8 @@ llmgw_resp_whole_for_stream(llmgw_resp_t *r)
 extern "C" int
 llmgw_resp_rewrites(const llmgw_resp_t *r)
 {
-    return r->hold_json || r->conv != nullptr || r->usage_injected;
+    return r->hold_json || r->conv != nullptr || r->usage_injected
+           || !r->secret_forms.empty();
 }
 
 

@@ -231,6 +231,61 @@ describe('proxy', { timeout: 180000 }, () => {
         }
     });
 
+    test('a 2xx answer, stream event or header quoting the channel key shows [credential]', async () => {
+        const sent = (rec) => rec.headers.authorization || rec.headers['x-api-key'];
+        const head = (rec) => ({
+            'Content-Type': 'text/event-stream', 'X-Debug-Auth': sent(rec),
+            'OpenAI-Organization': 'org-operator', 'WWW-Authenticate': 'Bearer realm="up"',
+        });
+        /* a few words, then the vendor's error event quoting the key */
+        oa.handler = (req, res, rec) => {
+            if (!rec.json.stream) {
+                res.writeHead(200, { 'Content-Type': 'application/json', 'X-Debug-Auth': sent(rec) });
+                res.end(JSON.stringify({ error: { message: `Incorrect API key provided: ${sent(rec)}` } }));
+                return;
+            }
+            res.writeHead(200, head(rec));
+            res.write('data: {"id":"c1","object":"chat.completion.chunk","choices":[{"index":0,'
+                + '"delta":{"role":"assistant","content":"Hi"}}]}\n\n');
+            const ev = `data: ${JSON.stringify({ error: { message: `Incorrect API key provided: ${sent(rec)}` } })}\n\n`;
+            /* the key cut in two writes */
+            const at = ev.indexOf(oaKey) + 5;
+            res.write(ev.slice(0, at));
+            setTimeout(() => res.end(ev.slice(at)), 30);
+        };
+        an.handler = (req, res, rec) => {
+            res.writeHead(200, head(rec));
+            res.write(`event: message_start\ndata: ${JSON.stringify({ type: 'message_start', message: {
+                id: 'msg_1', type: 'message', role: 'assistant', model: AM, content: [],
+                stop_reason: null, usage: { input_tokens: 3, output_tokens: 0 } } })}\n\n`);
+            res.end(`event: error\ndata: ${JSON.stringify({ type: 'error',
+                error: { type: 'authentication_error', message: `invalid x-api-key ${sent(rec)}` } })}\n\n`);
+        };
+        try {
+            const answers = {
+                'chat stream': await gw.chat(key, M, { extra: { stream: true } }),
+                'messages stream, converted': await gw.messages(key, M, { extra: { stream: true } }),
+                'messages stream': await gw.messages(key, AM, { extra: { stream: true } }),
+                'chat stream, converted': await gw.chat(key, AM, { extra: { stream: true } }),
+                'chat, a 200 error object': await gw.chat(key, M),
+            };
+            for (const [what, r] of Object.entries(answers)) {
+                const ctx = `${what}: ${r.status} ${JSON.stringify(r.headers)} ${r.text}`;
+                for (const k of [oaKey, anKey]) {
+                    assert.ok(!r.text.includes(k), ctx);
+                    assert.ok(!JSON.stringify(r.headers).includes(k), ctx);
+                }
+                assert.ok(r.text.includes('[credential]'), ctx);
+                assert.equal(r.headers['openai-organization'], undefined, ctx);
+                assert.equal(r.headers['www-authenticate'], undefined, ctx);
+            }
+            assert.match(answers['chat stream'].headers['x-debug-auth'], /^\[credential\]$/);
+        } finally {
+            oa.handler = echo;
+            an.handler = echo;
+        }
+    });
+
     test('a channel key read from a file works; one holding CR or LF is refused', async () => {
         const m = uniq('gpt-keyfile');
         for (const bad of ['sk-up\r\nX-Injected: yes', 'sk-up\nX-Injected: yes']) {

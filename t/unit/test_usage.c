@@ -34,6 +34,10 @@ append(run_t *r, const char *data, size_t len)
 }
 
 
+/* the channel credential of the next run_cuts(), when set */
+static const char  *run_secret;
+
+
 /*
  * Feeds body in pieces ending at the given cut offsets (ascending, each
  * inside the body), then finishes; collects the client bytes and usage.
@@ -49,6 +53,9 @@ run_cuts(llmgw_endpoint_e ep, int type, int stream, int injected,
 
     assert_non_null(resp);
     append(&r, "", 0);
+    if (run_secret != NULL) {
+        llmgw_resp_secret(resp, run_secret, strlen(run_secret));
+    }
 
     for (size_t i = 0; i <= ncuts; i++) {
         size_t end = i < ncuts ? cuts[i] : total;
@@ -282,6 +289,64 @@ static const char oa_stream[] =
     OA_CHUNK1 OA_CHUNK2 OA_CHUNK3 OA_USAGE OA_DONE;
 static const char oa_stream_without_usage_chunk[] =
     OA_CHUNK1 OA_CHUNK2 OA_CHUNK3 OA_DONE;
+
+
+/* An upstream error event (or a 2xx body) quoting the channel key: the
+   client gets "[credential]", wherever the reads cut the key */
+static void
+test_the_channel_key_never_reaches_the_client(void **state)
+{
+    static const char *key = "vk-0123456789abcdef";
+    static const char *stream =
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hi vk-0\"}}]}\n\n"
+        "data: {\"error\":{\"message\":\"Incorrect API key provided: "
+        "vk-0123456789abcdef.\"}}\n\n"
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,"
+        "\"completion_tokens\":2}}\n\n";
+    static const char *json =
+        "{\"error\":{\"message\":\"bad key vk-0123456789abcdef\"}}";
+    size_t total = strlen(stream);
+    (void) state;
+
+    run_secret = key;
+
+    for (size_t cut = 1; cut < total; cut++) {
+        run_t r = run_cuts(LLMGW_EP_CHAT, 1, 1, 0, stream, &cut, 1);
+
+        assert_null(strstr(r.out, key));
+        assert_non_null(strstr(r.out, "provided: [credential]."));
+        /* the rest is as it came: a prefix of the key is no key */
+        assert_non_null(strstr(r.out, "\"Hi vk-0\"}}]}\n\n"));
+        assert_int_equal(r.len, total - strlen(key) + strlen("[credential]"));
+        assert_usage(&r.u, 3, 2, 0, 0);
+        free(r.out);
+    }
+
+    /* a stream that ends in the start of a key hands it out at the end */
+    {
+        size_t cut = 5;
+        run_t r = run_cuts(LLMGW_EP_CHAT, 1, 1, 0, "data: vk-0123", &cut, 1);
+        assert_string_equal(r.out, "data: vk-0123");
+        free(r.out);
+    }
+
+    {
+        run_t r = run(LLMGW_EP_CHAT, 1, 0, 0, json);
+        assert_string_equal(r.out,
+                            "{\"error\":{\"message\":\"bad key [credential]\"}}");
+        free(r.out);
+    }
+
+    /* a credential too short to be told from text is left alone */
+    run_secret = "vk-0";
+    {
+        run_t r = run(LLMGW_EP_CHAT, 1, 1, 0, stream);
+        assert_string_equal(r.out, stream);
+        free(r.out);
+    }
+
+    run_secret = NULL;
+}
 
 
 static void
@@ -599,6 +664,7 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_the_channel_key_never_reaches_the_client),
         cmocka_unit_test(test_openai_json_usage_is_read),
         cmocka_unit_test(
             test_usage_is_read_from_an_answer_with_an_integer_beyond_int64),
