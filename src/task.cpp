@@ -703,6 +703,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *after_submit_usage();
     const llmgw_tstep_t *create_task();
     const llmgw_tstep_t *render_created();
+    void redact_hook_result();
     const llmgw_tstep_t *stream_next();
     const llmgw_tstep_t *answer_query(json_t *rows);
 
@@ -2689,6 +2690,91 @@ llmgw_tjob_next(llmgw_tjob_t *j)
 }
 
 
+namespace {
+
+/* v with every copy of the credential in its strings and member names
+   replaced (redact()); nullptr when it holds none */
+json_t *
+redacted_json(const json_t *v, std::string_view credential)
+{
+    if (json_is_string(v)) {
+        std::string_view s(json_string_value(v), json_string_length(v));
+        std::string r = redact(s, credential);
+        return r == s ? nullptr : json_stringn(r.data(), r.size());
+    }
+
+    bool changed = false;
+    Json out(json_is_array(v) ? json_array() : json_object());
+
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(v, i, e) {
+            json_t *n = redacted_json(e, credential);
+            changed = changed || n != nullptr;
+            json_array_append_new(out.get(), n ? n : json_incref(e));
+        }
+    } else if (json_is_object(v)) {
+        const char *k;
+        json_t *e;
+        json_object_foreach(const_cast<json_t *>(v), k, e) {
+            json_t *n = redacted_json(e, credential);
+            std::string name = redact(k, credential);
+            changed = changed || n != nullptr || name != k;
+            json_object_set_new(out.get(), name.c_str(),
+                                n ? n : json_incref(e));
+        }
+    }
+
+    return changed ? out.release() : nullptr;
+}
+
+} /* namespace */
+
+
+/*
+ * What a plugin returns is stored, shown to the client or billed: the
+ * channel credential is taken out of it (a vendor answer that quotes the
+ * key, or a plugin that copies ctx.apiKey).  Only what the build hooks
+ * return, the requests sent to the vendor, carries it.
+ */
+void
+llmgw_tjob_s::redact_hook_result()
+{
+    if (!hook.ok || hook_name_.compare(0, 5, "build") == 0) {
+        return;
+    }
+
+    const llmgw_channel_t *c = nullptr;
+    if (mode == POLL) {
+        std::string_view url;
+        const json_t *settings = nullptr;
+        if (!tasks.empty()) {
+            c = snap_poll_channel(snap, tasks[0].channel_id, &url, &settings);
+        }
+    } else if (current < nchannels) {
+        c = channels[current];
+    }
+
+    if (c == nullptr || std::strlen(c->key) < kCredentialMinBytes) {
+        return;
+    }
+
+    std::string text = json_dump(hook.result.get());
+    bool holds = false;
+    for (const std::string &f : credential_forms(c->key)) {
+        holds = holds || text.find(f) != std::string::npos;
+    }
+
+    if (holds) {
+        json_t *r = redacted_json(hook.result.get(), c->key);
+        if (r != nullptr) {
+            hook.result = Json(r);
+        }
+    }
+}
+
+
 extern "C" void
 llmgw_tjob_hook_done(llmgw_tjob_t *j, int rc, const char *reply, size_t len)
 {
@@ -2696,6 +2782,7 @@ llmgw_tjob_hook_done(llmgw_tjob_t *j, int rc, const char *reply, size_t len)
 
     try {
         j->hook = hook_reply(rc, reply, len);
+        j->redact_hook_result();
     } catch (...) {
         j->hook = HookReply {};
         j->hook.kind = "internal";

@@ -375,6 +375,28 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(env.vendor.polls(up).length, n);
     });
 
+    test('a vendor answer quoting the channel key is stored and shown with [credential]', async () => {
+        const env = await setup();
+        const up = `up-${hex(4)}`;
+        /* what vendors echo: the Authorization they were sent */
+        env.vendor.onSubmit = (rec) => ({ body: { id: up,
+            data: { received_authorization: rec.headers.authorization } } });
+        env.vendor.queuePoll(up, { body: { status: 'failed',
+            error: `Invalid API key ${env.channelKey}` } });
+        const r = assertOk(await submit(env, { model: env.model }));
+        assert.equal(r.json.data.received_authorization, 'Bearer [credential]', r.text);
+        const v = await waitStatus(gw, env.acct.key, r.json.task_id, 'FAILURE');
+        assert.match(v.fail_reason, /^Invalid API key \[credential\]/);
+        await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        const stored = await psql(db.conninfo,
+            `select count(*) from tasks where task_id = '${r.json.task_id}' and
+               (data::text like '%${env.channelKey}%' or fail_reason like '%${env.channelKey}%')`);
+        assert.equal(stored.trim(), '0');
+        const logged = await psql(db.conninfo,
+            `select count(*) from logs where content like '%${env.channelKey}%'`);
+        assert.equal(logged.trim(), '0');
+    });
+
     test('FAILURE refunds everything charged for the task', async () => {
         const env = await setup({ price: 'unit' });
         const up = `up-${hex(4)}`;
