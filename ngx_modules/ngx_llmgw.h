@@ -168,6 +168,7 @@ struct ngx_llmgw_ctx_s {
     double                     group_ratio;
     char                       key_hash[65];
     ngx_str_t                  query_key;    /* ?key=, copied: it is masked */
+    ngx_str_t                  args;         /* the query before, if so */
 
     /* routing and tries */
     const llmgw_channel_t     *channels[NGX_LLMGW_MAX_TRIES];
@@ -224,6 +225,7 @@ struct ngx_llmgw_ctx_s {
     unsigned                   stream_started:1;
     unsigned                   retry_same:1;
     unsigned                   config_waited:1;
+    unsigned                   query_key_taken:1;
 };
 
 
@@ -286,6 +288,7 @@ ngx_int_t ngx_llmgw_cache_wait_first(ngx_http_request_t *r,
 
 /* ngx_llmgw_gateway.c */
 ngx_int_t ngx_llmgw_gateway_handler(ngx_http_request_t *r);
+ngx_int_t ngx_llmgw_post_read(ngx_http_request_t *r);
 void ngx_llmgw_admit_cancel(ngx_llmgw_ctx_t *ctx);
 void ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 ngx_uint_t ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);

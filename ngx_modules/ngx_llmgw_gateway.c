@@ -80,8 +80,9 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
         }
     }
 
-    /* before any refusal: each one is logged with the request line */
-    if (ctx->endpoint.ep != LLMGW_EP_TASK
+    /* taken at the start of the request (ngx_llmgw_post_read); a
+       location reached by an internal redirect has a new context */
+    if (!ctx->query_key_taken
         && ngx_llmgw_take_query_key(r, ctx) != NGX_OK)
     {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -678,8 +679,8 @@ ngx_llmgw_header(ngx_http_request_t *r, const char *name, size_t len)
  * $request_uri, and $request, which error-log lines repeat as "request:".
  * Over HTTP/1 the three point into one client buffer (a long request line
  * is moved to a large header buffer before they are set); HTTP/2 builds
- * $request as a copy.  The task routes keep their query: it is the
- * plugin's.
+ * $request as a copy.  A task route gets its query as it came (a copy):
+ * it is the plugin's.
  */
 static ngx_int_t
 ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
@@ -687,9 +688,18 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     u_char     *copy;
     ngx_str_t   v;
 
+    ctx->query_key_taken = 1;
+
     if (ngx_http_arg(r, (u_char *) "key", 3, &v) != NGX_OK) {
         return NGX_OK;
     }
+
+    ctx->args.data = ngx_pstrdup(r->pool, &r->args);
+    if (ctx->args.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->args.len = r->args.len;
 
     ctx->query_key.data = ngx_pstrdup(r->pool, &v);
     if (ctx->query_key.data == NULL) {
@@ -711,6 +721,42 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     (void) llmgw_query_key_mask((char *) r->args.data, r->args.len);
 
     return NGX_OK;
+}
+
+
+/*
+ * The key is masked as soon as the request line is read, in every server
+ * with llmgw locations: nginx refuses some requests before any location
+ * is chosen (a Content-Length over client_max_body_size), and logs them
+ * with their request line.
+ */
+ngx_int_t
+ngx_llmgw_post_read(ngx_http_request_t *r)
+{
+    ngx_llmgw_ctx_t       *ctx;
+    ngx_llmgw_loc_conf_t  *slcf;
+
+    if (r != r->main || r->args.len < 4) {
+        return NGX_DECLINED;
+    }
+
+    /* the server's own configuration: its location is not chosen yet */
+    slcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    if (!slcf->server_errors
+        || ngx_strlcasestrn(r->args.data, r->args.data + r->args.len,
+                            (u_char *) "key=", 4 - 1) == NULL)
+    {
+        return NGX_DECLINED;
+    }
+
+    ctx = ngx_llmgw_get_ctx(r);
+
+    if (ctx == NULL || ngx_llmgw_take_query_key(r, ctx) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return NGX_DECLINED;
 }
 
 

@@ -870,11 +870,17 @@ ngx_llmgw_add_variables(ngx_conf_t *cf)
 static ngx_int_t
 ngx_llmgw_log_handler(ngx_http_request_t *r)
 {
-    ngx_llmgw_ctx_t  *ctx;
+    ngx_llmgw_ctx_t       *ctx;
+    ngx_llmgw_loc_conf_t  *lcf;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_llmgw_module);
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
 
-    if (ctx != NULL && r == r->main) {
+    /* an llmgw location, or an error made before any location; not
+       another location whose ?key= was only masked (ngx_llmgw_post_read) */
+    if (ctx != NULL && r == r->main
+        && (lcf->role != NGX_LLMGW_ROLE_NONE || lcf->server_errors))
+    {
         ngx_llmgw_gateway_log(r, ctx);
     }
 
@@ -898,6 +904,13 @@ ngx_llmgw_postconfiguration(ngx_conf_t *cf)
     }
 
     *h = ngx_llmgw_log_handler;
+
+    h = ngx_array_push(&cmcf->phases[NGX_HTTP_POST_READ_PHASE].handlers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    *h = ngx_llmgw_post_read;
 
     /* The task engine's HTTP client runs outside any request: it uses the
      * resolver of the http{} block. */

@@ -770,7 +770,10 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     req.method = (llmgw_str_t) { (char *) r->method_name.data,
                                  r->method_name.len };
     req.path = (llmgw_str_t) { (char *) r->uri.data, r->uri.len };
-    req.args = (llmgw_str_t) { (char *) r->args.data, r->args.len };
+    /* the query as it came: a ?key= in it was masked for the logs */
+    req.args = ctx->args.data
+               ? (llmgw_str_t) { (char *) ctx->args.data, ctx->args.len }
+               : (llmgw_str_t) { (char *) r->args.data, r->args.len };
     if (r->headers_in.content_type != NULL) {
         req.content_type = (llmgw_str_t) {
             (char *) r->headers_in.content_type->value.data,

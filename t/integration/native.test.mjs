@@ -328,15 +328,20 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assertError(await gw.req('GET', `/v1beta/models?key=${key}`), 404,
                 { code: 'invalid_url' });
 
-            const access = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+            /* a line is written just after its answer */
+            const keyLines = (text) => text.split('\n').filter((l) => l.includes(M.keylog)
+                || l.includes('/v1beta/models?'));
+            const access = await eventually(() => {
+                const text = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+                assert.equal(keyLines(text).length, 5, text);
+                return text;
+            }, { ms: 3000 });
             const errors = gw.errorLog();
             for (const secret of [key.slice(3), wrong.slice(3)]) {
                 assert.ok(!access.includes(secret), `access log:\n${access}`);
                 assert.ok(!errors.includes(secret), 'the error log holds a key');
             }
-            const lines = access.split('\n').filter((l) => l.includes(M.keylog)
-                || l.includes('/v1beta/models?'));
-            assert.equal(lines.length, 5, access);
+            const lines = keyLines(access);
             const q = `alt=sse&key=${stars}`;
             assert.equal(lines[1], `"POST ${p}:streamGenerateContent?${q} HTTP/1.1"`
                 + ` ${p}:streamGenerateContent?${q} ${q} ${stars}`);
@@ -345,6 +350,30 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.ok(lines[4].startsWith(`"GET /v1beta/models?key=${stars} `), lines[4]);
             assert.ok(errors.includes(`request: "POST ${p}:generateContent?key=${stars} HTTP/1.1"`),
                 'the error log names the request, masked');
+        });
+
+        test('a ?key= is masked also where nginx refuses before the gateway, and on /api and /metrics', async () => {
+            const p = `/v1beta/models/${M.keylog}:generateContent`;
+            const stars = '*'.repeat(key.length);
+            /* a Content-Length over client_max_body_size (1m) is refused
+               before any location is chosen, and logged then */
+            const big = JSON.stringify({ contents: [{ parts: [{ text: 'x'.repeat(1100000) }] }] });
+            assertError(await gw.req('POST', `${p}?key=${key}`,
+                { body: big, headers: { 'Content-Type': 'application/json' } }), 413,
+            { code: 'request_too_large' });
+            await gw.req('GET', `/api/user/1?key=${key}`);
+            await gw.req('GET', `/metrics?key=${key}`);
+
+            const access = await eventually(() => {
+                const text = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+                assert.ok(text.includes('/metrics?key='), text);
+                return text;
+            }, { ms: 3000 });
+            assert.ok(!access.includes(key.slice(3)), `access log:\n${access}`);
+            assert.ok(!gw.errorLog().includes(key.slice(3)), 'the error log holds a key');
+            assert.ok(access.includes(`"POST ${p}?key=${stars} HTTP/1.1"`), access);
+            assert.ok(access.includes(`"GET /api/user/1?key=${stars} HTTP/1.1"`), access);
+            assert.ok(gw.errorLog().includes(`client intended to send too large body`));
         });
 
         test('over HTTP/2 a ?key= works and shows masked in the access and error logs', async () => {
