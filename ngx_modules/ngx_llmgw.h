@@ -226,6 +226,7 @@ struct ngx_llmgw_ctx_s {
     unsigned                   retry_same:1;
     unsigned                   config_waited:1;
     unsigned                   query_key_taken:1;
+    unsigned                   model_priced:1;
 };
 
 

@@ -592,6 +592,7 @@ ngx_llmgw_price(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
             &ctx->price)
         == 0)
     {
+        ctx->model_priced = 1;
         return NGX_OK;
     }
 

@@ -194,6 +194,7 @@ ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     ngx_msec_t            ms;
     ngx_llmgw_shm_ctx_t  *shm;
     ngx_llmgw_series_t   *s;
+    llmgw_price_t         price;
 
     shm = ngx_llmgw_shm();
     if (shm == NULL) {
@@ -206,7 +207,19 @@ ngx_llmgw_metrics_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     }
 
     model.data = label;
-    model.len = ngx_llmgw_label_text(label, ctx->model.data, ctx->model.len);
+    model.len = 0;
+
+    /* a priced model, not any name a client sends: series are capped */
+    if (ctx->model.len > 0
+        && (ctx->model_priced
+            || (ctx->snapshot != NULL
+                && llmgw_snapshot_price(ctx->snapshot,
+                       (llmgw_str_t) { (char *) ctx->model.data,
+                                       ctx->model.len }, &price) == 0)))
+    {
+        model.len = ngx_llmgw_label_text(label, ctx->model.data,
+                                         ctx->model.len);
+    }
 
     ngx_shmtx_lock(&shm->shpool->mutex);
     s = ngx_llmgw_series(shm, ep, &model, r->headers_out.status);

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertOk, createDb, dropDb, eventually, httpRequest, makeChannel,
+    assertOk, createDb, dropDb, eventually, httpRequest, makeChannel, makeFree,
     makeUserKey, settle, startGateway, stopAll, times, uniq,
 } from '../lib/harness.mjs';
 import { openaiChat, openaiError, sendJson, startMock } from '../lib/mock.mjs';
@@ -105,16 +105,24 @@ describe('metrics', { timeout: 180000 }, () => {
         }, { ms: 2000 });
     });
 
-    test('a model name that is not UTF-8, or too long, still makes valid labels', async () => {
-        /* a Gemini model comes from the URL, decoded: %FF is a raw byte */
+    test('a model label is cut between characters; a model nobody priced gets no label of its own', async () => {
+        /* a Gemini model comes from the URL, decoded: %FF is a raw byte.
+           Unpriced, it is counted under model="": a client cannot make a
+           series per name it sends (they are capped) */
         const bad = `${uniq('bad')}%FFx`;
         const r = await httpRequest(`${gw.url}/v1beta/models/${bad}:generateContent`, {
             method: 'POST', headers: { 'x-goog-api-key': key, 'Content-Type': 'application/json' },
             body: JSON.stringify({ contents: [] }),
         });
         assert.equal(r.status, 503, r.text);
-        /* 200 two-byte characters: cut between characters, at 128 bytes */
+        const junk = uniq('junk');
+        assert.equal((await gw.chat(key, junk)).status, 503);
+        /* priced, 200 two-byte characters: cut between characters, at
+           128 bytes */
         const long = `${uniq('l')}${'é'.repeat(200)}`;
+        const t0 = Date.now();
+        await makeFree(gw, [long]);
+        await settle(t0);
         assert.equal((await gw.chat(key, long)).status, 503);
         await eventually(async () => {
             const raw = await httpRequest(`${gw.url}/metrics`);
@@ -122,7 +130,8 @@ describe('metrics', { timeout: 180000 }, () => {
             const s = parseMetrics(raw.text);
             const models = s.filter((x) => x.name === 'llmgw_requests_total')
                 .map((x) => x.labels.model);
-            assert.ok(models.includes(bad.replace('%FF', '?')), `the bad byte as '?': ${models}`);
+            assert.ok(!models.some((m) => m.startsWith(bad.slice(0, 8)) || m === junk), `${models}`);
+            assert.ok(sum(s, 'llmgw_requests_total', { endpoint: 'gemini', model: '', status: '503' }) >= 1);
             const cut = models.find((m) => m.startsWith(long.slice(0, 10)));
             assert.ok(cut && Buffer.byteLength(cut) <= 128 && Buffer.byteLength(cut) >= 127,
                 `cut at 128 bytes between characters: ${cut}`);
@@ -133,12 +142,16 @@ describe('metrics', { timeout: 180000 }, () => {
         /* pairs with equal CRC-32 (the series tree's key), among others */
         const pairs = [['crc-8facb8', 'crc-1699080'], ['crc-8facb9', 'crc-1699081'],
             ['crc-8facb0', 'crc-1699088'], ['crc-8facb1', 'crc-1699089']];
+        const fill = Array.from({ length: 12 * pairs.length }, () => uniq('crc-fill'));
+        const t0 = Date.now();
+        await makeFree(gw, [...pairs.flat(), ...fill]);
+        await settle(t0);
         const ROUNDS = 3;
         for (let round = 0; round < ROUNDS; round++) {
             for (const [a, b] of pairs) {
                 assert.equal((await gw.chat(key, a)).status, 503);
                 for (let i = 0; i < (round === 0 ? 12 : 0); i++) {
-                    assert.equal((await gw.chat(key, uniq('crc-fill'))).status, 503);
+                    assert.equal((await gw.chat(key, fill.pop())).status, 503);
                 }
                 assert.equal((await gw.chat(key, b)).status, 503);
             }
