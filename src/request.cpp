@@ -289,7 +289,21 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             }
         }
 
-        r->stream = r->field[F_STREAM].is_true();
+        /* "true" or 1 would be read as no stream here and as a stream by
+           a lenient upstream: the answer would be refused as no JSON
+           answer, on every channel, each generation unpaid */
+        const JsonView &stream = r->field[F_STREAM];
+        if ((ep == LLMGW_EP_CHAT || ep == LLMGW_EP_MESSAGES) && stream
+            && stream.kind() != JsonView::Kind::yes
+            && stream.kind() != JsonView::Kind::no
+            && stream.kind() != JsonView::Kind::null)
+        {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "stream must be a boolean");
+            return nullptr;
+        }
+
+        r->stream = stream.is_true();
         r->max_tokens = max_tokens_of(ep, r->field);
         r->prompt_estimate = static_cast<int64_t>(text.bytes / 4) + 4;
 

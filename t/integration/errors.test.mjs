@@ -103,6 +103,20 @@ describe('error contract', { timeout: 180000 }, () => {
             'invalid requests reach no upstream');
     });
 
+    test('400 invalid_request for a stream that is not a boolean; nothing is sent', async () => {
+        const before = mock.requests.length;
+        for (const stream of ['true', 1]) {
+            const msg = { role: 'user', content: 'hi' };
+            assertError(await gw.req('POST', '/v1/chat/completions',
+                { key, body: { model: M, stream, messages: [msg] } }), 400,
+            { code: 'invalid_request', message: 'stream must be a boolean' });
+            assertError(await gw.req('POST', '/v1/messages',
+                { key, body: { model: AM, max_tokens: 8, stream, messages: [msg] } }), 400,
+            { code: 'invalid_request', message: 'stream must be a boolean' });
+        }
+        assert.equal(mock.requests.length, before, 'nothing reached an upstream');
+    });
+
     test('404 Invalid URL explains a doubled, missing or bare /v1', async () => {
         const body = { model: M, messages: [{ role: 'user', content: 'hi' }] };
         const cases = [

@@ -416,8 +416,10 @@ test_fields_are_read_as_jansson_reads_them(void **state)
         llmgw_req_free(r);
     }
 
-    /* "stream": only the literal true streams */
-    r = parse(LLMGW_EP_CHAT, "{\"model\":\"a\",\"messages\":[],\"stream\":1}");
+    /* "stream": only the literal true streams (other values than booleans
+       are refused on chat and messages) */
+    r = parse(LLMGW_EP_RERANK, "{\"model\":\"a\",\"query\":\"q\","
+                               "\"documents\":[\"d\"],\"stream\":1}");
     assert_int_equal(llmgw_req_stream(r), 0);
     llmgw_req_free(r);
 

@@ -164,6 +164,31 @@ test_chat_reads_model_and_stream(void **state)
 }
 
 
+/* a lenient upstream would stream what the gateway reads as no stream */
+static void
+test_stream_must_be_a_boolean(void **state)
+{
+    static const char *bad[] = { "\"true\"", "1", "0", "\"false\"", "{}", "[]" };
+    char body[128];
+    size_t i;
+    (void) state;
+
+    for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(body, sizeof(body),
+                 "{\"model\":\"m\",\"stream\":%s,\"messages\":[]}", bad[i]);
+        assert_refused(LLMGW_EP_CHAT, no_path_model, body, "invalid_request",
+                       "stream must be a boolean");
+        assert_refused(LLMGW_EP_MESSAGES, no_path_model, body,
+                       "invalid_request", "stream must be a boolean");
+    }
+
+    llmgw_req_t *r = parse_ok(LLMGW_EP_CHAT, no_path_model,
+        "{\"model\":\"m\",\"stream\":null,\"messages\":[]}");
+    assert_int_equal(llmgw_req_stream(r), 0);
+    llmgw_req_free(r);
+}
+
+
 static void
 test_model_name_is_taken_as_sent(void **state)
 {
@@ -511,6 +536,7 @@ main(void)
             test_missing_or_empty_model_is_400_model_not_specified),
         cmocka_unit_test(test_chat_and_messages_need_messages),
         cmocka_unit_test(test_chat_reads_model_and_stream),
+        cmocka_unit_test(test_stream_must_be_a_boolean),
         cmocka_unit_test(test_model_name_is_taken_as_sent),
         cmocka_unit_test(test_chat_prefers_max_completion_tokens),
         cmocka_unit_test(test_messages_reads_max_tokens_and_stream),
