@@ -117,9 +117,11 @@ match_path(std::string_view path)
 
 
 /* The hint for the base-URL mistake the path shows, or "" when none. */
-const char *
+std::string
 invalid_url_hint(std::string_view path)
 {
+    std::string hint;
+
     if (path == "/v1/v1" || starts_with(path, "/v1/v1/")) {
         return ": the path has /v1 twice; set the base URL to the host plus "
                "one /v1";
@@ -130,10 +132,60 @@ invalid_url_hint(std::string_view path)
                "as /v1/chat/completions";
     }
 
+    /* the Gemini and Cohere v2 clients add their own version to a base
+       URL that should be the host alone */
+    static const struct {
+        std::string_view version, example;
+    } others[] = {
+        { "/v1beta", "/v1beta/models/{model}:generateContent" },
+        { "/v2", "/v2/rerank" },
+    };
+
+    for (const auto &o : others) {
+        if (path == o.version
+            || (path.size() == o.version.size() + 1
+                && starts_with(path, o.version) && path.back() == '/'))
+        {
+            hint = ": the path is only " + std::string(o.version)
+                   + "; give the full endpoint address such as "
+                   + std::string(o.example);
+            return hint;
+        }
+    }
+
+    for (std::string_view first : { "/v1", "/v1beta", "/v2" }) {
+        if (!starts_with(path, first)
+            || !starts_with(path.substr(first.size()), "/v"))
+        {
+            continue;
+        }
+        std::string_view rest = path.substr(first.size());
+        for (const auto &o : others) {
+            if (match_path(rest).ep != LLMGW_EP_NONE
+                && starts_with(rest, o.version))
+            {
+                hint = ": the path has "
+                       + (first == o.version
+                          ? std::string(first) + " twice"
+                          : std::string(first) + " before "
+                            + std::string(o.version))
+                       + "; set the base URL to the host only (the client "
+                         "adds " + std::string(o.version) + ")";
+                return hint;
+            }
+        }
+    }
+
     if (starts_with(path, "/")
         && match_path("/v1" + std::string(path)).ep != LLMGW_EP_NONE)
     {
         return ": the path is missing /v1; add /v1 to the base URL";
+    }
+
+    if (path.size() > 1 && path.back() == '/'
+        && match_path(path.substr(0, path.size() - 1)).ep != LLMGW_EP_NONE)
+    {
+        return ": the path ends with a slash; leave it out";
     }
 
     return "";
@@ -148,13 +200,14 @@ set_invalid_url(std::string_view method, std::string_view path,
     const char *cut = path.size() > kPathShown ? "..." : "";
 
     method = method.substr(0, kMethodShown);
+    std::string hint = invalid_url_hint(path);
 
     out->ep = LLMGW_EP_INVALID_URL;
     std::snprintf(out->message, sizeof(out->message),
                   "Invalid URL (%.*s %.*s%s)%s",
                   static_cast<int>(method.size()), method.data(),
                   static_cast<int>(shown.size()), shown.data(), cut,
-                  invalid_url_hint(path));
+                  hint.c_str());
 }
 
 } // namespace

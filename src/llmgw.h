@@ -96,7 +96,7 @@ typedef struct {
     llmgw_str_t       model;    /* from the path (Gemini), else empty */
     int               stream;   /* :streamGenerateContent */
     int               method_ok;
-    char              message[256];
+    char              message[384];
 } llmgw_endpoint_t;
 
 void llmgw_endpoint_classify(llmgw_str_t method, llmgw_str_t path,

@@ -117,12 +117,16 @@ describe('error contract', { timeout: 180000 }, () => {
         assert.equal(mock.requests.length, before, 'nothing reached an upstream');
     });
 
-    test('404 Invalid URL explains a doubled, missing or bare /v1', async () => {
+    test('404 Invalid URL explains a doubled, missing or bare version, or a trailing slash', async () => {
         const body = { model: M, messages: [{ role: 'user', content: 'hi' }] };
         const cases = [
             ['/v1/v1/chat/completions', /\/v1 twice/],
             ['/chat/completions', /missing \/v1/],
             ['/v1', /only \/v1/],
+            ['/v1/v1beta/models/m:generateContent', /\/v1 before \/v1beta; set the base URL to the host only/],
+            ['/v2/v2/rerank', /\/v2 twice/],
+            ['/v1beta', /only \/v1beta/],
+            ['/v1/chat/completions/', /ends with a slash/],
             ['/v1/no-such-endpoint', null],
             ['/something/else', null],
         ];

@@ -163,10 +163,56 @@ test_gemini_unknown_action_is_invalid_url(void **state)
 
 
 static void
-test_trailing_slash_is_plain_invalid_url(void **state)
+test_trailing_slash_is_invalid_url_that_says_so(void **state)
 {
-    assert_plain_invalid("POST", "/v1/chat/completions/");
-    assert_plain_invalid("GET", "/v1/models/");
+    llmgw_endpoint_t ep = classify("POST", "/v1/chat/completions/");
+    (void) state;
+
+    assert_int_equal(ep.ep, LLMGW_EP_INVALID_URL);
+    assert_string_equal(ep.message, "Invalid URL (POST /v1/chat/completions/)"
+                        ": the path ends with a slash; leave it out");
+    assert_plain_invalid("POST", "/v1/nothing/");
+}
+
+
+/* the Gemini and Cohere v2 clients add their own version to the base URL */
+static void
+test_gemini_and_v2_versions_doubled_or_bare_are_explained(void **state)
+{
+    static const struct { const char *path, *hint; } cases[] = {
+        { "/v1/v1beta/models/m:generateContent",
+          "the path has /v1 before /v1beta; set the base URL to the host only "
+          "(the client adds /v1beta)" },
+        { "/v1beta/v1beta/models/m:streamGenerateContent",
+          "the path has /v1beta twice; set the base URL to the host only "
+          "(the client adds /v1beta)" },
+        { "/v2/v2/rerank",
+          "the path has /v2 twice; set the base URL to the host only "
+          "(the client adds /v2)" },
+        { "/v1/v2/rerank",
+          "the path has /v1 before /v2; set the base URL to the host only "
+          "(the client adds /v2)" },
+        { "/v1beta", "the path is only /v1beta; give the full endpoint address "
+                     "such as /v1beta/models/{model}:generateContent" },
+        { "/v1beta/", "the path is only /v1beta; give the full endpoint address "
+                      "such as /v1beta/models/{model}:generateContent" },
+        { "/v2", "the path is only /v2; give the full endpoint address such as "
+                 "/v2/rerank" },
+    };
+    size_t i;
+    (void) state;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char want[512];
+        llmgw_endpoint_t ep = classify("POST", cases[i].path);
+
+        snprintf(want, sizeof(want), "Invalid URL (POST %s): %s",
+                 cases[i].path, cases[i].hint);
+        assert_int_equal(ep.ep, LLMGW_EP_INVALID_URL);
+        assert_string_equal(ep.message, want);
+    }
+
+    assert_plain_invalid("POST", "/v2/v2/nothing");
 }
 
 
@@ -287,7 +333,9 @@ main(void)
         cmocka_unit_test(test_gemini_empty_model_is_invalid_url),
         cmocka_unit_test(test_gemini_model_with_slash_is_invalid_url),
         cmocka_unit_test(test_gemini_unknown_action_is_invalid_url),
-        cmocka_unit_test(test_trailing_slash_is_plain_invalid_url),
+        cmocka_unit_test(test_trailing_slash_is_invalid_url_that_says_so),
+        cmocka_unit_test(
+            test_gemini_and_v2_versions_doubled_or_bare_are_explained),
         cmocka_unit_test(test_unknown_path_is_plain_invalid_url),
         cmocka_unit_test(test_doubled_v1_is_invalid_url),
         cmocka_unit_test(test_v1_prefix_of_other_segment_is_not_doubled),
