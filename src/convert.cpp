@@ -2190,7 +2190,10 @@ assistant_message(const std::string &text, const std::string &reasoning,
     json_t *m = json_object();
 
     put(m, "role", "assistant");
-    put(m, "content", text.empty() ? json_null() : jstr(text));
+    /* null only beside tool calls, as OpenAI answers: an answer cut short
+       while thinking has "" (a client may read its length) */
+    put(m, "content", text.empty() && json_array_size(calls.get()) > 0
+                      ? json_null() : jstr(text));
 
     if (!reasoning.empty()) {
         put(m, "reasoning_content", reasoning);
