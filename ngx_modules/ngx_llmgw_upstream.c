@@ -867,33 +867,69 @@ ngx_llmgw_ka_close(ngx_connection_t *c)
 static ngx_str_t
 ngx_llmgw_request_header(ngx_http_request_t *r, const char *name)
 {
-    size_t            len;
-    ngx_uint_t        i;
-    ngx_str_t         none = ngx_null_string;
+    size_t            len, total;
+    u_char           *p;
+    ngx_str_t         found = ngx_null_string;
+    ngx_uint_t        i, n, pass;
     ngx_list_part_t  *part;
     ngx_table_elt_t  *h;
 
     len = ngx_strlen(name);
-    part = &r->headers_in.headers.part;
-    h = part->elts;
+    total = 0;
+    n = 0;
+    p = NULL;
 
-    for (i = 0; /* void */; i++) {
+    /* repeated lines are one list (RFC 9110 5.3): joined with ", " */
+    for (pass = 0; pass < 2; pass++) {
+        part = &r->headers_in.headers.part;
+        h = part->elts;
 
-        if (i >= part->nelts) {
-            if (part->next == NULL) {
-                return none;
+        for (i = 0; /* void */; i++) {
+
+            if (i >= part->nelts) {
+                if (part->next == NULL) {
+                    break;
+                }
+                part = part->next;
+                h = part->elts;
+                i = 0;
             }
-            part = part->next;
-            h = part->elts;
-            i = 0;
+
+            if (h[i].key.len != len
+                || ngx_strncasecmp(h[i].key.data, (u_char *) name, len) != 0)
+            {
+                continue;
+            }
+
+            if (pass == 0) {
+                found = (n == 0) ? h[i].value : found;
+                total += h[i].value.len + (n ? 2 : 0);
+                n++;
+                continue;
+            }
+
+            if (p != found.data) {
+                *p++ = ','; *p++ = ' ';
+            }
+            p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
         }
 
-        if (h[i].key.len == len
-            && ngx_strncasecmp(h[i].key.data, (u_char *) name, len) == 0)
-        {
-            return h[i].value;
+        if (pass == 0) {
+            if (n < 2) {
+                return found;
+            }
+
+            found.data = ngx_pnalloc(r->pool, total);
+            if (found.data == NULL) {
+                ngx_str_null(&found);
+                return found;
+            }
+            found.len = total;
+            p = found.data;
         }
     }
+
+    return found;
 }
 
 

@@ -155,6 +155,17 @@ describe('proxy', { timeout: 180000 }, () => {
         assert.equal(up.headers['x-api-key'], anKey);
     });
 
+    test('Anthropic: anthropic-beta sent as several lines reaches the upstream as one list', async () => {
+        const body = { model: AM, max_tokens: 8, messages: [{ role: 'user', content: 'x' }] };
+        /* an array: one header line per value */
+        assertOk(await gw.req('POST', '/v1/messages', {
+            headers: { 'x-api-key': key, 'anthropic-beta': ['tools-1', 'cache-2'] }, body }));
+        assert.equal(last(an).headers['anthropic-beta'], 'tools-1, cache-2');
+        assertOk(await gw.req('POST', '/v1/messages', {
+            headers: { 'x-api-key': key, 'anthropic-beta': 'tools-1,cache-2' }, body }));
+        assert.equal(last(an).headers['anthropic-beta'], 'tools-1,cache-2');
+    });
+
     test('an upstream 400 keeps its status and message as upstream_error', async () => {
         oa.handler = (req, res) => openaiError(res, 400,
             'Unsupported value: temperature 7', { code: 'unsupported_value' });
