@@ -9,6 +9,7 @@
 #include <libplatform/libplatform.h>
 
 #include "engine.h"
+#include "exit_status.h"
 #include "log.h"
 
 namespace v8host {
@@ -91,7 +92,7 @@ on_oom(const char *location, bool is_heap_oom)
     log(Level::error, "V8 out of memory (%s, %s); worker exits",
         location != nullptr ? location : "?",
         is_heap_oom ? "heap" : "process");
-    _exit(70);
+    _exit(kExitOutOfMemory);
 }
 
 static void
@@ -100,7 +101,7 @@ on_fatal(const char *location, const char *message)
     log(Level::error, "V8 fatal error in %s: %s; worker exits",
         location != nullptr ? location : "?",
         message != nullptr ? message : "?");
-    _exit(70);
+    _exit(kExitFatal);
 }
 
 static v8::ModifyCodeGenerationFromStringsResult

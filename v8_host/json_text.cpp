@@ -41,4 +41,18 @@ path_key(std::string_view key)
     return ident ? "." + std::string(key) : "[" + json_string(key) + "]";
 }
 
+std::string
+reply_frame(const llmgw_frame_t &req, std::string_view body)
+{
+    llmgw_frame_t rf { LLMGW_FRAME_VERSION,
+                       static_cast<uint8_t>(LLMGW_FRAME_REPLY | req.type),
+                       req.request_id, static_cast<uint32_t>(body.size()) };
+    uint8_t hdr[LLMGW_FRAME_HEADER_LEN];
+    llmgw_frame_encode(&rf, hdr);
+
+    std::string out(reinterpret_cast<char *>(hdr), sizeof(hdr));
+    out += body;
+    return out;
+}
+
 }  // namespace v8host

@@ -10,6 +10,8 @@
 #include <string>
 #include <string_view>
 
+#include "llmgw.h"
+
 namespace llmgw {
 std::string_view utf8_prefix(std::string_view s, size_t max);
 void append_json_string(std::string &out, std::string_view s);
@@ -32,6 +34,10 @@ std::string path_key(std::string_view key);
 
 /* {"ok":false,"error":{"kind":..,"message":..}} */
 std::string error_reply(std::string_view kind, std::string_view message);
+
+/* The reply frame to req (header and body), for the supervisor and the
+   workers alike. */
+std::string reply_frame(const llmgw_frame_t &req, std::string_view body);
 
 }  // namespace v8host
 

@@ -1,8 +1,9 @@
 /*
  * llmgw-v8host: the out-of-process plugin runtime of llmgw.
  *
- *   llmgw-v8host --socket <path> [--workers N] [--deadline-ms MS]
- *                [--heap-mb MB] [--max-frame BYTES] [--pidfile path]
+ *   llmgw-v8host --socket <path> [--workers N] [--plugin-workers N]
+ *                [--deadline-ms MS] [--heap-mb MB] [--max-frame BYTES]
+ *                [--pidfile path] [--source-cache-mb MB] [--max-memory-mb MB]
  *
  * Protocol and behaviour: v8_host/README.md.
  */

@@ -13,11 +13,11 @@ namespace v8host {
 
 const char *const usage_text =
     "usage: llmgw-v8host --socket <path> [--workers N (2)] "
-    "[--deadline-ms MS (5000)]\n"
-    "                    [--heap-mb MB (64)] [--max-frame BYTES (16777216)] "
-    "[--pidfile path]\n"
-    "                    [--source-cache-mb MB (64; 0: off)] "
-    "[--max-memory-mb MB (8 x heap + 1024)]\n";
+    "[--plugin-workers N (workers - 1)]\n"
+    "                    [--deadline-ms MS (5000)] [--heap-mb MB (64)] "
+    "[--max-frame BYTES (16777216)]\n"
+    "                    [--pidfile path] [--source-cache-mb MB (64; 0: off)]\n"
+    "                    [--max-memory-mb MB (8 x heap + 1024)]\n";
 
 static bool
 parse_long(const char *s, long lo, long hi, long *out)
@@ -48,7 +48,18 @@ static const IntOption int_options[] = {
     { "--max-frame", 4096, 1L << 30 },
     { "--source-cache-mb", 0, 4096 },
     { "--max-memory-mb", 128, 1L << 20 },
+    { "--plugin-workers", 1, 64 },
 };
+
+int
+plugin_cap(const Options &o)
+{
+    /* One worker stays free for the other plugins whenever there are two:
+       a plugin whose hooks all run into the deadline slows only itself. */
+    int cap = o.plugin_workers > 0 ? o.plugin_workers : o.workers - 1;
+
+    return cap < 1 ? 1 : cap > o.workers ? o.workers : cap;
+}
 
 int
 parse_options(int argc, char **argv, Options *o, std::string *err)
@@ -108,8 +119,10 @@ parse_options(int argc, char **argv, Options *o, std::string *err)
             o->max_frame = static_cast<size_t>(v);
         } else if (io == &int_options[4]) {
             o->source_cache_mb = static_cast<int>(v);
-        } else {
+        } else if (io == &int_options[5]) {
             o->max_memory_mb = v;
+        } else {
+            o->plugin_workers = static_cast<int>(v);
         }
     }
 

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "json_text.h"
 #include "stats.h"
 
 namespace v8host {
@@ -47,7 +48,8 @@ stats_reset_slot(WorkerStats *w, int64_t pid)
 }
 
 std::string
-stats_reply(const SharedStats *s, size_t sources)
+stats_reply(const SharedStats *s, size_t sources,
+    const std::vector<std::string> &running, size_t queued)
 {
     std::string out = "{\"ok\":true,\"workers\":[";
 
@@ -67,11 +69,20 @@ stats_reply(const SharedStats *s, size_t sources)
                + ",\"timeouts\":" + get(w.timeouts)
                + ",\"memory\":" + get(w.memory)
                + ",\"restarts\":" + get(w.restarts)
-               + ",\"plugins\":" + get(w.plugins) + "}";
+               + ",\"plugins\":" + get(w.plugins)
+               + ",\"busy\":";
+        if (static_cast<size_t>(i) < running.size() && !running[i].empty()) {
+            out += "true,\"plugin\":";
+            append_json_string(out, running[i]);
+        } else {
+            out += "false";
+        }
+        out += '}';
     }
 
     out += "],\"pid\":" + std::to_string(getpid())
            + ",\"sources\":" + std::to_string(sources)
+           + ",\"queued\":" + std::to_string(queued)
            + ",\"uptime_s\":" + std::to_string(time(nullptr) - s->started_at)
            + "}";
     return out;

@@ -1,8 +1,8 @@
 /*
  * Counters shared by the supervisor and its workers: an anonymous
  * MAP_SHARED region created before the first fork, one slot per worker.
- * Any worker answers STATUS from it; a crashed worker cannot corrupt more
- * than relaxed atomic counters.
+ * The supervisor answers STATUS from it; a crashed worker cannot corrupt
+ * more than relaxed atomic counters.
  */
 
 #ifndef V8HOST_STATS_H
@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace v8host {
 
@@ -38,8 +39,11 @@ SharedStats *stats_create(int nworkers);
    restarts carry on. */
 void stats_reset_slot(WorkerStats *w, int64_t pid);
 
-/* The STATUS reply body; "pid" is the answering worker. */
-std::string stats_reply(const SharedStats *s, size_t sources);
+/* The STATUS reply body: the counters, the plugin each worker is running
+   (its sha; "" when idle), the calls waiting for a worker; "pid" is the
+   supervisor's. */
+std::string stats_reply(const SharedStats *s, size_t sources,
+    const std::vector<std::string> &running, size_t queued);
 
 }  // namespace v8host
 

@@ -12,6 +12,7 @@
 
 #include <v8.h>
 
+#include "exit_status.h"
 #include "log.h"
 #include "watchdog.h"
 
@@ -75,7 +76,7 @@ Watchdog::run()
                 log(Level::warn, "a call kept running %lld ms after its "
                     "deadline despite termination; worker exits",
                     static_cast<long long>(kGrace.count()));
-                _exit(71);
+                _exit(kExitStuck);
             }
             continue;
         }

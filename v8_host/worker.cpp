@@ -1,28 +1,19 @@
 /*
- * Worker event loop.
- *
- * poll() over the listening socket and every accepted connection; bytes are
- * read without blocking, so a slow client only delays others between
- * calls (JS runs one call at a time per worker).  A frame header is checked
- * as soon as its 12 bytes are in (version, type, length against
- * --max-frame); a bad header closes that connection.  A connection with a
- * complete frame, or with a reply still being written, is not read
- * further: at most one request per connection is in flight.
+ * Worker loop.  The supervisor hands a worker one frame at a time over its
+ * channel (one end of a socketpair) and reads the reply before it sends the
+ * next; JS runs one call at a time anyway, so blocking reads and writes are
+ * all a worker needs.  Which call runs where, and when, is the
+ * supervisor's business (dispatcher.cpp).
  */
 
-#include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
-#include <memory>
 #include <new>
 #include <string>
-#include <vector>
 
-#include <fcntl.h>
-#include <poll.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -45,207 +36,105 @@ on_term(int)
     stop_requested = 1;
 }
 
-constexpr size_t kMaxConnections = 1024;
-constexpr size_t kReadChunk = 65536;
-
-struct Conn {
-    int            fd;
-    unsigned       id;
-    std::string    in;
-    bool           have_header = false;
-    llmgw_frame_t  hdr {};
-    std::string    out;
-    size_t         out_off = 0;
-    bool           closed = false;
-
-    bool frame_ready() const {
-        return have_header && in.size() >= LLMGW_FRAME_HEADER_LEN + hdr.length;
-    }
-    bool writing() const { return out_off < out.size(); }
-    /* A frame to serve, or a header to check, without reading more. */
-    bool buffered() const {
-        return frame_ready()
-               || (!have_header && in.size() >= LLMGW_FRAME_HEADER_LEN);
-    }
-};
-
 class Worker {
 public:
-    Worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
+    Worker(int slot, int channel, const Options &o, SharedStats *stats,
            SourceStore *store)
-        : listen_fd_(listen_fd), opts_(o),
-          stats_(&stats->slot[slot]), shared_(stats), store_(store),
+        : channel_(channel), opts_(o), stats_(&stats->slot[slot]),
           runtime_(Limits { o.deadline_ms, o.heap_mb, o.max_frame }, store)
     {}
 
     int run();
 
 private:
-    void accept_one();
-    void read_from(Conn &c);
-    bool check_header(Conn &c);
-    void serve(Conn &c);
-    void flush(Conn &c);
-    static bool peer_gone(const Conn &c);
-    void close_conn(Conn &c, const char *why);
+    bool read_frame(llmgw_frame_t *hdr, std::string *body);
+    bool read_exact(char *p, size_t n, bool may_stop);
+    bool write_all(const std::string &data);
 
+    std::string serve(const llmgw_frame_t &req, std::string_view body);
     std::string handle(uint8_t type, std::string_view body, Outcome *o);
-    void count(uint8_t type, Outcome o);
+    void count(Outcome o);
 
-    int                                  listen_fd_;
-    const Options                       &opts_;
-    WorkerStats                         *stats_;
-    SharedStats                         *shared_;
-    SourceStore                         *store_;
-    Runtime                              runtime_;
-    std::vector<std::unique_ptr<Conn>>   conns_;
-    unsigned                             next_id_ = 1;
+    int             channel_;
+    const Options  &opts_;
+    WorkerStats    *stats_;
+    Runtime         runtime_;
 };
 
-void
-Worker::close_conn(Conn &c, const char *why)
+/* may_stop: a SIGTERM between frames ends the wait (false); inside a frame
+   the rest is read, the supervisor having sent it whole. */
+bool
+Worker::read_exact(char *p, size_t n, bool may_stop)
 {
-    if (c.closed) {
-        return;
-    }
-    if (why != nullptr) {
-        log(Level::warn, "connection %u closed: %s", c.id, why);
-    }
-    close(c.fd);
-    c.closed = true;
-}
+    size_t got = 0;
 
-void
-Worker::accept_one()
-{
-    /*
-     * One connection per wake-up: the listening socket stays readable for
-     * the other workers, so connections spread over them instead of one
-     * worker taking every pending one.
-     */
-    for (;;) {
-        int fd = accept4(listen_fd_, nullptr, nullptr,
-                         SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR
-                && errno != ECONNABORTED)
-            {
-                log(Level::error, "accept(): %s", std::strerror(errno));
-            }
-            return;
-        }
+    while (got < n) {
+        ssize_t r = read(channel_, p + got, n - got);
 
-        if (conns_.size() >= kMaxConnections) {
-            log(Level::warn, "%zu connections open; refusing another",
-                conns_.size());
-            close(fd);
+        if (r > 0) {
+            got += static_cast<size_t>(r);
             continue;
         }
-
-        auto c = std::make_unique<Conn>();
-        c->fd = fd;
-        c->id = next_id_++;
-        conns_.push_back(std::move(c));
-        return;
+        if (r < 0 && errno == EINTR) {
+            if (stop_requested && may_stop && got == 0) {
+                return false;
+            }
+            continue;
+        }
+        if (r < 0) {
+            log(Level::error, "reading the channel: %s", std::strerror(errno));
+        }
+        return false;
     }
+
+    return true;
 }
 
 bool
-Worker::check_header(Conn &c)
+Worker::read_frame(llmgw_frame_t *hdr, std::string *body)
 {
-    if (c.have_header || c.in.size() < LLMGW_FRAME_HEADER_LEN) {
-        return true;
-    }
-
+    uint8_t head[LLMGW_FRAME_HEADER_LEN];
     char err[160];
-    const auto *p = reinterpret_cast<const uint8_t *>(c.in.data());
 
-    if (llmgw_frame_decode(p, opts_.max_frame, &c.hdr, err, sizeof(err)) != 0) {
-        close_conn(c, err);
+    if (!read_exact(reinterpret_cast<char *>(head), sizeof(head), true)) {
         return false;
     }
 
-    if (c.hdr.type & LLMGW_FRAME_REPLY) {
-        close_conn(c, "a reply frame sent to the helper");
+    if (llmgw_frame_decode(head, opts_.max_frame, hdr, err, sizeof(err)) != 0
+        || (hdr->type & LLMGW_FRAME_REPLY))
+    {
+        log(Level::error, "the supervisor sent a bad frame: %s",
+            (hdr->type & LLMGW_FRAME_REPLY) ? "a reply" : err);
         return false;
     }
 
-    c.have_header = true;
+    body->resize(hdr->length);
+    return read_exact(body->data(), body->size(), false);
+}
+
+bool
+Worker::write_all(const std::string &data)
+{
+    size_t off = 0;
+
+    while (off < data.size()) {
+        ssize_t n = write(channel_, data.data() + off, data.size() - off);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            log(Level::error, "writing the channel: %s", std::strerror(errno));
+            return false;
+        }
+        off += static_cast<size_t>(n);
+    }
+
     return true;
 }
 
 void
-Worker::read_from(Conn &c)
+Worker::count(Outcome o)
 {
-    while (!c.frame_ready()) {
-        size_t want = kReadChunk;
-        if (c.have_header) {
-            want = LLMGW_FRAME_HEADER_LEN + c.hdr.length - c.in.size();
-            want = want < kReadChunk ? want : kReadChunk;
-        }
-
-        size_t old = c.in.size();
-        c.in.resize(old + want);
-        ssize_t n = read(c.fd, &c.in[old], want);
-
-        if (n <= 0) {
-            c.in.resize(old);
-            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK
-                          || errno == EINTR))
-            {
-                return;
-            }
-            /* EOF or reset: the client went away; nothing to answer. */
-            close_conn(c, nullptr);
-            return;
-        }
-
-        c.in.resize(old + static_cast<size_t>(n));
-
-        if (!check_header(c)) {
-            return;
-        }
-    }
-}
-
-/* Whether the client closed the connection (nothing more to read, EOF). */
-bool
-Worker::peer_gone(const Conn &c)
-{
-    char b;
-    ssize_t n = recv(c.fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK
-                      && errno != EINTR);
-}
-
-void
-Worker::flush(Conn &c)
-{
-    while (c.writing()) {
-        ssize_t n = send(c.fd, c.out.data() + c.out_off,
-                         c.out.size() - c.out_off, MSG_NOSIGNAL);
-        if (n < 0) {
-            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-                return;
-            }
-            close_conn(c, nullptr);
-            return;
-        }
-        c.out_off += static_cast<size_t>(n);
-    }
-
-    c.out.clear();
-    c.out_off = 0;
-}
-
-void
-Worker::count(uint8_t type, Outcome o)
-{
-    if (type == LLMGW_FRAME_STATUS) {
-        return;
-    }
-
     stats_->calls.fetch_add(1, std::memory_order_relaxed);
 
     switch (o) {
@@ -274,21 +163,19 @@ Worker::handle(uint8_t type, std::string_view body, Outcome *o)
 
     *o = Outcome::ok;
 
-    if (type == LLMGW_FRAME_STATUS) {
-        return stats_reply(shared_, store_ != nullptr ? store_->count() : 0);
-    }
-
     try {
         if (type == LLMGW_FRAME_LOAD) {
             std::string source;
             if (read_load_body(body, &source, &err)) {
                 return runtime_.load(source, o);
             }
-        } else {
+        } else if (type == LLMGW_FRAME_CALL) {
             CallRequest req;
             if (read_call_body(body, &req, &err)) {
                 return runtime_.call(req, o);
             }
+        } else {
+            err = "a worker serves LOAD and CALL only";
         }
 
     } catch (const std::bad_alloc &) {
@@ -305,15 +192,14 @@ Worker::handle(uint8_t type, std::string_view body, Outcome *o)
     return error_reply("bad_request", err);
 }
 
-void
-Worker::serve(Conn &c)
+/* The reply frame, header included. */
+std::string
+Worker::serve(const llmgw_frame_t &req, std::string_view body)
 {
-    llmgw_frame_t req = c.hdr;
-    std::string_view body(c.in.data() + LLMGW_FRAME_HEADER_LEN, req.length);
     Outcome outcome;
     std::string reply = handle(req.type, body, &outcome);
 
-    count(req.type, outcome);
+    count(outcome);
 
     if (reply.size() > opts_.max_frame) {
         log(Level::error, "reply of %zu bytes over the frame limit",
@@ -321,92 +207,20 @@ Worker::serve(Conn &c)
         reply = error_reply("internal", "the reply is over the frame limit");
     }
 
-    llmgw_frame_t rf { LLMGW_FRAME_VERSION,
-                       static_cast<uint8_t>(LLMGW_FRAME_REPLY | req.type),
-                       req.request_id, static_cast<uint32_t>(reply.size()) };
-    uint8_t hdr[LLMGW_FRAME_HEADER_LEN];
-    llmgw_frame_encode(&rf, hdr);
-
-    c.out.assign(reinterpret_cast<char *>(hdr), sizeof(hdr));
-    c.out += reply;
-    c.out_off = 0;
-
-    c.in.erase(0, LLMGW_FRAME_HEADER_LEN + req.length);
-    c.have_header = false;
+    return reply_frame(req, reply);
 }
 
 int
 Worker::run()
 {
-    std::vector<pollfd> pfds;
+    llmgw_frame_t req;
+    std::string body;
 
-    while (!stop_requested) {
-        pfds.clear();
-        pfds.push_back({ listen_fd_, POLLIN, 0 });
-
-        for (const auto &c : conns_) {
-            short ev = c->writing() ? POLLOUT
-                       : c->frame_ready() ? 0 : POLLIN;
-            pfds.push_back({ c->fd, ev, 0 });
-        }
-
-        /* A frame already complete in a buffer needs no waiting. */
-        bool ready = false;
-        for (const auto &c : conns_) {
-            ready = ready || (!c->writing() && c->buffered());
-        }
-
-        int n = poll(pfds.data(), pfds.size(), ready ? 0 : 1000);
-        if (n < 0 && errno != EINTR) {
-            log(Level::error, "poll(): %s", std::strerror(errno));
+    /* A call under way when SIGTERM comes is finished and answered. */
+    while (!stop_requested && read_frame(&req, &body)) {
+        if (!write_all(serve(req, body))) {
             return 1;
         }
-
-        size_t count = conns_.size();   /* accepted below are polled later */
-
-        for (size_t i = 0; i < count && n > 0; i++) {
-            Conn &c = *conns_[i];
-            short re = pfds[i + 1].revents;
-
-            if (re & POLLOUT) {
-                flush(c);
-            } else if (re & (POLLIN | POLLHUP | POLLERR)) {
-                read_from(c);
-            }
-        }
-
-        if (n > 0 && (pfds[0].revents & POLLIN)) {
-            accept_one();
-        }
-
-        /* One request per connection per round: fair between clients.
-           A pipelined next header is checked only once the reply to the
-           previous frame is out. */
-        for (size_t i = 0; i < count && !stop_requested; i++) {
-            Conn &c = *conns_[i];
-            if (!c.closed && !c.writing() && check_header(c)
-                && c.frame_ready())
-            {
-                if (peer_gone(c)) {
-                    /* nginx gave up on the call (its timeout closes the
-                       connection) while it waited: nothing to run */
-                    close_conn(c, nullptr);
-                    continue;
-                }
-                serve(c);
-                flush(c);
-            }
-        }
-
-        conns_.erase(std::remove_if(conns_.begin(), conns_.end(),
-                                    [](const std::unique_ptr<Conn> &c) {
-                                        return c->closed;
-                                    }),
-                     conns_.end());
-    }
-
-    for (auto &c : conns_) {
-        close(c->fd);
     }
 
     return 0;
@@ -415,7 +229,7 @@ Worker::run()
 }  // namespace
 
 int
-run_worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
+run_worker(int slot, int channel, const Options &o, SharedStats *stats,
     SourceStore *store)
 {
     char role[32];
@@ -425,7 +239,8 @@ run_worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
     struct sigaction sa {};
     sa.sa_handler = on_term;
     sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, nullptr);       /* no SA_RESTART: poll wakes */
+    sigaction(SIGTERM, &sa, nullptr);       /* no SA_RESTART: a wait for
+                                               the next frame ends */
     signal(SIGINT, SIG_IGN);                /* the supervisor forwards it */
     signal(SIGPIPE, SIG_IGN);
 
@@ -446,7 +261,7 @@ run_worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
 
     v8_process_init();
 
-    Worker w(slot, listen_fd, o, stats, store);
+    Worker w(slot, channel, o, stats, store);
     log(Level::info, "ready (heap %d MiB, deadline %d ms)", o.heap_mb,
         o.deadline_ms);
 

@@ -1,6 +1,6 @@
 /*
- * A worker process: one isolate, accepting on the shared listening socket
- * (pre-fork), serving each connection one frame at a time.
+ * A worker process: one isolate, serving the frames the supervisor hands
+ * it over its channel, one at a time.
  */
 
 #ifndef V8HOST_WORKER_H
@@ -13,7 +13,7 @@
 namespace v8host {
 
 /* Returns the process exit status. */
-int run_worker(int slot, int listen_fd, const Options &o, SharedStats *stats,
+int run_worker(int slot, int channel, const Options &o, SharedStats *stats,
     SourceStore *store);
 
 }  // namespace v8host

@@ -5,6 +5,7 @@
 //     other 4xx parsed with their status; UNKNOWN, empty status and a
 //     throwing hook counted; a valid non-terminal 2xx resets the counter;
 //     llmgw_task_poll_max_failures consecutive failures fail and refund);
+//   - a hook that ends its runtime worker: the plugin's failure, counted;
 //   - the query context and the plugin state kept across polls;
 //   - a batch plugin polled with one request per channel for several tasks;
 //   - two nodes on one database polling 1,000 tasks, each settled once;
@@ -254,6 +255,48 @@ describe('poll classification', { timeout: 300000 }, () => {
         assert.equal(led.reserve, 2 * PER_SECOND);
         assert.equal(led.reserve + (led.adjust || 0) + led.settle, 7 * PER_SECOND, JSON.stringify(led));
         await expectUsed(gw, db, unit.acct, 7 * PER_SECOND);
+    });
+});
+
+describe('a hook that ends its runtime worker', { timeout: 120000 }, () => {
+    let db, gw, vendor, env;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        /* a short deadline: the worker ends 2 s after it */
+        gw = await startGateway({ db, v8host: { deadlineMs: 300 }, http: HTTP });
+        env = await taskSetup(gw, { vendors: [vendor] });
+    });
+
+    after(() => tearDown(db, [gw], [vendor]));
+
+    test('a submit hook that ends its worker is the plugin\'s error (500), not the runtime\'s', async () => {
+        const r = await submitTask(gw, env, { model: env.model, behave: 'stuck' });
+        assert.equal(r.status, 500, r.text);
+        assert.equal(r.json.error.code, 'plugin_error');
+        assert.match(r.json.error.message, /buildSubmitRequest failed: the hook ran past its deadline/);
+        assert.equal(vendor.submits().length, 0);
+    });
+
+    test('a parse hook that ends its worker counts as a failed poll; the limit fails and refunds', async () => {
+        const acct = await account(gw);
+        const up = uniq('up');
+        vendor.setPoll(up, { body: { stuck: true } });
+        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
+            { key: acct.key }), 'submit');
+        const id = r.json.task_id;
+        await waitFor(async () => (await pollFailures(db, id)) === 1, 15000,
+            { what: 'the first failure counted' });
+        const v = await waitStatus(gw, acct.key, id, 'FAILURE', { ms: 30000 });
+        assert.match(v.fail_reason,
+            new RegExp(`polling failed ${MAX_FAILURES} times in a row: parseTaskResult failed: timeout`));
+        assert.equal(vendor.polls(up).length, MAX_FAILURES);
+        const led = await waitLedger(db, id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+        await expectUsed(gw, db, acct, 0);
+        assert.match(fs.readFileSync(gw.v8host.logPath, 'utf8'),
+            /worker \d ended during a call of plugin [0-9a-f]{16}: timeout/);
     });
 });
 

@@ -261,22 +261,27 @@ test('CALL with the source instead of the sha (dry run)', async () => {
 });
 
 test('a source loaded by one worker is callable on another (shared store)', async () => {
-    // A worker busy in a call cannot accept: the second connection lands on
-    // the other worker, which loads a source the first has never seen.
+    // A looping call keeps one worker busy: the LOAD goes to the other, and
+    // the next call to the first idle slot, the one that ran the loop and
+    // has never seen the source.
     const busy = await helper.connect();
-    const busyPid = (await busy.status()).pid;
+    const other = await helper.connect();
     const looping = busy.call(sha, 'buildSubmitRequest', [{ op: 'loop' }], { deadline_ms: 500 });
     await new Promise((r) => setTimeout(r, 50));
 
-    const other = await helper.connect();
-    assert.notEqual((await other.status()).pid, busyPid);
+    const during = await other.status();
+    const slot = during.workers.findIndex((w) => w.busy);
+    assert.equal(during.workers[slot].plugin, sha);
     const fresh = pluginWith('// only loaded by the other worker');
     const loaded = await other.load(fresh);
     assert.equal(loaded.ok, true);
 
     assert.equal((await looping).error.kind, 'timeout');
+    const calls = (await other.status()).workers[slot].calls;
     assert.deepEqual(await busy.call(loaded.sha, 'buildQueryRequest', []),
                      { ok: true, result: { url: 'https://example.com/q' } });
+    assert.equal((await other.status()).workers[slot].calls, calls + 1,
+                 'served by the worker that ran the loop');
     await Promise.all([busy.close(), other.close()]);
 });
 
@@ -530,25 +535,31 @@ test('STATUS lists every worker with its counters', async () => {
         for (const k of ['pid', 'calls', 'errors', 'timeouts', 'memory', 'restarts', 'plugins']) {
             assert.equal(typeof w[k], 'number', k);
         }
+        assert.equal(w.busy, false);
     }
-    const mine = s.workers.find((w) => w.pid === s.pid);
-    assert.ok(mine.calls > 0 && mine.timeouts >= 1 && mine.memory >= 1 && mine.plugins >= 1,
-              JSON.stringify(mine));
+    const sum = (k) => s.workers.reduce((n, w) => n + w[k], 0);
+    assert.ok(sum('calls') > 0 && sum('timeouts') >= 1 && sum('memory') >= 1 && sum('plugins') >= 1,
+              JSON.stringify(s.workers));
+    assert.equal(s.pid, helper.proc.pid, 'answered by the supervisor');
+    assert.equal(s.queued, 0);
     assert.ok(s.sources >= 1);
     assert.equal(typeof s.uptime_s, 'number');
 });
 
 test('kill -9 of a worker during a call: that call fails, the worker is restarted (throttled), new calls succeed', async () => {
     const victim = await helper.connect();
-    const { pid, workers } = await victim.status();
-    const slot = workers.findIndex((w) => w.pid === pid);
-    const restartsBefore = workers[slot].restarts;
+    const watcher = await helper.connect();
     const readyBefore = helper.readyCount();
 
     const pending = victim.call(sha, 'buildSubmitRequest', [{ op: 'loop' }]);
     await new Promise((r) => setTimeout(r, 150));
+    const { workers } = await watcher.status();
+    const slot = workers.findIndex((w) => w.busy);
+    const { pid, restarts: restartsBefore } = workers[slot];
     process.kill(pid, 'SIGKILL');
+    // killed from outside: the runtime's trouble, not the plugin's
     await assert.rejects(pending, /connection closed/);
+    await watcher.close();
 
     await waitFor('the restarted worker', () => helper.readyCount() > readyBefore);
     const s = await waitFor('a new pid in the slot', async () => {
@@ -628,26 +639,58 @@ test('microtasks a call leaves queued never run in the next call', async (t) => 
     await c.close();
 });
 
-test('a builtin that ignores termination: the worker ends after deadline + 2 s and is restarted', async (t) => {
+test('a builtin that ignores termination: the worker ends after deadline + 2 s, the call is a timeout', async (t) => {
     const h = await soloHelper(t);
     const c = await h.connect();
+    const c2 = await h.connect();
     const p = await c.load(hookPlugin('stuck-builtin',
         'return Array.prototype.indexOf.call({ length: 2 ** 40 }, 1);'));
     assert.equal(p.ok, true, JSON.stringify(p));
-    const { pid } = await c.status();
+    const q = await c2.load(hookPlugin('after-stuck', 'return 2;'));
+    assert.equal(q.ok, true, JSON.stringify(q));
+    const { workers: [{ pid }] } = await c2.status();
     const ready = h.readyCount();
     const t0 = Date.now();
-    await assert.rejects(c.call(p.sha, 'buildSubmitRequest', [{}]), /connection closed/);
+    const stuck = c.call(p.sha, 'buildSubmitRequest', [{}]);
+    await new Promise((r) => setTimeout(r, 100));
+    // another plugin's call waits for the only worker, and is not failed
+    // when that worker ends
+    const queued = c2.call(q.sha, 'buildSubmitRequest', [{}]);
+    const r = await stuck;
     const took = Date.now() - t0;
+    assert.equal(r.ok, false);
+    assert.equal(r.error.kind, 'timeout', JSON.stringify(r));
+    assert.match(r.error.message, /ignored termination; its worker was replaced/);
     assert.ok(took >= 2400 && took < 6000, `the worker ended after ${took} ms`);
     assert.match(h.log(), /a call kept running 2000 ms after its deadline despite termination; worker exits/);
+    assert.match(h.log(), /worker 0 ended during a call of plugin [0-9a-f]{16}: timeout/);
+    assert.deepEqual(await queued, { ok: true, result: 2 });
     await waitFor('the restarted worker', () => h.readyCount() > ready);
-    const c2 = await h.connect();
     const st = await c2.status();
     assert.notEqual(st.workers[0].pid, pid);
-    const again = await c2.call(p.sha, 'buildQueryRequest', [{}]);
+    assert.equal(st.workers[0].restarts, 1);
+    const again = await c.call(p.sha, 'buildQueryRequest', [{}]);
     assert.deepEqual(again, { ok: true, result: { url: 'https://example.com/q' } });
-    await c2.close();
+    await Promise.all([c.close(), c2.close()]);
+});
+
+test('a worker that crashes during a call: the call is the plugin\'s error, other connections stay', async (t) => {
+    const h = await soloHelper(t, { deadlineMs: 3000 });
+    const [c, watcher] = [await h.connect(), await h.connect()];
+    const p = await c.load(hookPlugin('crasher', 'if (ctx.loop) for (;;) {} return 3;'));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    const pending = c.call(p.sha, 'buildSubmitRequest', [{ loop: 1 }]);
+    await new Promise((r) => setTimeout(r, 150));
+    const { workers: [w] } = await watcher.status();
+    assert.equal(w.busy, true);
+    process.kill(w.pid, 'SIGSEGV');
+    const r = await pending;
+    assert.deepEqual(r.error, { kind: 'plugin',
+        message: 'the hook crashed its worker (signal 11); the worker was replaced' });
+    // the same connections go on, served by the new worker
+    assert.deepEqual(await c.call(p.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 3 });
+    assert.notEqual((await watcher.status()).workers[0].pid, w.pid);
+    await Promise.all([c.close(), watcher.close()]);
 });
 
 test('a call whose client hung up before it was served is not run', async (t) => {
@@ -667,6 +710,103 @@ test('a call whose client hung up before it was served is not run', async (t) =>
     assert.equal((await c3.status()).workers[0].timeouts, 1, 'only the first loop ran');
     await c1.close();
     await c3.close();
+});
+
+// ---- sharing the workers between plugins ----
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/* Resolves with [reply, ms since t0]. */
+const timed = async (t0, pending) => {
+    const r = await pending;
+    return [r, Date.now() - t0];
+};
+
+test('a plugin whose hooks all run into the deadline holds up only its own calls', async (t) => {
+    const h = await startHelper({ workers: 2, deadlineMs: 3000, heapMb: 32 });
+    t.after(() => h.stop());
+    const c = await h.connect();
+    const bad = await c.load(hookPlugin('fair-bad', 'for (;;) {}'));
+    const good = await c.load(hookPlugin('fair-good', 'return ctx.n;'));
+    assert.equal(bad.ok && good.ok, true);
+
+    // two looping calls, each on a connection of its own (as nginx sends
+    // them): without a limit they would take both workers
+    const [b1, b2] = [await h.connect(), await h.connect()];
+    const t0 = Date.now();
+    const loops = [timed(t0, b1.call(bad.sha, 'buildSubmitRequest', [{}]))];
+    await sleep(100);
+    loops.push(timed(t0, b2.call(bad.sha, 'buildSubmitRequest', [{}])));
+    await sleep(100);
+
+    // meanwhile another plugin's calls are answered at once, on new
+    // connections and on an old one
+    for (let i = 0; i < 5; i++) {
+        const g = await h.connect();
+        const t1 = Date.now();
+        assert.deepEqual(await g.call(good.sha, 'buildSubmitRequest', [{ n: i }]),
+                         { ok: true, result: i });
+        assert.ok(Date.now() - t1 < 1000, `call ${i} took ${Date.now() - t1} ms`);
+        await g.close();
+    }
+    assert.deepEqual(await c.call(good.sha, 'buildSubmitRequest', [{ n: 9 }]), { ok: true, result: 9 });
+    const st = await c.status();
+    assert.ok(Date.now() - t0 < 1500, `answered ${Date.now() - t0} ms after the loops began`);
+    assert.deepEqual(st.workers.filter((w) => w.busy).map((w) => w.plugin), [bad.sha]);
+    assert.equal(st.queued, 1, 'the second loop waits for the first');
+
+    // the looping calls ran one after the other, each to its deadline
+    const [[r1, ms1], [r2, ms2]] = await Promise.all(loops);
+    assert.equal(r1.error.kind, 'timeout');
+    assert.equal(r2.error.kind, 'timeout');
+    assert.ok(ms1 >= 2900 && ms1 < 4500, `first loop ended after ${ms1} ms`);
+    assert.ok(ms2 >= 5900, `second loop ended after ${ms2} ms`);
+    await Promise.all([c.close(), b1.close(), b2.close()]);
+});
+
+test('plugins take turns for a worker; a plugin\'s own calls go oldest first', async (t) => {
+    const h = await soloHelper(t);
+    const c = await h.connect();
+    const a = await c.load(hookPlugin('turn-a', 'for (;;) {}'));
+    const b = await c.load(hookPlugin('turn-b', 'return "b";'));
+    const conns = await Promise.all([0, 1, 2, 3].map(() => h.connect()));
+    const t0 = Date.now();
+    const done = [];
+    const send = (i, sha, label) => conns[i].call(sha, 'buildSubmitRequest', [{}])
+        .then((r) => done.push([label, r.ok ? r.result : r.error.kind, Date.now() - t0]));
+
+    // a1 runs; a2 and a3 wait; then b1 arrives
+    const all = [send(0, a.sha, 'a1')];
+    await sleep(50);
+    all.push(send(1, a.sha, 'a2'));
+    await sleep(20);
+    all.push(send(2, a.sha, 'a3'));
+    await sleep(20);
+    all.push(send(3, b.sha, 'b1'));
+    await Promise.all(all);
+
+    assert.deepEqual(done.map(([label, what]) => [label, what]),
+                     [['a1', 'timeout'], ['a2', 'timeout'], ['b1', 'b'], ['a3', 'timeout']]);
+    const b1 = done.find(([label]) => label === 'b1')[2];
+    assert.ok(b1 < 1400, `b1 answered after ${b1} ms: it waited for one call of a, not two`);
+    await Promise.all([c, ...conns].map((x) => x.close()));
+});
+
+test('--plugin-workers lets one plugin take more workers', async (t) => {
+    const h = await startHelper({ workers: 2, deadlineMs: 500, heapMb: 32,
+                                  extra: ['--plugin-workers', '2'] });
+    t.after(() => h.stop());
+    const c = await h.connect();
+    const p = await c.load(hookPlugin('both-workers', 'for (;;) {}'));
+    const conns = [await h.connect(), await h.connect()];
+    const t0 = Date.now();
+    const rs = await Promise.all(conns.map((x) => timed(t0, x.call(p.sha, 'buildSubmitRequest', [{}]))));
+    for (const [r, ms] of rs) {
+        assert.equal(r.error.kind, 'timeout');
+        assert.ok(ms < 950, `both loops ran at once: ended after ${ms} ms`);
+    }
+    assert.match(h.log(), /listening on .* with 2 worker\(s\), at most 2 per plugin/);
+    await Promise.all([c, ...conns].map((x) => x.close()));
 });
 
 test('volcSignV4: a value nested in an array, or more than 1000 values, is refused', async (t) => {
