@@ -1,16 +1,22 @@
 /*
- * The client of the v8_host helper: framed JSON calls over a small pool of
- * kept-alive Unix socket connections per worker, on nginx's event loop.
+ * The client of the v8_host helper: framed JSON calls over kept-alive Unix
+ * socket connections, on nginx's event loop.
  *
- * A connection carries one call at a time (the helper runs one hook at a
- * time per process anyway); calls wait in a bounded queue, each with its own
+ * A connection carries one call at a time, and every call gets one at
+ * once: an idle one, or a new one.  The helper queues the calls per plugin
+ * and shares its workers between plugins; a fixed pool here would put a
+ * call behind another plugin's slow calls before the helper ever saw it.
+ * Up to llmgw_v8host_connections idle connections are kept; calls in
+ * flight are bounded by llmgw_v8host_max_inflight, each with its own
  * deadline.  A connection that fails (the helper restarted, a bad frame, a
- * reply with the wrong request id) fails its call and is opened again for
- * the next one.  Callers are never called back before ngx_llmgw_v8_call()
- * returns.
+ * reply with the wrong request id) fails its call and is closed.  Callers
+ * are never called back before ngx_llmgw_v8_call() returns.
  */
 
 #include "ngx_llmgw.h"
+
+
+typedef struct ngx_llmgw_v8_conn_s  ngx_llmgw_v8_conn_t;
 
 
 typedef struct {
@@ -20,26 +26,29 @@ typedef struct {
     ngx_llmgw_v8_handler_pt    handler;
     void                      *data;
     ngx_event_t                timer;
-    unsigned                   queued:1;
+    ngx_llmgw_v8_conn_t       *conn;       /* NULL: still queued */
 } ngx_llmgw_v8_call_t;
 
 
-typedef struct {
+struct ngx_llmgw_v8_conn_s {
+    ngx_queue_t                queue;      /* in the idle or busy list */
     ngx_connection_t          *c;
     ngx_llmgw_v8_call_t       *call;
+    unsigned                   idle:1;
     u_char                     head[LLMGW_FRAME_HEADER_LEN];
     size_t                     head_got;
     u_char                    *body;
     size_t                     body_len;
     size_t                     body_got;
-} ngx_llmgw_v8_conn_t;
+};
 
 
-static ngx_int_t ngx_llmgw_v8_connect(ngx_llmgw_v8_conn_t *vc);
+static ngx_llmgw_v8_conn_t *ngx_llmgw_v8_connect(void);
 static void ngx_llmgw_v8_dispatch(void);
 static void ngx_llmgw_v8_write(ngx_event_t *wev);
 static void ngx_llmgw_v8_read(ngx_event_t *rev);
 static void ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why);
+static void ngx_llmgw_v8_release(ngx_llmgw_v8_conn_t *vc);
 static void ngx_llmgw_v8_close(ngx_llmgw_v8_conn_t *vc);
 static void ngx_llmgw_v8_finish(ngx_llmgw_v8_call_t *call, ngx_int_t rc,
     u_char *body, size_t len);
@@ -48,8 +57,10 @@ static void ngx_llmgw_v8_posted(ngx_event_t *ev);
 static void ngx_llmgw_v8_fail_pending(const char *why);
 
 
-static ngx_llmgw_v8_conn_t    *ngx_llmgw_v8_conns;
-static ngx_uint_t              ngx_llmgw_v8_nconns;
+static ngx_uint_t              ngx_llmgw_v8_enabled;
+static ngx_queue_t             ngx_llmgw_v8_idle;
+static ngx_uint_t              ngx_llmgw_v8_nidle;
+static ngx_queue_t             ngx_llmgw_v8_busy;
 static ngx_queue_t             ngx_llmgw_v8_pending;
 static ngx_uint_t              ngx_llmgw_v8_inflight;
 static uint32_t                ngx_llmgw_v8_next_id;
@@ -65,18 +76,15 @@ ngx_llmgw_v8host_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_v8_log = cycle->log;
 
     ngx_queue_init(&ngx_llmgw_v8_pending);
+    ngx_queue_init(&ngx_llmgw_v8_idle);
+    ngx_queue_init(&ngx_llmgw_v8_busy);
+    ngx_llmgw_v8_nidle = 0;
 
     if (mcf->v8host.len == 0) {
         return NGX_OK;
     }
 
-    ngx_llmgw_v8_nconns = mcf->v8host_connections;
-    ngx_llmgw_v8_conns = ngx_calloc(ngx_llmgw_v8_nconns
-                                    * sizeof(ngx_llmgw_v8_conn_t),
-                                    cycle->log);
-    if (ngx_llmgw_v8_conns == NULL) {
-        return NGX_ERROR;
-    }
+    ngx_llmgw_v8_enabled = 1;
 
     ngx_llmgw_v8_kick.handler = ngx_llmgw_v8_posted;
     ngx_llmgw_v8_kick.data = &ngx_llmgw_no_connection;
@@ -89,20 +97,26 @@ ngx_llmgw_v8host_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
 void
 ngx_llmgw_v8host_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_uint_t  i;
+    ngx_queue_t  *q;
 
-    for (i = 0; i < ngx_llmgw_v8_nconns; i++) {
-        ngx_llmgw_v8_close(&ngx_llmgw_v8_conns[i]);
+    while (!ngx_queue_empty(&ngx_llmgw_v8_busy)) {
+        q = ngx_queue_head(&ngx_llmgw_v8_busy);
+        ngx_llmgw_v8_close(ngx_queue_data(q, ngx_llmgw_v8_conn_t, queue));
     }
 
-    ngx_llmgw_v8_nconns = 0;
+    while (!ngx_queue_empty(&ngx_llmgw_v8_idle)) {
+        q = ngx_queue_head(&ngx_llmgw_v8_idle);
+        ngx_llmgw_v8_close(ngx_queue_data(q, ngx_llmgw_v8_conn_t, queue));
+    }
+
+    ngx_llmgw_v8_enabled = 0;
 }
 
 
 ngx_uint_t
 ngx_llmgw_v8host_enabled(void)
 {
-    return ngx_llmgw_v8_nconns > 0;
+    return ngx_llmgw_v8_enabled;
 }
 
 
@@ -114,7 +128,7 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     llmgw_frame_t         f;
     ngx_llmgw_v8_call_t  *call;
 
-    if (ngx_llmgw_v8_nconns == 0) {
+    if (!ngx_llmgw_v8_enabled) {
         return NGX_DECLINED;
     }
 
@@ -162,7 +176,6 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     ngx_add_timer(&call->timer, ngx_llmgw_v8_mcf->v8host_timeout);
 
     ngx_queue_insert_tail(&ngx_llmgw_v8_pending, &call->queue);
-    call->queued = 1;
     ngx_llmgw_v8_inflight++;
 
     /* sending starts from a posted event, never inside the caller */
@@ -184,36 +197,38 @@ ngx_llmgw_v8_posted(ngx_event_t *ev)
 static void
 ngx_llmgw_v8_dispatch(void)
 {
-    ngx_uint_t            i;
     ngx_queue_t          *q;
     ngx_llmgw_v8_conn_t  *vc;
     ngx_llmgw_v8_call_t  *call;
 
-    for (i = 0; i < ngx_llmgw_v8_nconns; i++) {
+    while (!ngx_queue_empty(&ngx_llmgw_v8_pending)) {
 
-        if (ngx_queue_empty(&ngx_llmgw_v8_pending)) {
-            return;
-        }
+        if (!ngx_queue_empty(&ngx_llmgw_v8_idle)) {
+            q = ngx_queue_head(&ngx_llmgw_v8_idle);
+            ngx_queue_remove(q);
+            ngx_llmgw_v8_nidle--;
+            vc = ngx_queue_data(q, ngx_llmgw_v8_conn_t, queue);
+            vc->idle = 0;
 
-        vc = &ngx_llmgw_v8_conns[i];
-
-        if (vc->call != NULL) {
-            continue;
-        }
-
-        if (vc->c == NULL && ngx_llmgw_v8_connect(vc) != NGX_OK) {
-            /* the helper is down: say so now rather than at the deadline */
-            ngx_llmgw_v8_fail_pending("the plugin runtime is not running");
-            return;
+        } else {
+            vc = ngx_llmgw_v8_connect();
+            if (vc == NULL) {
+                /* the helper is down: say so now rather than at the
+                   deadline */
+                ngx_llmgw_v8_fail_pending("the plugin runtime is not "
+                                          "running");
+                return;
+            }
         }
 
         q = ngx_queue_head(&ngx_llmgw_v8_pending);
         ngx_queue_remove(q);
 
         call = ngx_queue_data(q, ngx_llmgw_v8_call_t, queue);
-        call->queued = 0;
+        call->conn = vc;
         call->out->pos = call->out->start;
 
+        ngx_queue_insert_tail(&ngx_llmgw_v8_busy, &vc->queue);
         vc->call = call;
         vc->head_got = 0;
         vc->body = NULL;
@@ -225,11 +240,17 @@ ngx_llmgw_v8_dispatch(void)
 }
 
 
-static ngx_int_t
-ngx_llmgw_v8_connect(ngx_llmgw_v8_conn_t *vc)
+static ngx_llmgw_v8_conn_t *
+ngx_llmgw_v8_connect(void)
 {
     ngx_int_t              rc;
+    ngx_llmgw_v8_conn_t   *vc;
     ngx_peer_connection_t  pc;
+
+    vc = ngx_calloc(sizeof(ngx_llmgw_v8_conn_t), ngx_llmgw_v8_log);
+    if (vc == NULL) {
+        return NULL;
+    }
 
     ngx_memzero(&pc, sizeof(ngx_peer_connection_t));
 
@@ -246,7 +267,8 @@ ngx_llmgw_v8_connect(ngx_llmgw_v8_conn_t *vc)
         if (pc.connection) {
             ngx_close_connection(pc.connection);
         }
-        return NGX_ERROR;
+        ngx_free(vc);
+        return NULL;
     }
 
     vc->c = pc.connection;
@@ -255,7 +277,7 @@ ngx_llmgw_v8_connect(ngx_llmgw_v8_conn_t *vc)
     vc->c->write->handler = ngx_llmgw_v8_write;
     vc->c->pool = NULL;
 
-    return NGX_OK;
+    return vc;
 }
 
 
@@ -304,6 +326,7 @@ static void
 ngx_llmgw_v8_read(ngx_event_t *rev)
 {
     char                  err[128];
+    size_t                len;
     ssize_t               n;
     u_char               *body;
     llmgw_frame_t         f;
@@ -388,14 +411,34 @@ ngx_llmgw_v8_read(ngx_event_t *rev)
     body = vc->body;
     body[vc->body_len] = '\0';
     call = vc->call;
+    len = vc->body_len;
 
-    vc->call = NULL;
     vc->body = NULL;
+    ngx_llmgw_v8_release(vc);
 
-    ngx_llmgw_v8_finish(call, NGX_OK, body, vc->body_len);
+    ngx_llmgw_v8_finish(call, NGX_OK, body, len);
     ngx_free(body);
 
     ngx_llmgw_v8_dispatch();
+}
+
+
+/* A connection whose call is answered: kept idle, or closed when enough
+   idle ones are kept already. */
+static void
+ngx_llmgw_v8_release(ngx_llmgw_v8_conn_t *vc)
+{
+    vc->call = NULL;
+
+    if (ngx_llmgw_v8_nidle >= ngx_llmgw_v8_mcf->v8host_connections) {
+        ngx_llmgw_v8_close(vc);
+        return;
+    }
+
+    ngx_queue_remove(&vc->queue);
+    ngx_queue_insert_head(&ngx_llmgw_v8_idle, &vc->queue);
+    vc->idle = 1;
+    ngx_llmgw_v8_nidle++;
 }
 
 
@@ -420,23 +463,17 @@ ngx_llmgw_v8_finish(ngx_llmgw_v8_call_t *call, ngx_int_t rc, u_char *body,
 static void
 ngx_llmgw_v8_timeout(ngx_event_t *ev)
 {
-    ngx_uint_t            i;
     ngx_llmgw_v8_call_t  *call = ev->data;
 
-    if (call->queued) {
+    if (call->conn == NULL) {
         ngx_queue_remove(&call->queue);
         ngx_llmgw_v8_finish(call, NGX_ETIMEDOUT, NULL, 0);
         return;
     }
 
-    /* on a connection: that connection is given up, its call answered */
-    for (i = 0; i < ngx_llmgw_v8_nconns; i++) {
-        if (ngx_llmgw_v8_conns[i].call == call) {
-            ngx_llmgw_v8_fail(&ngx_llmgw_v8_conns[i],
-                              "the helper did not answer in time");
-            return;
-        }
-    }
+    /* on a connection: that connection is given up (the helper sees it
+       close and drops the call if it has not started), its call answered */
+    ngx_llmgw_v8_fail(call->conn, "the helper did not answer in time");
 }
 
 
@@ -451,7 +488,6 @@ ngx_llmgw_v8_fail_pending(const char *why)
         ngx_queue_remove(q);
 
         call = ngx_queue_data(q, ngx_llmgw_v8_call_t, queue);
-        call->queued = 0;
 
         ngx_llmgw_v8_finish(call, NGX_DECLINED, (u_char *) why,
                             ngx_strlen(why));
@@ -468,7 +504,6 @@ ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why)
                   "llmgw: v8_host call failed: %s", why);
 
     call = vc->call;
-    vc->call = NULL;
 
     ngx_llmgw_v8_close(vc);
 
@@ -477,22 +512,33 @@ ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why)
                             ngx_strlen(why));
     }
 
-    ngx_llmgw_v8_dispatch();
+    /* from a posted event: a failure met while dispatching must not
+       dispatch again inside itself */
+    if (!ngx_queue_empty(&ngx_llmgw_v8_pending) && !ngx_llmgw_v8_kick.posted) {
+        ngx_post_event(&ngx_llmgw_v8_kick, &ngx_posted_events);
+    }
 }
 
 
+/* Closes and frees a connection of either list. */
 static void
 ngx_llmgw_v8_close(ngx_llmgw_v8_conn_t *vc)
 {
+    ngx_queue_remove(&vc->queue);
+
+    if (vc->idle) {
+        ngx_llmgw_v8_nidle--;
+    }
+
     if (vc->body) {
         ngx_free(vc->body);
-        vc->body = NULL;
     }
 
     if (vc->c) {
         ngx_close_connection(vc->c);
-        vc->c = NULL;
     }
+
+    ngx_free(vc);
 }
 
 

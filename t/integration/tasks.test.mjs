@@ -4,8 +4,9 @@
 // validation (nothing is sent when a descriptor breaks a rule), reserve /
 // adjust / settle / refund in the ledger, immediate results, retainResult,
 // originTaskIds, multipart files and placeholders, SSE submits in snapshot
-// and delta mode, and the task timeout.  Polling classification, batch
-// plugins, two nodes and a killed worker are in tasks_poll.test.mjs.
+// and delta mode, the task timeout, and plugins sharing the plugin runtime.
+// Polling classification, batch plugins, two nodes and a killed worker are
+// in tasks_poll.test.mjs.
 //
 // Every test uploads its own variant of a fixture (fixtures/plugins/task-*.js)
 // with its own key, models and channel on a vendor of its own.
@@ -17,7 +18,7 @@ import { after, afterEach, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, hex, psql, settle, sleep, startGateway,
-    stopAll,
+    stopAll, tearDown,
 } from '../lib/harness.mjs';
 import {
     account, assertErrorShape, bareMessage, expectUsed, getTask, ledgerSum,
@@ -755,6 +756,48 @@ describe('a task create that outlives llmgw_pg_timeout', { timeout: 120000 }, ()
         assert.equal(led.reserve, PER_TASK);
         assert.equal(vendor.submits().length, 1, 'one task at the vendor');
         await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+});
+
+describe('plugins share the plugin runtime', { timeout: 120000 }, () => {
+    let db, gw, vendor;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        /* one nginx worker: every call goes through its connections */
+        gw = await startGateway({ db, workers: 1, v8host: { workers: 2, deadlineMs: 2000 },
+                                  http: `${HTTP}\n  llmgw_v8host_timeout 4s;` });
+    });
+
+    after(() => tearDown(db, [gw], [vendor]));
+
+    test('a plugin whose hooks run into the deadline does not hold up another plugin', async () => {
+        const bad = await taskSetup(gw, { vendors: [vendor] });
+        const good = await taskSetup(gw, { vendors: [vendor] });
+        const timed = async (env, body) => {
+            const t0 = Date.now();
+            const r = await submitTask(gw, env, { model: env.model, ...body });
+            return { r, ms: Date.now() - t0 };
+        };
+        assertOk((await timed(good, {})).r, 'a submit before');
+
+        /* more looping submits than the connections the worker keeps idle */
+        const loops = Array.from({ length: 20 }, () => timed(bad, { behave: 'loop' }));
+        await sleep(300);
+        for (let i = 0; i < 5; i++) {
+            const { r, ms } = await timed(good, { up_id: `good-${i}` });
+            assertOk(r, `good submit ${i}`);
+            assert.ok(ms < 1500, `good submit ${i} took ${ms} ms`);
+        }
+
+        /* the looping plugin's own submits: stopped at the deadline, or,
+           waiting behind each other, past llmgw_v8host_timeout */
+        const codes = (await Promise.all(loops)).map(({ r }) => `${r.status} ${r.json?.error?.code}`);
+        assert.ok(codes.includes('500 plugin_error'), codes.join(', '));
+        for (const c of codes) {
+            assert.ok(c === '500 plugin_error' || c === '502 plugin_unavailable', c);
+        }
     });
 });
 
