@@ -28,7 +28,7 @@
 #   LLMGW_MODULE   module .so (default <repo>/build/nginx/ngx_http_llmgw_module.so)
 #   NGINX          nginx binary (default /usr/sbin/nginx)
 #   LLMGW_V8HOST   helper binary (default <repo>/build/v8host/llmgw-v8host)
-#   V8HOST_WORKERS helper worker processes (default 2)
+#   V8HOST_WORKERS helper worker processes (default 4)
 #   LLMGW_RESOLVER arguments of nginx's "resolver" directive (default the
 #                  first nameserver of /etc/resolv.conf, else 127.0.0.1)
 set -euo pipefail
@@ -51,7 +51,7 @@ HELPER=${LLMGW_V8HOST:-$REPO/build/v8host/llmgw-v8host}
 V8SOCK=$VAR/v8host.sock
 V8PID=$VAR/v8host.pid
 V8LOG=$VAR/v8host.log
-V8WORKERS=${V8HOST_WORKERS:-2}
+V8WORKERS=${V8HOST_WORKERS:-4}
 
 die() { echo "run: $*" >&2; exit 1; }
 

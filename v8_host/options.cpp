@@ -12,10 +12,10 @@
 namespace v8host {
 
 const char *const usage_text =
-    "usage: llmgw-v8host --socket <path> [--workers N (2)] "
-    "[--plugin-workers N (workers - 1)]\n"
-    "                    [--deadline-ms MS (5000)] [--heap-mb MB (64)] "
-    "[--max-frame BYTES (16777216)]\n"
+    "usage: llmgw-v8host --socket <path> [--workers N (4)]\n"
+    "                    [--plugin-workers N (workers - 1)] "
+    "[--deadline-ms MS (5000)]\n"
+    "                    [--heap-mb MB (64)] [--max-frame BYTES (16777216)]\n"
     "                    [--pidfile path] [--source-cache-mb MB (64; 0: off)]\n"
     "                    [--max-memory-mb MB (8 x heap + 1024)]\n";
 

@@ -13,7 +13,7 @@ namespace v8host {
 struct Options {
     std::string  socket_path;
     std::string  pidfile;
-    int          workers = 2;
+    int          workers = 4;
     int          plugin_workers = 0;     /* workers one plugin may occupy;
                                             0: workers - 1, at least 1 */
     int          deadline_ms = 5000;     /* per call; CALL may only lower it */
