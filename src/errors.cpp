@@ -205,6 +205,74 @@ struct UpstreamError {
     }
 };
 
+/* Google's canonical status name for an HTTP status. */
+const char *
+google_status(int status)
+{
+    switch (status) {
+    case 400: return "INVALID_ARGUMENT";
+    case 401: return "UNAUTHENTICATED";
+    case 403: return "PERMISSION_DENIED";
+    case 404: return "NOT_FOUND";
+    case 409: return "ABORTED";
+    case 429: return "RESOURCE_EXHAUSTED";
+    case 499: return "CANCELLED";
+    case 500: return "INTERNAL";
+    case 501: return "UNIMPLEMENTED";
+    case 503: return "UNAVAILABLE";
+    case 504: return "DEADLINE_EXCEEDED";
+    default:  return status >= 500 ? "INTERNAL" : "FAILED_PRECONDITION";
+    }
+}
+
+
+/*
+ * An upstream error for a Gemini client, in Gemini's own shape: the HTTP
+ * status as the number "code", Google's "status" name (the upstream's own,
+ * else the one of the HTTP status), the message with the request id, and
+ * "type": "upstream_error" as in the contract.
+ */
+llmgw_buf_t
+gemini_error(int status, const char *body, size_t len,
+    llmgw_str_t credential, llmgw_str_t request_id)
+{
+    try {
+        UpstreamError e(status, body, len, credential);
+        std::string message = std::move(e.message);
+
+        message += " (request id: ";
+        message += llmgw::sv(request_id);
+        message += ")";
+
+        std::string_view own = llmgw::json_str(
+            json_object_get(e.root.get(), "error"), "status");
+        std::string name = google_status(status);
+
+        if (!own.empty() && own.size() < 64
+            && own.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+               == std::string_view::npos)
+        {
+            name = std::string(own);
+        }
+
+        llmgw::Json root(json_object());
+        json_t *inner = json_object();
+        std::string text = valid_utf8(message);
+
+        json_object_set_new(inner, "code", json_integer(status));
+        json_object_set_new(inner, "message",
+                            json_stringn(text.data(), text.size()));
+        json_object_set_new(inner, "status", json_string(name.c_str()));
+        json_object_set_new(inner, "type", json_string("upstream_error"));
+        json_object_set_new(root.get(), "error", inner);
+
+        return llmgw::make_buf(llmgw::json_dump(root.get()));
+
+    } catch (...) {
+        return { nullptr, 0 };
+    }
+}
+
 } // namespace
 
 
@@ -242,6 +310,10 @@ extern "C" llmgw_buf_t
 llmgw_upstream_error_for(int client_ep, int status, const char *body,
     size_t len, llmgw_str_t credential, llmgw_str_t request_id)
 {
+    if (client_ep == LLMGW_EP_GEMINI) {
+        return gemini_error(status, body, len, credential, request_id);
+    }
+
     if (client_ep != LLMGW_EP_MESSAGES) {
         return llmgw_upstream_error_json(status, body, len, credential,
                                          request_id);

@@ -481,14 +481,25 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 [JSON.parse(whole)]);
         });
 
-        test('an upstream Gemini error keeps its status and message', async () => {
+        test('an upstream Gemini error comes back in Gemini\'s shape, with the request id', async () => {
             gm.handler = (req, res) => sendJson(res, 400, {
                 error: { code: 400, message: 'Unsupported voice: Nobody', status: 'INVALID_ARGUMENT' },
             });
+            for (const verb of ['generateContent', 'streamGenerateContent?alt=sse']) {
+                const r = await gw.req('POST', `/v1beta/models/${M.tts}:${verb}`, { key, body: ttsBody() });
+                assert.equal(r.status, 400, r.text);
+                const id = r.headers['x-request-id'];
+                assert.deepEqual(r.json, { error: {
+                    code: 400, message: `Unsupported voice: Nobody (request id: ${id})`,
+                    status: 'INVALID_ARGUMENT', type: 'upstream_error' } });
+            }
+            /* no status of its own: the one of the HTTP status */
+            gm.handler = (req, res) => sendJson(res, 429, { error: { message: 'slow down' } });
             const r = await gw.req('POST', `/v1beta/models/${M.tts}:generateContent`, { key, body: ttsBody() });
-            assert.equal(r.status, 400, r.text);
-            assert.ok(r.text.includes('Unsupported voice: Nobody'), r.text);
-            assert.ok(r.headers['x-request-id']);
+            assert.equal(r.status, 429, r.text);
+            assert.equal(r.json.error.status, 'RESOURCE_EXHAUSTED');
+            assert.equal(r.json.error.code, 429);
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
         });
 
         test('400 when contents is missing; the upstream is not called', async () => {
