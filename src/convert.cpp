@@ -2533,7 +2533,18 @@ public:
     /* The upstream body ended. */
     virtual void finish(std::string &out) = 0;
 
+    /* An error the converter writes ends with the request id. */
+    std::string with_id(std::string_view message) const
+    {
+        std::string m(message);
+        if (!request_id.empty()) {
+            m += " (request id: " + request_id + ")";
+        }
+        return m;
+    }
+
     bool usage = true;
+    std::string request_id;
 };
 
 
@@ -2570,7 +2581,7 @@ public:
                which a [DONE] would hide from the client */
             done_ = true;
             send_error(out, "the upstream stream ended before its finish "
-                            "reason", "upstream_error");
+                            "reason", "upstream_error", "bad_response_body");
             return;
         }
 
@@ -2660,13 +2671,15 @@ protected:
     }
 
     void send_error(std::string &out, std::string_view message,
-                    std::string_view type)
+                    std::string_view type, std::string_view code = "")
     {
         Json e(json_object());
         json_t *inner = json_object();
 
-        put(inner, "message", message);
+        /* the contract's error object */
+        put(inner, "message", with_id(message));
         put(inner, "type", type.empty() ? "upstream_error" : type);
+        put(inner, "code", code);
         put(e.get(), "error", inner);
         emit_data(out, e.get());
         errored_ = true;
@@ -2755,7 +2768,9 @@ public:
 
         } else if (type == "error") {
             const json_t *e = json_object_get(j, "error");
-            send_error(out, json_str(e, "message"), json_str(e, "type"));
+            std::string_view type = json_str(e, "type");
+            /* Anthropic's type names the error: it is the code too */
+            send_error(out, json_str(e, "message"), type, type);
         }
 
         /* ping: nothing to say */
@@ -2883,7 +2898,8 @@ public:
         const json_t *e = json_object_get(j, "error");
 
         if (json_is_object(e)) {
-            send_error(out, json_str(e, "message"), json_str(e, "status"));
+            std::string_view status = json_str(e, "status");
+            send_error(out, json_str(e, "message"), status, status);
             return;
         }
 
@@ -3259,7 +3275,7 @@ private:
         std::string_view type = json_str(e, "type");
 
         put(inner, "type", type.empty() ? "api_error" : type);
-        put(inner, "message", json_str(e, "message"));
+        put(inner, "message", with_id(json_str(e, "message")));
         put(ev.get(), "type", "error");
         put(ev.get(), "error", inner);
         emit_event(out, "error", ev.get());
@@ -3333,6 +3349,15 @@ StreamConverter::include_usage(bool on)
 {
     if (impl_) {
         impl_->usage = on;
+    }
+}
+
+
+void
+StreamConverter::request_id(std::string id)
+{
+    if (impl_) {
+        impl_->request_id = std::move(id);
     }
 }
 

@@ -65,6 +65,9 @@ public:
      */
     void include_usage(bool on);
 
+    /* Errors the converter writes end with "(request id: <id>)". */
+    void request_id(std::string id);
+
     /*
      * One upstream event in; appends the SSE text for the client (possibly
      * nothing).  False when the event was not understood (its data is not

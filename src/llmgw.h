@@ -374,8 +374,10 @@ llmgw_resp_t *llmgw_resp_new(llmgw_endpoint_e ep, int channel_type,
     int stream, int usage_injected);
 void llmgw_resp_free(llmgw_resp_t *r);
 /* The try's channel credential: no copy of it reaches the client (an
-   upstream error event or body may quote it); "[credential]" instead. */
-void llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len);
+   upstream error event or body may quote it); "[credential]" instead.  And
+   the request id, which errors written into a converted stream end with. */
+void llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len,
+    const char *request_id, size_t id_len);
 /* Shorter credentials would be "found" in unrelated text by chance. */
 #define LLMGW_CREDENTIAL_MIN_BYTES  8
 

@@ -61,6 +61,7 @@ struct llmgw_resp_s {
     std::string                       secret;
     std::vector<std::string>          secret_forms;
     std::string                       secret_tail;
+    std::string                       request_id;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
@@ -692,9 +693,11 @@ llmgw_resp_finish(llmgw_resp_t *r, llmgw_buf_t *out)
 
 
 extern "C" void
-llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len)
+llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len,
+    const char *request_id, size_t id_len)
 {
     try {
+        r->request_id.assign(request_id, id_len);
         r->secret.assign(key, len);
         r->secret_forms = credential_forms(r->secret);
 
@@ -745,6 +748,7 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
             return -1;
         }
 
+        r->conv->request_id(r->request_id);
         r->conv->include_usage(json_is_true(json_object_get(
             json_object_get(body, "stream_options"), "include_usage")));
 

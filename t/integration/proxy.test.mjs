@@ -291,6 +291,19 @@ describe('proxy', { timeout: 180000 }, () => {
                 assert.equal(r.headers['www-authenticate'], undefined, ctx);
             }
             assert.match(answers['chat stream'].headers['x-debug-auth'], /^\[credential\]$/);
+
+            /* the errors the gateway writes into a converted stream are the
+               contract's, with the request id */
+            const chat = answers['chat stream, converted'];
+            const err = sseEvents(chat.text).map((e) => JSON.parse(e.data)).find((d) => d.error);
+            assert.deepEqual(err, { error: {
+                message: `invalid x-api-key [credential] (request id: ${chat.headers['x-request-id']})`,
+                type: 'authentication_error', code: 'authentication_error' } });
+            const msgs = answers['messages stream, converted'];
+            const ev = sseEvents(msgs.text).find((e) => e.event === 'error');
+            assert.ok(ev, msgs.text);
+            assert.match(JSON.parse(ev.data).error.message,
+                new RegExp(`\\(request id: ${msgs.headers['x-request-id']}\\)$`));
         } finally {
             oa.handler = echo;
             an.handler = echo;

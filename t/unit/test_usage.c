@@ -54,7 +54,7 @@ run_cuts(llmgw_endpoint_e ep, int type, int stream, int injected,
     assert_non_null(resp);
     append(&r, "", 0);
     if (run_secret != NULL) {
-        llmgw_resp_secret(resp, run_secret, strlen(run_secret));
+        llmgw_resp_secret(resp, run_secret, strlen(run_secret), "rid", 3);
     }
 
     for (size_t i = 0; i <= ncuts; i++) {
