@@ -305,7 +305,8 @@ ngx_llmgw_metrics_handler(ngx_http_request_t *r)
     ngx_llmgw_shm_ctx_t  *shm;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
+        return ngx_llmgw_allow_header(r, "(allowed: GET, HEAD)") == NGX_OK
+               ? NGX_HTTP_NOT_ALLOWED : NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     if (ngx_http_discard_request_body(r) != NGX_OK) {

@@ -707,10 +707,54 @@ ngx_llmgw_send_error(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
+    if (v->status == NGX_HTTP_NOT_ALLOWED
+        && ngx_llmgw_allow_header(r, v->message) != NGX_OK)
+    {
+        llmgw_buf_free(&body);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
     rc = ngx_llmgw_send_json(r, v->status, (u_char *) body.data, body.len);
     llmgw_buf_free(&body);
 
     return rc;
+}
+
+
+/* A 405 names the methods the path takes ("... (allowed: GET, POST)"):
+   they go in its Allow header too (RFC 9110 15.5.6). */
+ngx_int_t
+ngx_llmgw_allow_header(ngx_http_request_t *r, const char *message)
+{
+    u_char           *p, *end;
+    ngx_table_elt_t  *h;
+
+    p = (u_char *) ngx_strstr(message, "(allowed: ");
+    if (p == NULL) {
+        return NGX_OK;
+    }
+
+    p += sizeof("(allowed: ") - 1;
+    end = (u_char *) ngx_strchr(p, ')');
+    if (end == NULL || end == p) {
+        return NGX_OK;
+    }
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    ngx_str_set(&h->key, "Allow");
+    h->value.len = end - p;
+    h->value.data = ngx_pnalloc(r->pool, h->value.len);
+    if (h->value.data == NULL) {
+        return NGX_ERROR;
+    }
+    ngx_memcpy(h->value.data, p, h->value.len);
+
+    return NGX_OK;
 }
 
 

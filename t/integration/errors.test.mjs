@@ -139,6 +139,19 @@ describe('error contract', { timeout: 180000 }, () => {
         }
     });
 
+    test('405 method_not_allowed names the allowed methods in its Allow header', async () => {
+        for (const [method, p, allow] of [
+            ['GET', '/v1/chat/completions', 'POST'], ['PUT', '/v1/messages', 'POST'],
+            ['POST', '/v1/models', 'GET'], ['DELETE', '/v1/rerank', 'POST'],
+            ['PATCH', '/api/pricing', 'GET, PUT'], ['POST', '/metrics', 'GET, HEAD'],
+        ]) {
+            const r = p.startsWith('/api/') ? await gw.admin(method, p, {})
+                : await gw.req(method, p, { key, body: method === 'GET' ? undefined : {} });
+            assertError(r, 405, { code: 'method_not_allowed' });
+            assert.equal(r.headers.allow, allow, `${method} ${p}`);
+        }
+    });
+
     test('413 request_too_large over client_max_body_size', async () => {
         const big = JSON.stringify({
             model: M, messages: [{ role: 'user', content: 'x'.repeat(1100 * 1024) }],
