@@ -203,6 +203,13 @@ struct UpstreamError {
         message = upstream_message(root.get(), raw, status, cred);
         code = upstream_code(root.get(), cred);
     }
+
+    /* The message as the client reads it: ending with the request id. */
+    std::string message_with(llmgw_str_t request_id) const
+    {
+        return message + " (request id: " + std::string(llmgw::sv(request_id))
+               + ")";
+    }
 };
 
 /* Google's canonical status name for an HTTP status. */
@@ -238,11 +245,7 @@ gemini_error(int status, const char *body, size_t len,
 {
     try {
         UpstreamError e(status, body, len, credential);
-        std::string message = std::move(e.message);
-
-        message += " (request id: ";
-        message += llmgw::sv(request_id);
-        message += ")";
+        std::string message = e.message_with(request_id);
 
         std::string_view own = llmgw::json_str(
             json_object_get(e.root.get(), "error"), "status");
@@ -321,11 +324,7 @@ llmgw_upstream_error_for(int client_ep, int status, const char *body,
 
     try {
         UpstreamError e(status, body, len, credential);
-        std::string message = std::move(e.message);
-
-        message += " (request id: ";
-        message += llmgw::sv(request_id);
-        message += ")";
+        std::string message = e.message_with(request_id);
 
         /* an Anthropic upstream's own error type (overloaded_error, ...)
            is kept: that format's own style */
