@@ -1152,6 +1152,58 @@ expect_err "but not refilled" 400 invalid_request "task plugin $PV is not instal
 api PATCH /channel/999999999 '' '{"type":61}'
 expect_err "PATCH of an unknown channel" 404 not_found "channel 999999999 not found"
 
+echo "== plugins: overlapping native routes conflict (016)"
+# Every route carries the run's suffix in a literal segment, so plugins
+# left by an earlier run on the same database never overlap these.
+RA=ra_$RUN; RB=rb_$RUN
+sql "INSERT INTO task_plugins (key, active_version) VALUES ('$RA', '1.0.0');
+     INSERT INTO task_plugin_versions (key, version, sha, source, manifest) VALUES
+       ('$RA', '1.0.0', 'sha-$RA', 'x', '{\"key\":\"$RA\",\"routes\":[
+          {\"method\":\"POST\",\"path\":\"/$RA/submit_$RUN\"},
+          {\"method\":\"GET\",\"path\":\"/$RA/q_$RUN/:task_id\"}]}')" >/dev/null
+# conflict ROUTES: llmgw_plugin_conflict of plugin RB claiming ROUTES
+conflict() {
+    sql "SELECT coalesce(llmgw_plugin_conflict('$RB', '{\"routes\":$1}'), '-')"
+}
+# overlap_msg NEW OLD: the message for route NEW overlapping RA's route OLD
+overlap_msg() {
+    echo "route $1 overlaps route $2 of plugin $RA (one request path can match both)"
+}
+expect_eq "a parameter segment overlaps a literal one" \
+    "$(conflict "[{\"method\":\"POST\",\"path\":\"/:x/submit_$RUN\"}]")" \
+    "$(overlap_msg "POST /:x/submit_$RUN" "POST /$RA/submit_$RUN")"
+expect_eq "so does a query route with parameters on both sides" \
+    "$(conflict "[{\"method\":\"GET\",\"path\":\"/:x/q_$RUN/:id\"}]")" \
+    "$(overlap_msg "GET /:x/q_$RUN/:id" "GET /$RA/q_$RUN/:task_id")"
+expect_eq "a literal where the other has a parameter overlaps too" \
+    "$(conflict "[{\"method\":\"GET\",\"path\":\"/$RA/q_$RUN/latest\"}]")" \
+    "$(overlap_msg "GET /$RA/q_$RUN/latest" "GET /$RA/q_$RUN/:task_id")"
+expect_eq "a doubled slash is not a segment" \
+    "$(conflict "[{\"method\":\"POST\",\"path\":\"/$RA//submit_$RUN\"}]")" \
+    "$(overlap_msg "POST /$RA//submit_$RUN" "POST /$RA/submit_$RUN")"
+expect_eq "the same shape keeps its message (trailing slash)" \
+    "$(conflict "[{\"method\":\"POST\",\"path\":\"/$RA/submit_$RUN/\"}]")" \
+    "route POST /$RA/submit_$RUN is already served by plugin $RA"
+expect_eq "the same shape keeps its message ({id} parameter)" \
+    "$(conflict "[{\"method\":\"GET\",\"path\":\"/$RA/q_$RUN/{id}\"}]")" \
+    "route GET /$RA/q_$RUN/: is already served by plugin $RA"
+expect_eq "another method does not overlap" \
+    "$(conflict "[{\"method\":\"PUT\",\"path\":\"/:x/submit_$RUN\"}]")" -
+expect_eq "another segment count does not overlap" \
+    "$(conflict "[{\"method\":\"POST\",\"path\":\"/:x/submit_$RUN/:y\"}]")" -
+expect_eq "another literal does not overlap" \
+    "$(conflict "[{\"method\":\"POST\",\"path\":\"/$RB/submit_$RUN\"}]")" -
+RB_SRC="{\"key\":\"$RB\",\"version\":\"1.0.0\",\"routes\":[{\"method\":\"POST\",\"path\":\"/:x/submit_$RUN\"}]}"
+ANS=$(sql "SELECT llmgw_plugin_upload(jsonb_build_object('manifest', '$RB_SRC'::jsonb, 'source', 'x', 'sha', 'sha-$RB', 'enabled', true))")
+expect_err "an enabled upload of an overlapping route is refused" 409 conflict \
+    "$(overlap_msg "POST /:x/submit_$RUN" "POST /$RA/submit_$RUN"); upload with force, or with enabled false"
+ANS=$(sql "SELECT llmgw_plugin_upload(jsonb_build_object('manifest', '$RB_SRC'::jsonb, 'source', 'x', 'sha', 'sha-$RB', 'enabled', true, 'force', true))")
+expect "forced, it is stored" ".status == 200 and .body.key == \"$RB\" and .body.enabled == true"
+sql "UPDATE task_plugins SET enabled = false WHERE key = '$RA'" >/dev/null
+expect_eq "a disabled plugin's routes do not conflict" \
+    "$(conflict "[{\"method\":\"POST\",\"path\":\"/:x/submit_$RUN\"}]")" -
+sql "DELETE FROM task_plugins WHERE key IN ('$RA', '$RB')" >/dev/null
+
 echo "== upgrade: 014 trims channel keys stored before it"
 # A scratch database migrated to 013 only (a copy of migrate.sh next to the
 # first 13 files), a channel stored with a padded key, then the real
