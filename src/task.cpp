@@ -151,6 +151,30 @@ path_match(std::string_view pattern, std::string_view path, json_t *params)
     return true;
 }
 
+/*
+ * Whether route pattern a is more specific than b, for a path both match:
+ * at the first segment where one is a literal and the other a parameter,
+ * the literal wins.  So a route forced over another plugin's ("/:x/submit"
+ * beside "/acme/submit") never takes the paths the other names.
+ */
+bool
+more_specific(std::string_view a, std::string_view b)
+{
+    auto x = segments(a);
+    auto y = segments(b);
+
+    for (size_t i = 0; i < x.size() && i < y.size(); i++) {
+        bool px = !param_name(x[i]).empty();
+        bool py = !param_name(y[i]).empty();
+
+        if (px != py) {
+            return py;
+        }
+    }
+
+    return false;
+}
+
 bool
 exports_has(const json_t *manifest, std::string_view name)
 {
@@ -2393,8 +2417,11 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
             return;
         }
 
+        /* the most specific match serves; equal shapes (only a forced
+           upload has them): the first plugin by key, then route order */
         size_t n = snap_plugin_count(s);
         bool path_seen = false;
+        std::string_view best;
 
         for (size_t i = 0; i < n; i++) {
             const json_t *manifest = snap_plugin(s, i, nullptr);
@@ -2402,7 +2429,9 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
             json_t  *r;
 
             json_array_foreach(json_object_get(manifest, "routes"), k, r) {
-                if (!path_match(json_str(r, "path"), p, nullptr)) {
+                std::string_view rp = json_str(r, "path");
+
+                if (!path_match(rp, p, nullptr)) {
                     continue;
                 }
                 path_seen = true;
@@ -2410,17 +2439,17 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
                 if (rm.empty()) {
                     rm = "GET";
                 }
-                if (rm == m) {
+                if (rm == m && (out->route < 0 || more_specific(rp, best))) {
                     out->kind = LLMGW_TROUTE_NATIVE;
                     out->plugin = static_cast<long>(i);
                     out->route = static_cast<long>(k);
                     out->method_ok = 1;
-                    return;
+                    best = rp;
                 }
             }
         }
 
-        if (path_seen) {
+        if (path_seen && out->route < 0) {
             out->kind = LLMGW_TROUTE_NATIVE;
             out->method_ok = 0;
         }

@@ -15,7 +15,7 @@ import { fileURLToPath } from 'node:url';
 
 import {
     assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel,
-    makeUserKey, sleep, startGateway, stopAll, uniq, PROPAGATION_MS,
+    makeUserKey, settle, sleep, startGateway, stopAll, uniq, PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -319,6 +319,47 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         assert.deepEqual(forced.json.manifest.description, { en: 'Claims the same native routes', 'zh-CN': '相同的路由' });
 
         assertOk(await a.admin('DELETE', '/api/plugin/task/itest-video-rival'), 'DELETE rival');
+    });
+
+    test('a plugin whose routes can take another plugin\'s paths: 409; forced, the more specific route serves', async () => {
+        /* sorts before itest-video and claims its paths with a parameter */
+        const wild = fixture('video-task-rival.js')
+            .replace("key: 'itest-video-rival'", "key: 'itest-any-video'")
+            .replace("path: '/itest/v1/videos/'", "path: '/:vendor/v1/videos'")
+            .replace("path: '/itest/v1/videos/:video_id'", "path: '/:vendor/v1/videos/:video_id'")
+            .replace('export const native = {', 'export const native = {\n  error(req, e) { return { wild: e.code }; },');
+        const r = await upload(a, { source: wild, enabled: true });
+        const e = assertError(r, 409, { code: 'conflict' });
+        assert.match(e.message, /route POST \/:vendor\/v1\/videos overlaps route POST \/itest\/v1\/videos of plugin itest-video /);
+        assertError(await a.admin('GET', '/api/plugin/task/itest-any-video'), 404);
+
+        const since = Date.now();
+        assertUploaded(await upload(a, { source: wild, enabled: true, force: true }),
+            'itest-any-video', '1.0.0');
+        try {
+            await settle(since);
+            /* itest-any-video answers its errors with native.error; the
+               gateway's own 503 (no channel for the model) names the plugin */
+            const req = (method, p) => a.req(method, p,
+                { key: client.key, body: method === 'POST' ? {} : undefined });
+            for (const p of ['/itest/v1/videos', '/itest/v1/videos/', '/itest//v1/videos']) {
+                assertError(await req('POST', p), 503,
+                    { code: 'model_not_found', message: /\(plugin itest-video\)/ });
+            }
+            assertError(await req('GET', '/itest/v1/videos/task_nope'), 404,
+                { code: 'task_not_found' });
+            for (const [method, p, status, code] of [
+                ['POST', '/other/v1/videos', 503, 'model_not_found'],
+                ['GET', '/other/v1/videos/task_nope', 404, 'task_not_found'],
+            ]) {
+                const r2 = await req(method, p);
+                assert.equal(r2.status, status, `${method} ${p}: ${r2.text}`);
+                assert.deepEqual(r2.json, { wild: code }, `${method} ${p}`);
+            }
+        } finally {
+            assertOk(await a.admin('DELETE', '/api/plugin/task/itest-any-video'),
+                'DELETE itest-any-video');
+        }
     });
 
     test('dry run by source and by key', async () => {

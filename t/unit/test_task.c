@@ -382,18 +382,27 @@ submit_to_build(llmgw_tjob_t *j)
 /* ---- routes ---- */
 
 static void
-check_route(const char *method, const char *path, llmgw_troute_e kind,
-    long plugin, long route, int method_ok)
+check_route_in(const llmgw_snapshot_t *s, const char *method,
+    const char *path, llmgw_troute_e kind, long plugin, long route,
+    int method_ok)
 {
     llmgw_troute_t r;
 
-    llmgw_task_route(snap, S(method), S(path), &r);
+    llmgw_task_route(s, S(method), S(path), &r);
     if (r.kind != kind || r.plugin != plugin || r.route != route
         || r.method_ok != method_ok)
     {
         fail_msg("%s %s: kind %d plugin %ld route %ld ok %d", method, path,
                  r.kind, r.plugin, r.route, r.method_ok);
     }
+}
+
+
+static void
+check_route(const char *method, const char *path, llmgw_troute_e kind,
+    long plugin, long route, int method_ok)
+{
+    check_route_in(snap, method, path, kind, plugin, route, method_ok);
 }
 
 
@@ -433,6 +442,62 @@ test_route_unrelated_paths_are_none(void **state)
                 0);
     check_route("GET", "/vid/v2/jobs", LLMGW_TROUTE_NONE, -1, -1, 0);
     check_route("GET", "/v1/tasks", LLMGW_TROUTE_NONE, -1, -1, 0);
+}
+
+
+/*
+ * Two plugins whose routes overlap (stored with force): "aa-b" sorts first
+ * and claims every first segment; "zz-a" names its own.  A third route
+ * pair overlaps with the literal segments in other places.
+ */
+static const char OVERLAP_SNAPSHOT[] =
+    "{'revision':1,'channels':[],'groups':{'default':1},'pricing':{},"
+    "'plugins':["
+    "{'key':'aa-b','version':'1.0.0','sha':'sha-b','manifest':"
+    "{'key':'aa-b','routes':["
+    "{'method':'POST','path':'/:x/submit','type':'submit',"
+    "'decode':'d','render':'r'},"
+    "{'method':'GET','path':'/:x/q/:task_id','type':'query','render':'r'},"
+    "{'method':'GET','path':'/m/:a/z','type':'query','taskIdParam':'a',"
+    "'render':'r'}]}},"
+    "{'key':'zz-a','version':'1.0.0','sha':'sha-a','manifest':"
+    "{'key':'zz-a','routes':["
+    "{'method':'POST','path':'/zz-a/submit','type':'submit',"
+    "'decode':'d','render':'r'},"
+    "{'method':'GET','path':'/zz-a/q/{task_id}','type':'query',"
+    "'render':'r'},"
+    "{'method':'GET','path':'/:b/y/:task_id','type':'query',"
+    "'render':'r'}]}}]}";
+
+static llmgw_snapshot_t  *overlap_snap;
+
+static void
+check_overlap(const char *method, const char *path, long plugin, long route,
+    int method_ok)
+{
+    check_route_in(overlap_snap, method, path, LLMGW_TROUTE_NATIVE, plugin,
+                   route, method_ok);
+}
+
+static void
+test_route_most_specific_wins_over_plugin_order(void **state)
+{
+    (void) state;
+
+    /* zz-a's literal first segment beats aa-b's parameter */
+    check_overlap("POST", "/zz-a/submit", 1, 0, 1);
+    check_overlap("POST", "/zz-a/submit/", 1, 0, 1);
+    check_overlap("POST", "/zz-a//submit", 1, 0, 1);
+    check_overlap("GET", "/zz-a/q/task_1", 1, 1, 1);
+    /* other first segments are aa-b's */
+    check_overlap("POST", "/other/submit", 0, 0, 1);
+    check_overlap("GET", "/other/q/task_1", 0, 1, 1);
+    /* left to right: "/m/:a/z" beats "/:b/y/:task_id" at the first
+       segment, though the other has a literal second */
+    check_overlap("GET", "/m/y/z", 0, 2, 1);
+    check_overlap("GET", "/n/y/z", 1, 2, 1);
+    /* the method still has to match: 405, not another plugin's route */
+    check_overlap("PUT", "/zz-a/submit", -1, -1, 0);
 }
 
 
@@ -1359,7 +1424,10 @@ setup(void **state)
     token = llmgw_token_parse(t, strlen(t));
     free(s);
     free(t);
-    return snap != NULL && token != NULL ? 0 : -1;
+    s = sq(OVERLAP_SNAPSHOT);
+    overlap_snap = llmgw_snapshot_parse(s, strlen(s), err, sizeof(err));
+    free(s);
+    return snap != NULL && token != NULL && overlap_snap != NULL ? 0 : -1;
 }
 
 
@@ -1373,6 +1441,7 @@ teardown(void **state)
     (void) state;
 
     llmgw_snapshot_free(snap);
+    llmgw_snapshot_free(overlap_snap);
     llmgw_token_free(token);
     return 0;
 }
@@ -1385,6 +1454,7 @@ main(void)
         cmocka_unit_test(test_route_generic_submit_and_get),
         cmocka_unit_test(test_route_native_paths_with_parameters),
         cmocka_unit_test(test_route_unrelated_paths_are_none),
+        cmocka_unit_test(test_route_most_specific_wins_over_plugin_order),
         cmocka_unit_test(
             test_get_task_answers_the_view_without_private_fields),
         cmocka_unit_test(test_get_task_of_another_id_is_not_found),
