@@ -213,6 +213,43 @@ set_invalid_url(std::string_view method, std::string_view path,
 } // namespace
 
 
+/*
+ * Reserved as whole leading segments: nginx's /api/ and /metrics locations
+ * (the configuration the README gives), the endpoints above with what may
+ * grow under them, and the task API with the paths the spec keeps under it
+ * (artifacts).  Elsewhere only a path the classifier takes (a Gemini
+ * generateContent) is the gateway's: "/v1beta/operations/:id" is a
+ * plugin's to have.  A parameter segment never equals a reserved one, so
+ * "/:ver/chat/completions" stays too: it is reachable on other paths.
+ */
+std::string_view
+llmgw::gateway_path_prefix(std::string_view route_path)
+{
+    static constexpr std::string_view prefixes[] = {
+        "/api", "/metrics", "/v1/chat/completions", "/v1/messages",
+        "/v1/rerank", "/v2/rerank", "/v1/models", "/v1/tasks",
+    };
+
+    for (std::string_view prefix : prefixes) {
+        if (starts_with(route_path, prefix)
+            && (route_path.size() == prefix.size()
+                || route_path[prefix.size()] == '/'))
+        {
+            return prefix;
+        }
+    }
+
+    /* a route matches its path with a trailing slash or without */
+    std::string_view p = route_path;
+
+    while (p.size() > 1 && p.back() == '/') {
+        p.remove_suffix(1);
+    }
+
+    return match_path(p).ep != LLMGW_EP_NONE ? p : std::string_view();
+}
+
+
 extern "C" void
 llmgw_endpoint_classify(llmgw_str_t method, llmgw_str_t path,
     llmgw_endpoint_t *out)

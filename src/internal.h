@@ -110,6 +110,13 @@ json_has_string(const json_t *arr, std::string_view v)
     return false;
 }
 
+/*
+ * The path the gateway serves itself that a plugin route path lies wholly
+ * under ("/v1/tasks" for "/v1/tasks/:id"), or "" when the route can be
+ * reached (endpoint.cpp).
+ */
+std::string_view gateway_path_prefix(std::string_view route_path);
+
 /* The parsed client body of a request (request.cpp). */
 const json_t *req_json(const llmgw_req_t *r);
 llmgw_endpoint_e req_endpoint(const llmgw_req_t *r);

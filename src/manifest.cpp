@@ -1453,6 +1453,19 @@ Validator::check_route_path(const std::string &path, std::string_view p)
         }
     }
 
+    /* the gateway's own endpoints win before plugin routes are looked at */
+    std::string_view gw = gateway_path_prefix(p);
+
+    if (!gw.empty()) {
+        std::string where = gw.size() == p.size()
+                            ? " is"
+                            : " is under " + std::string(gw) + ",";
+
+        err(path, quote(p) + where + " a path the gateway serves itself; "
+            "the route could never be reached");
+        return false;
+    }
+
     return true;
 }
 

@@ -91,8 +91,17 @@ interface NativeRouteBase {
     /**
      * Plugin-owned path starting with `/`; parameters are `:name` segments.
      * Host protocol paths (/v1/videos..., /v1/responses..., /v1/images...)
-     * belong to meta.protocols and are rejected here. Two routes with the
-     * same method and path shape conflict.
+     * belong to meta.protocols and are rejected here. So are the paths the
+     * gateway serves itself, which no route could ever reach: /api,
+     * /metrics, /v1/chat/completions, /v1/messages, /v1/rerank, /v2/rerank,
+     * /v1/models and /v1/tasks with everything under them, and the Gemini
+     * endpoints /v1beta/models/{model}:generateContent and
+     * :streamGenerateContent (the rest of /v1beta is free). Two routes with
+     * the same method and path shape conflict; so do two plugins' routes
+     * that one request path can match (a parameter matches any segment),
+     * unless the upload is forced. Of several routes matching a request the
+     * most specific serves: left to right, a literal segment beats a
+     * parameter.
      */
     readonly path: string;
     /** Name of a synchronous function in the plugin's `native` export. */

@@ -362,6 +362,34 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         }
     });
 
+    test('routes on paths the gateway serves itself: 400 naming the route, even forced', async () => {
+        const withRoute = (route) => fixture('video-task-rival.js')
+            .replace("key: 'itest-video-rival'", "key: 'itest-gw-path'")
+            .replace(/routes: \[[\s\S]*?\n  \],/, `routes: [${route}],`);
+        const cases = [
+            ["{ method: 'POST', path: '/v1/chat/completions', type: 'submit', decode: 'decode', render: 'render' }",
+                /meta\.routes\[0\]\.path: "\/v1\/chat\/completions" is a path the gateway serves itself/],
+            ["{ method: 'GET', path: '/v1/tasks/:task_id', type: 'query', render: 'render' }",
+                /meta\.routes\[0\]\.path: "\/v1\/tasks\/:task_id" is under \/v1\/tasks, a path the gateway serves itself/],
+            ["{ method: 'POST', path: '/api/user', type: 'submit', decode: 'decode', render: 'render' }",
+                /meta\.routes\[0\]\.path: "\/api\/user" is under \/api, a path the gateway serves itself/],
+            ["{ method: 'POST', path: '/v1beta/models/itest-rival-1:generateContent', type: 'submit', decode: 'decode', render: 'render' }",
+                /meta\.routes\[0\]\.path: "\/v1beta\/models\/itest-rival-1:generateContent" is a path the gateway serves itself/],
+        ];
+        for (const [route, re] of cases) {
+            const r = await upload(a, { source: withRoute(route), enabled: true, force: true });
+            const e = assertError(r, 400, { code: 'invalid_plugin' });
+            assert.match(e.message, re, route);
+        }
+        assertError(await a.admin('GET', '/api/plugin/task/itest-gw-path'), 404);
+
+        /* a parameter where the gateway has a literal is a plugin's path */
+        const ok = await upload(a, { enabled: true, source: withRoute(
+            "{ method: 'POST', path: '/:version/chat/completions', type: 'submit', decode: 'decode', render: 'render' }") });
+        assertUploaded(ok, 'itest-gw-path', '1.0.0');
+        assertOk(await a.admin('DELETE', '/api/plugin/task/itest-gw-path'), 'DELETE itest-gw-path');
+    });
+
     test('dry run by source and by key', async () => {
         const ctx = driverCtx();
         const bySource = assertRan(await dryrun(a, {

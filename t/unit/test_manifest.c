@@ -1369,6 +1369,72 @@ test_route_host_protocol_paths_rejected(void **state)
            "'decode':'create','render':'created'}]}", ROUTE_EXPORTS);
 }
 
+#define GW_PATH  " a path the gateway serves itself; the route could " \
+                 "never be reached"
+
+static void
+test_route_gateway_paths_rejected(void **state)
+{
+    (void) state;
+    REJECT("{'routes':[{'method':'POST','path':'/v1/chat/completions',"
+           "'type':'submit','decode':'create','render':'created'}]}",
+           ROUTE_EXPORTS, "meta.routes[0].path: \"/v1/chat/completions\" is"
+           GW_PATH);
+    REJECT("{'routes':[{'method':'GET','path':'/v1/tasks/:task_id',"
+           "'type':'query','render':'status'}]}", ROUTE_EXPORTS,
+           "meta.routes[0].path: \"/v1/tasks/:task_id\" is under /v1/tasks,"
+           GW_PATH);
+    REJECT("{'routes':[{'method':'POST','path':'/api/user','type':'submit',"
+           "'decode':'create','render':'created'}]}", ROUTE_EXPORTS,
+           "meta.routes[0].path: \"/api/user\" is under /api," GW_PATH);
+
+    static const struct {
+        const char *path, *prefix;       /* prefix NULL: the path itself */
+    } under[] = {
+        { "/api/", "/api" }, { "/metrics", NULL }, { "/metrics/x", "/metrics" },
+        { "/v1/messages", NULL }, { "/v1/rerank", NULL },
+        { "/v2/rerank", NULL }, { "/v1/models", NULL },
+        { "/v1/models/m:generateContent", "/v1/models" },
+        { "/v1beta/models/m:generateContent", NULL },
+        { "/v1beta/models/m:streamGenerateContent/",
+          "/v1beta/models/m:streamGenerateContent" },
+        { "/v1/tasks", NULL },
+        { "/v1/tasks/vid", "/v1/tasks" },
+        { "/v1/tasks/:task_id/artifacts", "/v1/tasks" },
+    };
+
+    for (size_t i = 0; i < sizeof(under) / sizeof(under[0]); i++) {
+        char m[256], e[256], w[64] = " is";
+
+        if (under[i].prefix != NULL) {
+            snprintf(w, sizeof(w), " is under %s,", under[i].prefix);
+        }
+        snprintf(m, sizeof(m), "{'routes':[{'method':'POST','path':'%s',"
+                 "'type':'submit','decode':'create','render':'created'}]}",
+                 under[i].path);
+        snprintf(e, sizeof(e), "meta.routes[0].path: \"%s\"%s" GW_PATH,
+                 under[i].path, w);
+        REJECT(m, ROUTE_EXPORTS, e);
+    }
+
+    /* reachable somewhere: a parameter, another spelling, or a path under
+       /v1beta that is not a Gemini endpoint */
+    ACCEPT("{'routes':[{'method':'POST','path':'/:ver/chat/completions',"
+           "'type':'submit','decode':'create','render':'created'},"
+           "{'method':'POST','path':'/apis/x','type':'submit',"
+           "'decode':'create','render':'created'},"
+           "{'method':'POST','path':'/v1/task','type':'submit',"
+           "'decode':'create','render':'created'},"
+           "{'method':'POST','path':'/v1/:kind/completions','type':'submit',"
+           "'decode':'create','render':'created'},"
+           "{'method':'POST','path':'/acme/v1/tasks','type':'submit',"
+           "'decode':'create','render':'created'},"
+           "{'method':'POST','path':'/v1beta/models/veo:predictLongRunning',"
+           "'type':'submit','decode':'create','render':'created'},"
+           "{'method':'GET','path':'/v1beta/operations/:task_id',"
+           "'type':'query','render':'status'}]}", ROUTE_EXPORTS);
+}
+
 static void
 test_route_conflict_same_method_and_shape(void **state)
 {
@@ -2181,6 +2247,7 @@ main(void)
         cmocka_unit_test(test_marketplace_route_action_accepted),
         cmocka_unit_test(test_route_unknown_field_rejected),
         cmocka_unit_test(test_route_host_protocol_paths_rejected),
+        cmocka_unit_test(test_route_gateway_paths_rejected),
         cmocka_unit_test(test_route_conflict_same_method_and_shape),
 
         cmocka_unit_test(test_protocol_claims_normalised_to_objects),
