@@ -38,7 +38,7 @@
 #
 # Env: DURATION (10, seconds)  WARMUP (3)  HIGH (64)  CONNS (16)
 #      ROUNDS (1: more rounds alternate the targets; the median is reported)
-#      V8_WORKERS (2)  LLMGW_V8HOST (build/v8host/llmgw-v8host)  BENCH_KEEP=1
+#      V8_WORKERS (4)  LLMGW_V8HOST (build/v8host/llmgw-v8host)  BENCH_KEEP=1
 #      OTHER_MAX (10) RETRIES (2): a run during which more than OTHER_MAX %
 #        of the CPU went to processes that are not the benchmark's or to the
 #        hypervisor (steal) is run again, at most RETRIES times, keeping the
@@ -56,7 +56,7 @@ WARMUP=${WARMUP:-3}
 HIGH=${HIGH:-64}
 CONNS=${CONNS:-16}
 ROUNDS=${ROUNDS:-1}
-V8_WORKERS=${V8_WORKERS:-2}
+V8_WORKERS=${V8_WORKERS:-4}
 OTHER_MAX=${OTHER_MAX:-10}
 RETRIES=${RETRIES:-2}
 V8HOST=${LLMGW_V8HOST:-$REPO/build/v8host/llmgw-v8host}

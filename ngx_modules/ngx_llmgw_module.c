@@ -721,22 +721,48 @@ ngx_llmgw_send_error(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 }
 
 
-/* A 405 names the methods the path takes ("... (allowed: GET, POST)"):
-   they go in its Allow header too (RFC 9110 15.5.6). */
+/*
+ * A 405 names the methods the path takes: its message ends with
+ * " (allowed: GET, POST)", which the gateway or the admin API appended
+ * after the path the client sent; those go in its Allow header too (RFC
+ * 9110 15.5.6).  Only that end of the message is read, and only method
+ * names and ", ": the path before it is the client's text.
+ */
 ngx_int_t
 ngx_llmgw_allow_header(ngx_http_request_t *r, const char *message)
 {
+    size_t            len;
     u_char           *p, *end;
     ngx_table_elt_t  *h;
 
-    p = (u_char *) ngx_strstr(message, "(allowed: ");
-    if (p == NULL) {
+    len = ngx_strlen(message);
+
+    if (len < sizeof("(allowed: X)") - 1 || message[len - 1] != ')') {
         return NGX_OK;
     }
 
-    p += sizeof("(allowed: ") - 1;
-    end = (u_char *) ngx_strchr(p, ')');
-    if (end == NULL || end == p) {
+    end = (u_char *) message + len - 1;
+
+    for (p = end; p > (u_char *) message; p--) {
+        if (!((p[-1] >= 'A' && p[-1] <= 'Z') || p[-1] == ',' || p[-1] == ' '))
+        {
+            break;
+        }
+    }
+
+    if (p == end
+        || (size_t) (p - (u_char *) message) < sizeof("(allowed:") - 1
+        || ngx_strncmp(p - (sizeof("(allowed:") - 1), "(allowed:",
+                       sizeof("(allowed:") - 1) != 0)
+    {
+        return NGX_OK;
+    }
+
+    while (p < end && *p == ' ') {
+        p++;
+    }
+
+    if (p == end) {
         return NGX_OK;
     }
 

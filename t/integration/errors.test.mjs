@@ -150,6 +150,13 @@ describe('error contract', { timeout: 180000 }, () => {
             assertError(r, 405, { code: 'method_not_allowed' });
             assert.equal(r.headers.allow, allow, `${method} ${p}`);
         }
+        /* the path is the client's text: it cannot make the header */
+        for (const model of ['x(allowed:%20a%0d%0aSet-Cookie:%20evil=1)', 'x(allowed:%20GET,%20DELETE)']) {
+            const r = await gw.req('GET', `/v1beta/models/${model}:generateContent`, { key });
+            assertError(r, 405, { code: 'method_not_allowed' });
+            assert.equal(r.headers.allow, 'POST');
+            assert.equal(r.headers['set-cookie'], undefined);
+        }
     });
 
     test('413 request_too_large over client_max_body_size', async () => {
