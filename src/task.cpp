@@ -1803,6 +1803,9 @@ llmgw_tjob_s::next_request()
         return render_created();
 
     case RENDERED:
+        if (!hook.ok && !created) {
+            return plugin_failed(nullptr);          /* a query's render */
+        }
         if (!hook.ok) {
             /* The vendor took the task and it is charged: a refusal now
                would be retried by the client (and paid twice), so the

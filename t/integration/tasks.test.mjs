@@ -314,6 +314,11 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         const g = assertOk(await getTask(gw, env.acct.key, r.json.task_id));
         assert.equal(g.json.task_id, r.json.task_id);
         assert.equal(env.vendor.submits().length, 7);
+
+        /* a query's render that fails is the plugin's error: no task was
+           made by it */
+        assertError(await native(env, 'GET', `/tasks/${r.json.task_id}?boom=1`), 500,
+            { code: 'plugin_error' });
     });
 
     test('route models: a missing, non-string or unlisted model is 400 and sends nothing', async () => {
