@@ -865,7 +865,8 @@ ngx_llmgw_ka_close(ngx_connection_t *c)
 
 
 static ngx_str_t
-ngx_llmgw_request_header(ngx_http_request_t *r, const char *name)
+ngx_llmgw_request_header(ngx_http_request_t *r, const char *name,
+    ngx_uint_t list)
 {
     size_t            len, total;
     u_char           *p;
@@ -879,7 +880,8 @@ ngx_llmgw_request_header(ngx_http_request_t *r, const char *name)
     n = 0;
     p = NULL;
 
-    /* repeated lines are one list (RFC 9110 5.3): joined with ", " */
+    /* the first line; for a list-valued header, repeated lines are one
+       list (RFC 9110 5.3): joined with ", " */
     for (pass = 0; pass < 2; pass++) {
         part = &r->headers_in.headers.part;
         h = part->elts;
@@ -905,10 +907,13 @@ ngx_llmgw_request_header(ngx_http_request_t *r, const char *name)
                 found = (n == 0) ? h[i].value : found;
                 total += h[i].value.len + (n ? 2 : 0);
                 n++;
+                if (!list) {
+                    return found;
+                }
                 continue;
             }
 
-            if (p != found.data) {
+            if (n++ > 0) {
                 *p++ = ','; *p++ = ' ';
             }
             p = ngx_cpymem(p, h[i].value.data, h[i].value.len);
@@ -918,6 +923,8 @@ ngx_llmgw_request_header(ngx_http_request_t *r, const char *name)
             if (n < 2) {
                 return found;
             }
+
+            n = 0;              /* counts the values copied below */
 
             found.data = ngx_pnalloc(r->pool, total);
             if (found.data == NULL) {
@@ -999,8 +1006,8 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         ngx_str_set(&path, "/v1/chat/completions");
     }
 
-    version = ngx_llmgw_request_header(r, "anthropic-version");
-    beta = ngx_llmgw_request_header(r, "anthropic-beta");
+    version = ngx_llmgw_request_header(r, "anthropic-version", 0);
+    beta = ngx_llmgw_request_header(r, "anthropic-beta", 1);
 
     if (version.len == 0) {
         ngx_str_set(&version, "2023-06-01");

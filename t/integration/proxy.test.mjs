@@ -164,6 +164,12 @@ describe('proxy', { timeout: 180000 }, () => {
         assertOk(await gw.req('POST', '/v1/messages', {
             headers: { 'x-api-key': key, 'anthropic-beta': 'tools-1,cache-2' }, body }));
         assert.equal(last(an).headers['anthropic-beta'], 'tools-1,cache-2');
+        /* an empty line is an empty member; a version is not a list */
+        assertOk(await gw.req('POST', '/v1/messages', {
+            headers: { 'x-api-key': key, 'anthropic-beta': ['', 'tools-2'],
+                'anthropic-version': ['2023-06-01', '2024-10-22'] }, body }));
+        assert.equal(last(an).headers['anthropic-beta'], ', tools-2');
+        assert.equal(last(an).headers['anthropic-version'], '2023-06-01');
     });
 
     test('an upstream 400 keeps its status and message as upstream_error', async () => {
