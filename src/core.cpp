@@ -505,9 +505,13 @@ credential_forms(std::string_view credential)
         return forms;
     }
 
-    forms.emplace_back(credential);
-    for (const char *hex : { "0123456789ABCDEF", "0123456789abcdef" }) {
-        std::string f = percent_encoded(credential, hex);
+    std::string escaped(credential);
+    replace_all(escaped, "/", "\\/");       /* as JSON may write it */
+
+    for (std::string f : { std::string(credential), escaped,
+                           percent_encoded(credential, "0123456789ABCDEF"),
+                           percent_encoded(credential, "0123456789abcdef") })
+    {
         if (std::find(forms.begin(), forms.end(), f) == forms.end()) {
             forms.push_back(std::move(f));
         }
@@ -522,15 +526,9 @@ redact(std::string_view s, std::string_view credential)
     static constexpr std::string_view redacted = "[credential]";
     std::string out(s);
 
-    if (credential.size() < kCredentialMinBytes) {
-        return out;
+    for (const std::string &f : credential_forms(credential)) {
+        replace_all(out, f, redacted);
     }
-
-    replace_all(out, credential, redacted);
-    replace_all(out, percent_encoded(credential, "0123456789ABCDEF"),
-                redacted);
-    replace_all(out, percent_encoded(credential, "0123456789abcdef"),
-                redacted);
 
     return out;
 }

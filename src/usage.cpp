@@ -20,6 +20,9 @@ namespace {
  * beyond it usage is estimated from the delivered bytes. */
 constexpr size_t kMaxJsonBody = 16 * 1024 * 1024;
 
+/* The shortest channel key masked in 2xx answers and streams. */
+constexpr size_t kSecretInAnswersMinBytes = 16;
+
 } /* namespace */
 
 struct llmgw_resp_s {
@@ -607,24 +610,39 @@ masked(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out,
     std::string_view produced = out->data ? std::string_view(out->data,
                                                              out->len)
                                           : std::string_view(data, len);
+    std::string joined;
+    std::string_view text = produced;
+
+    if (!r->secret_tail.empty()) {
+        joined = r->secret_tail + std::string(produced);
+        text = joined;
+    }
+
     bool found = false;
 
     for (const std::string &f : r->secret_forms) {
-        found = found || produced.find(f) != std::string_view::npos;
+        found = found || text.find(f) != std::string_view::npos;
     }
 
-    /* the forms are as long as the credential or longer */
-    const std::string &key = r->secret;
+    std::string clean;
+    if (found) {
+        clean = redact(text, r->secret);
+        text = clean;
+    }
+
+    /* the longest end of the text that begins the credential (or one of
+       its spellings) waits for the next bytes */
     size_t hold = 0;
 
     if (!last) {
-        size_t from = produced.size() >= key.size()
-                      ? produced.size() - key.size() + 1 : 0;
-        for (size_t at = from; at < produced.size(); at++) {
-            if (key.compare(0, produced.size() - at, produced.substr(at)) == 0)
-            {
-                hold = produced.size() - at;
-                break;
+        for (const std::string &f : r->secret_forms) {
+            size_t from = text.size() >= f.size() ? text.size() - f.size() + 1
+                                                  : 0;
+            for (size_t at = from; at < text.size(); at++) {
+                if (f.compare(0, text.size() - at, text.substr(at)) == 0) {
+                    hold = std::max(hold, text.size() - at);
+                    break;
+                }
             }
         }
     }
@@ -633,18 +651,11 @@ masked(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out,
         return 0;
     }
 
-    std::string text = r->secret_tail;
-    text.append(produced);
-    r->secret_tail.clear();
-
-    /* a copy that ends in what is held now is found with the next bytes */
-    if (hold > 0) {
-        r->secret_tail.assign(text, text.size() - hold, hold);
-        text.resize(text.size() - hold);
-    }
+    std::string send(text.substr(0, text.size() - hold));
+    r->secret_tail.assign(text.substr(text.size() - hold));
 
     llmgw_buf_free(out);
-    *out = make_buf(redact(text, key));
+    *out = make_buf(send);
     return out->data ? 0 : -1;
 }
 
@@ -699,7 +710,11 @@ llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len,
     try {
         r->request_id.assign(request_id, id_len);
         r->secret.assign(key, len);
-        r->secret_forms = credential_forms(r->secret);
+        /* in answers a short key may be a word of the text ("lm-studio",
+           a placeholder of local servers): only a long one is masked */
+        if (len >= kSecretInAnswersMinBytes) {
+            r->secret_forms = credential_forms(r->secret);
+        }
 
     } catch (...) {
         r->secret_forms.clear();

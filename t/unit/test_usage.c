@@ -322,6 +322,25 @@ test_the_channel_key_never_reaches_the_client(void **state)
         free(r.out);
     }
 
+    /* split over three reads, and escaped as some JSON writers do */
+    {
+        size_t at = (size_t) (strstr(stream, "provided: vk") - stream) + 10;
+        size_t cuts[] = { at + 3, at + 6, at + 9 };
+        run_t r = run_cuts(LLMGW_EP_CHAT, 1, 1, 0, stream, cuts, 3);
+        assert_null(strstr(r.out, key));
+        assert_non_null(strstr(r.out, "provided: [credential]."));
+        free(r.out);
+    }
+    {
+        run_secret = "vk/0123456789abcdef";
+        run_t r = run(LLMGW_EP_CHAT, 1, 0, 0,
+                      "{\"error\":{\"message\":\"bad key vk\\/0123456789abcdef\"}}");
+        assert_string_equal(r.out,
+                            "{\"error\":{\"message\":\"bad key [credential]\"}}");
+        free(r.out);
+        run_secret = key;
+    }
+
     /* a stream that ends in the start of a key hands it out at the end */
     {
         size_t cut = 5;
@@ -337,8 +356,9 @@ test_the_channel_key_never_reaches_the_client(void **state)
         free(r.out);
     }
 
-    /* a credential too short to be told from text is left alone */
-    run_secret = "vk-0";
+    /* a key too short to be told from the text of an answer (a local
+       server's placeholder such as "lm-studio") is left alone there */
+    run_secret = "vk-0123456789ab";
     {
         run_t r = run(LLMGW_EP_CHAT, 1, 1, 0, stream);
         assert_string_equal(r.out, stream);
