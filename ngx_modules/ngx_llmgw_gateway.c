@@ -34,6 +34,13 @@ static ngx_int_t ngx_llmgw_models(ngx_http_request_t *r,
 static ngx_int_t ngx_llmgw_refuse(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, int status, const char *type, const char *code,
     const char *message);
+typedef struct {
+    ngx_str_t  key;
+    ngx_str_t  args;
+} ngx_llmgw_saved_query_t;
+
+
+static void ngx_llmgw_saved_query(void *data);
 static ngx_int_t ngx_llmgw_take_query_key(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx);
 static void ngx_llmgw_mask_uri_key(u_char *uri, size_t len);
@@ -689,10 +696,23 @@ ngx_llmgw_header(ngx_http_request_t *r, const char *name, size_t len)
 static ngx_int_t
 ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
-    u_char     *copy;
-    ngx_str_t   v;
+    u_char                   *copy;
+    ngx_str_t                 v;
+    ngx_pool_cleanup_t       *cln;
+    ngx_llmgw_saved_query_t  *saved;
 
     ctx->query_key_taken = 1;
+
+    /* taken before an internal redirect, which cleared the context: the
+       query is masked by now, the copies are kept with the request */
+    for (cln = r->main->pool->cleanup; cln; cln = cln->next) {
+        if (cln->handler == ngx_llmgw_saved_query) {
+            saved = cln->data;
+            ctx->query_key = saved->key;
+            ctx->args = saved->args;
+            return NGX_OK;
+        }
+    }
 
     if (ngx_http_arg(r, (u_char *) "key", 3, &v) != NGX_OK) {
         return NGX_OK;
@@ -712,6 +732,16 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     ctx->query_key.len = v.len;
 
+    cln = ngx_pool_cleanup_add(r->main->pool, sizeof(ngx_llmgw_saved_query_t));
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_llmgw_saved_query;
+    saved = cln->data;
+    saved->key = ctx->query_key;
+    saved->args = ctx->args;
+
     /* found before the URI is masked: the same bytes, or a copy */
     copy = memmem(r->request_line.data, r->request_line.len,
                   r->unparsed_uri.data, r->unparsed_uri.len);
@@ -725,6 +755,14 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     (void) llmgw_query_key_mask((char *) r->args.data, r->args.len);
 
     return NGX_OK;
+}
+
+
+/* Marks the copies of a masked query in the request's pool cleanups. */
+static void
+ngx_llmgw_saved_query(void *data)
+{
+    (void) data;
 }
 
 

@@ -175,6 +175,8 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
     const M = {
         tts: uniq('gemini-tts'), ttsMapped: uniq('gemini-tts-mapped'),
         keylog: uniq('gemini-keylog'),
+        /* served through an internal redirect (try_files -> @gw) */
+        redirected: uniq('redir'),
         /* what a URL path segment cannot hold as is */
         odd: `${uniq('gemini')} x?y#z%:w`, oddMapped: uniq('gemini-odd-mapped'),
         cohere: uniq('rerank-co'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
@@ -201,9 +203,12 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         gw = await startGateway({
             db, http: `log_format keys '"$request" $request_uri $args $arg_key';`,
             /* HTTP/2 without TLS (prior knowledge) on a second port */
-            server: `listen 127.0.0.1:${h2port} http2; access_log keys.log keys;`,
+            server: `listen 127.0.0.1:${h2port} http2; access_log keys.log keys;
+    location ^~ /v1beta/models/redir { try_files /nonexistent @gw; }
+    location @gw { llmgw_gateway; }`,
         });
-        await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.tts, M.viaGemini] });
+        await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey,
+            models: [M.tts, M.viaGemini, M.redirected] });
         /* a refused first try puts the request line into the error log */
         await makeChannel(gw, { type: 24, base_url: closed.url, models: [M.keylog], priority: 10 });
         await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.keylog] });
@@ -374,6 +379,14 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.ok(access.includes(`"POST ${p}?key=${stars} HTTP/1.1"`), access);
             assert.ok(access.includes(`"GET /api/user/1?key=${stars} HTTP/1.1"`), access);
             assert.ok(gw.errorLog().includes(`client intended to send too large body`));
+        });
+
+        test('a ?key= works in a gateway location reached by an internal redirect', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
+            const r = await gw.req('POST', `/v1beta/models/${M.redirected}:generateContent?key=${key}`,
+                { body: ttsBody('redirected') });
+            assertOk(r);
+            assert.equal(last(gm).headers['x-goog-api-key'], gmKey);
         });
 
         test('over HTTP/2 a ?key= works and shows masked in the access and error logs', async () => {
