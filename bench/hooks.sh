@@ -38,7 +38,7 @@
 #
 # Env: DURATION (10, seconds)  WARMUP (3)  HIGH (64)  CONNS (16)
 #      ROUNDS (1: more rounds alternate the targets; the median is reported)
-#      V8_WORKERS (4)  LLMGW_V8HOST (build/v8host/llmgw-v8host)  BENCH_KEEP=1
+#      V8_WORKERS (4)  V8_CONNS (8: llmgw_v8host_connections)  LLMGW_V8HOST (build/v8host/llmgw-v8host)  BENCH_KEEP=1
 #      OTHER_MAX (10) RETRIES (2): a run during which more than OTHER_MAX %
 #        of the CPU went to processes that are not the benchmark's or to the
 #        hypervisor (steal) is run again, at most RETRIES times, keeping the
@@ -101,6 +101,7 @@ nginx_prefix "$GWP"
   llmgw_database "$PG_CONNINFO";
   llmgw_zone_size 64m;
   llmgw_v8host unix:$SOCK;
+  llmgw_v8host_connections ${V8_CONNS:-8};
   server {
     listen 127.0.0.1:$P_GW backlog=4096;
     location = /ping { return 200; }

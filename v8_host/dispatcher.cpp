@@ -78,13 +78,15 @@ peer_gone(int fd)
 int
 read_more(int fd, std::string *in, size_t want)
 {
-    size_t old = in->size();
+    /* read into a scratch buffer, then only what came is appended: a
+       string grown by want bytes first is zero-filled (64 KiB a frame) */
+    static char scratch[kReadChunk];
 
-    in->resize(old + want);
-    ssize_t n = read(fd, &(*in)[old], want);
-    in->resize(old + (n > 0 ? static_cast<size_t>(n) : 0));
+    want = std::min(want, sizeof(scratch));
+    ssize_t n = read(fd, scratch, want);
 
     if (n > 0) {
+        in->append(scratch, static_cast<size_t>(n));
         return 1;
     }
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)

@@ -162,6 +162,7 @@ private:
     Dispatcher          dispatcher_;
     int                 signal_fd_ = -1;
     pid_t               self_ = getpid();
+    std::vector<pollfd> pfds_;          /* kept: no allocation per poll */
 };
 
 void
@@ -282,8 +283,9 @@ Supervisor::take_signals()
 void
 Supervisor::poll_once(int64_t wait_ms)
 {
-    std::vector<pollfd> pfds;
+    std::vector<pollfd> &pfds = pfds_;
 
+    pfds.clear();
     pfds.push_back({ signal_fd_, POLLIN, 0 });
     dispatcher_.fill(&pfds);
 
