@@ -17,20 +17,6 @@ LANGUAGE sql IMMUTABLE AS $$
 $$;
 
 
--- Whether one request can match both routes.
-CREATE FUNCTION llmgw_routes_overlap(a jsonb, b jsonb) RETURNS boolean
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT upper(coalesce(a ->> 'method', 'GET'))
-               = upper(coalesce(b ->> 'method', 'GET'))
-       AND cardinality(x) = cardinality(y)
-       AND NOT EXISTS (
-               SELECT 1 FROM generate_subscripts(x, 1) AS i
-                WHERE x[i] IS NOT NULL AND y[i] IS NOT NULL AND x[i] <> y[i])
-      FROM llmgw_route_segments(a ->> 'path') AS x,
-           llmgw_route_segments(b ->> 'path') AS y
-$$;
-
-
 -- What 004 finds first (a shared channel type, an equal route shape, an
 -- unrestricted host protocol bound twice: their messages stay), then the
 -- first overlapping route, other plugins read in key order so that the
@@ -47,20 +33,40 @@ BEGIN
         RETURN v;
     END IF;
 
+    -- each path split once; method and segment count filter the pairs
+    -- before their segments are compared
+    WITH mine AS MATERIALIZED (
+        SELECT i, r ->> 'path' AS path,
+               upper(coalesce(r ->> 'method', 'GET')) AS method,
+               llmgw_route_segments(r ->> 'path') AS seg
+          FROM jsonb_array_elements(coalesce(p_manifest -> 'routes', '[]'))
+               WITH ORDINALITY AS a(r, i)
+    ), theirs AS MATERIALIZED (
+        SELECT p.key, j, x ->> 'path' AS path,
+               upper(coalesce(x ->> 'method', 'GET')) AS method,
+               llmgw_route_segments(x ->> 'path') AS seg
+          FROM task_plugins AS p
+          JOIN task_plugin_versions AS pv
+            ON pv.key = p.key AND pv.version = p.active_version,
+               jsonb_array_elements(coalesce(pv.manifest -> 'routes', '[]'))
+               WITH ORDINALITY AS b(x, j)
+         WHERE p.enabled AND p.key <> p_key
+    )
     SELECT format('route %s %s overlaps route %s %s of plugin %s '
                   '(one request path can match both)',
-                  upper(coalesce(r ->> 'method', 'GET')), r ->> 'path',
-                  upper(coalesce(x ->> 'method', 'GET')), x ->> 'path', p.key)
+                  m.method, m.path, t.method, t.path, t.key)
       INTO v
-      FROM task_plugins AS p
-      JOIN task_plugin_versions AS pv
-        ON pv.key = p.key AND pv.version = p.active_version,
-           jsonb_array_elements(coalesce(p_manifest -> 'routes', '[]'))
-           WITH ORDINALITY AS a(r, i),
-           jsonb_array_elements(coalesce(pv.manifest -> 'routes', '[]'))
-           WITH ORDINALITY AS b(x, j)
-     WHERE p.enabled AND p.key <> p_key AND llmgw_routes_overlap(r, x)
-     ORDER BY p.key, i, j
+      FROM mine AS m
+      JOIN theirs AS t
+        ON t.method = m.method
+       AND cardinality(t.seg) = cardinality(m.seg)
+       -- routes mostly begin with a literal of their own: most pairs end
+       -- at the first segments, without looking at the rest
+       AND coalesce(m.seg[1] = t.seg[1], true)
+       AND coalesce(m.seg[2] = t.seg[2], true)
+     WHERE NOT EXISTS (
+               SELECT 1 FROM unnest(m.seg, t.seg) AS z(a, b) WHERE a <> b)
+     ORDER BY t.key, m.i, t.j
      LIMIT 1;
 
     RETURN v;
