@@ -103,12 +103,13 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
     if (!ctx->endpoint.method_ok) {
         llmgw_verdict_set(&v, NGX_HTTP_NOT_ALLOWED, "gateway_error",
                           "method_not_allowed", "method %.*s is not allowed "
-                          "on %.*s%s", (int) r->method_name.len,
+                          "on %.*s (allowed: %s)", (int) r->method_name.len,
                           r->method_name.data, (int) ngx_min(r->uri.len, 128),
                           r->uri.data,
-                          ctx->endpoint.ep == LLMGW_EP_TASK ? ""
+                          ctx->endpoint.ep == LLMGW_EP_TASK
+                          ? ctx->troute.allow
                           : ctx->endpoint.ep == LLMGW_EP_MODELS
-                            ? " (allowed: GET)" : " (allowed: POST)");
+                            ? "GET" : "POST");
         return ngx_llmgw_send_error(r, ctx, &v);
     }
 

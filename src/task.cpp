@@ -2401,7 +2401,7 @@ extern "C" void
 llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
     llmgw_str_t path, llmgw_troute_t *out)
 {
-    *out = llmgw_troute_t { LLMGW_TROUTE_NONE, -1, -1, 0 };
+    *out = llmgw_troute_t { LLMGW_TROUTE_NONE, -1, -1, 0, {} };
 
     try {
         std::string_view p = sv(path);
@@ -2409,6 +2409,7 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         auto seg = segments(p);
 
         if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "tasks") {
+            std::snprintf(out->allow, sizeof(out->allow), "GET, POST");
             if (m == "POST") {
                 out->kind = LLMGW_TROUTE_SUBMIT;
                 out->plugin = snap_plugin_find(s, seg[2]);
@@ -2425,6 +2426,7 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         size_t n = snap_plugin_count(s);
         bool path_seen = false;
         std::string_view best;
+        std::vector<std::string> methods;
 
         for (size_t i = 0; i < n; i++) {
             const json_t *manifest = snap_plugin(s, i, nullptr);
@@ -2442,6 +2444,11 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
                 if (rm.empty()) {
                     rm = "GET";
                 }
+                if (std::find(methods.begin(), methods.end(), rm)
+                    == methods.end())
+                {
+                    methods.push_back(rm);
+                }
                 if (rm == m && (out->route < 0 || more_specific(rp, best))) {
                     out->kind = LLMGW_TROUTE_NATIVE;
                     out->plugin = static_cast<long>(i);
@@ -2455,6 +2462,15 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         if (path_seen && out->route < 0) {
             out->kind = LLMGW_TROUTE_NATIVE;
             out->method_ok = 0;
+
+            std::sort(methods.begin(), methods.end());
+            std::string allow;
+            for (const std::string &am : methods) {
+                allow += (allow.empty() ? "" : ", ") + am;
+            }
+            if (allow.size() < sizeof(out->allow)) {
+                std::memcpy(out->allow, allow.c_str(), allow.size() + 1);
+            }
         }
 
     } catch (...) {

@@ -47,6 +47,7 @@ typedef struct {
     long            plugin;        /* index in the snapshot, -1 */
     long            route;         /* index in meta.routes, -1 */
     int             method_ok;
+    char            allow[64];     /* the path's methods: "GET, POST" */
 } llmgw_troute_t;
 
 /* Which task route, if any, serves a request (no body needed yet). */
