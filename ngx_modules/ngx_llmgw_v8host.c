@@ -212,6 +212,13 @@ ngx_llmgw_v8_dispatch(void)
 
         } else {
             vc = ngx_llmgw_v8_connect();
+            if (vc == NULL && !ngx_queue_empty(&ngx_llmgw_v8_busy)) {
+                /* the runtime answers on the connections in use; this one
+                   could not be opened now (its listen queue, or
+                   worker_connections, is full): the calls wait for one
+                   of those to come free, or for their deadline */
+                return;
+            }
             if (vc == NULL) {
                 /* the helper is down: say so now rather than at the
                    deadline */
@@ -430,7 +437,10 @@ ngx_llmgw_v8_release(ngx_llmgw_v8_conn_t *vc)
 {
     vc->call = NULL;
 
-    if (ngx_llmgw_v8_nidle >= ngx_llmgw_v8_mcf->v8host_connections) {
+    /* kept for a waiting call, which takes it at once */
+    if (ngx_llmgw_v8_nidle >= ngx_llmgw_v8_mcf->v8host_connections
+        && ngx_queue_empty(&ngx_llmgw_v8_pending))
+    {
         ngx_llmgw_v8_close(vc);
         return;
     }

@@ -24,6 +24,7 @@
 #include <cstring>
 #include <string_view>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -137,6 +138,23 @@ Dispatcher::~Dispatcher()
 
 /* ---- nginx's connections ---- */
 
+/* At most kMaxClients, and always descriptors left for the workers'
+   channels (a worker that ends is started again on a new one), the
+   signal descriptor and the logs. */
+size_t
+Dispatcher::max_clients() const
+{
+    struct rlimit rl {};
+    size_t reserve = 2 * channels_.size() + 32;
+    size_t limit = kMaxClients;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        size_t fds = static_cast<size_t>(rl.rlim_cur);
+        limit = std::min(limit, fds > reserve ? fds - reserve : 1);
+    }
+    return limit;
+}
+
 void
 Dispatcher::accept_some()
 {
@@ -144,15 +162,27 @@ Dispatcher::accept_some()
         int fd = accept4(listen_fd_, nullptr, nullptr,
                          SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR
-                && errno != ECONNABORTED)
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS
+                || errno == ENOMEM)
+            {
+                /* out of descriptors: the listener rests (it stays
+                   readable and would spin the loop), and says so once */
+                auto now = std::chrono::steady_clock::now();
+                if (now - accept_warned_ > std::chrono::seconds(10)) {
+                    accept_warned_ = now;
+                    log(Level::error, "accept(): %s; new connections wait",
+                        std::strerror(errno));
+                }
+                accept_rest_until_ = now + std::chrono::milliseconds(100);
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK
+                       && errno != EINTR && errno != ECONNABORTED)
             {
                 log(Level::error, "accept(): %s", std::strerror(errno));
             }
             return;
         }
 
-        if (clients_.size() >= kMaxClients) {
+        if (clients_.size() >= max_clients()) {
             log(Level::warn, "%zu connections open; refusing another",
                 clients_.size());
             close(fd);
@@ -389,6 +419,7 @@ Dispatcher::start(int slot, Client &c, const std::string &plugin)
     }
     ch.out_off = 0;
     ch.req = c.hdr;
+    ch.started = std::chrono::steady_clock::now();
     ch.running = true;
     ch.client = c.id;
     ch.plugin = plugin;
@@ -652,7 +683,9 @@ Dispatcher::fill(std::vector<pollfd> *pfds)
 {
     watched_.clear();
 
-    if (!stopping_) {
+    if (!stopping_
+        && std::chrono::steady_clock::now() >= accept_rest_until_)
+    {
         watched_.push_back({ Watch::listener, 0, listen_fd_ });
         pfds->push_back({ listen_fd_, POLLIN, 0 });
     }
@@ -755,6 +788,55 @@ Dispatcher::handle(const pollfd *pfds, size_t n)
     }
 
     dispatch();
+}
+
+void
+Dispatcher::forget_after_fork()
+{
+    for (auto &kv : clients_) {
+        std::string().swap(kv.second->in);
+        std::string().swap(kv.second->out);
+    }
+    clients_.clear();
+    for (Channel &ch : channels_) {
+        std::string().swap(ch.in);
+        std::string().swap(ch.out);
+    }
+    queues_.clear();
+    ring_.clear();
+}
+
+/* The worker's own watchdog ends it 2 s after the deadline. */
+constexpr int64_t kReclaimAfterMs = 5000;
+
+void
+Dispatcher::reclaim_stuck()
+{
+    /* the worker's watchdog ends a call at its deadline, and a worker
+       that ignores termination a few seconds later: this is for one that
+       cannot even do that */
+    auto limit = std::chrono::milliseconds(opts_.deadline_ms + kReclaimAfterMs);
+    auto now = std::chrono::steady_clock::now();
+
+    for (size_t i = 0; i < channels_.size(); i++) {
+        Channel &ch = channels_[i];
+        if (ch.running && ch.alive && ch.pid > 0 && !ch.reclaimed
+            && now - ch.started > limit)
+        {
+            log(Level::warn, "worker %zu (pid %d) is still running a call "
+                "of plugin %.16s %d ms past its deadline: killed", i,
+                static_cast<int>(ch.pid), ch.plugin.c_str(),
+                static_cast<int>(kReclaimAfterMs));
+            ch.reclaimed = true;
+            kill(ch.pid, SIGKILL);
+        }
+    }
+}
+
+int64_t
+Dispatcher::wait_limit_ms() const
+{
+    return std::chrono::steady_clock::now() < accept_rest_until_ ? 100 : 1000;
 }
 
 void

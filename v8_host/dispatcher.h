@@ -12,6 +12,7 @@
 #ifndef V8HOST_DISPATCHER_H
 #define V8HOST_DISPATCHER_H
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
@@ -57,6 +58,20 @@ public:
        worker's channel is shut once it is idle. */
     void stop();
 
+    /* The longest the loop may sleep: a resting listener (out of
+       descriptors) is looked at again soon; running calls are checked
+       against their deadline. */
+    int64_t wait_limit_ms() const;
+
+    /* A worker still running a call well past the deadline (stopped,
+       wedged: its own watchdog did not end it) is killed. */
+    void reclaim_stuck();
+
+    /* In a worker just forked: the frames the supervisor held are freed
+       (large ones go back to the system), so that a worker started while
+       big frames wait does not carry them for its lifetime. */
+    void forget_after_fork();
+
     /* Nothing is running or left to write to a client. */
     bool drained() const;
 
@@ -91,7 +106,9 @@ private:
         std::string    plugin;              /* running, or charged while
                                                the slot is down */
         bool           charged = false;
+        bool           reclaimed = false;   /* killed as stuck */
         llmgw_frame_t  req {};              /* the frame running */
+        std::chrono::steady_clock::time_point  started {};
         llmgw_frame_t  reply {};            /* its reply's header */
         std::string    out;
         size_t         out_off = 0;
@@ -113,6 +130,7 @@ private:
     };
 
     void accept_some();
+    size_t max_clients() const;
     void read_from(Client &c);
     bool check_header(Client &c);
     void advance(Client &c);
@@ -148,6 +166,8 @@ private:
     std::unordered_map<std::string, Queue>               queues_;
     std::deque<std::string>                              ring_;
     std::vector<Watch>                                   watched_;
+    std::chrono::steady_clock::time_point                accept_rest_until_ {};
+    std::chrono::steady_clock::time_point                accept_warned_ {};
 };
 
 }  // namespace v8host

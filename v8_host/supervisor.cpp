@@ -200,6 +200,8 @@ Supervisor::spawn(int slot)
         signal(SIGCHLD, SIG_DFL);
 
         keep_only_channel(sv[1]);
+        dispatcher_.forget_after_fork();
+        std::vector<pollfd>().swap(pfds_);
         _exit(run_worker(slot, 3, opts_, stats_, store_));
     }
 
@@ -403,7 +405,8 @@ Supervisor::run()
             }
         }
 
-        poll_once(wait_ms);
+        poll_once(std::min(wait_ms, dispatcher_.wait_limit_ms()));
+        dispatcher_.reclaim_stuck();
 
         int stop = take_signals();
         if (stop != 0) {

@@ -242,6 +242,7 @@ run_worker(int slot, int channel, const Options &o, SharedStats *stats,
     sigaction(SIGTERM, &sa, nullptr);       /* no SA_RESTART: a wait for
                                                the next frame ends */
     signal(SIGINT, SIG_IGN);                /* the supervisor forwards it */
+    signal(SIGHUP, SIG_IGN);                /* as the supervisor does */
     signal(SIGPIPE, SIG_IGN);
 
     /*

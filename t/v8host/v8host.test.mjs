@@ -693,6 +693,27 @@ test('a worker that crashes during a call: the call is the plugin\'s error, othe
     await Promise.all([c.close(), watcher.close()]);
 });
 
+test('a worker stopped during a call is killed some seconds past the deadline and replaced', { timeout: 30000 }, async (t) => {
+    const h = await soloHelper(t, { deadlineMs: 300 });
+    const [c, watcher] = [await h.connect(), await h.connect()];
+    const p = await c.load(hookPlugin('stopped', 'if (ctx.loop) for (;;) {} return 4;'));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    const pending = c.call(p.sha, 'buildSubmitRequest', [{ loop: 1 }]).catch((e) => e);
+    await new Promise((r) => setTimeout(r, 100));
+    const { workers: [w] } = await watcher.status();
+    assert.equal(w.busy, true);
+    /* its own watchdog cannot run: the supervisor ends it */
+    process.kill(w.pid, 'SIGSTOP');
+    const t0 = Date.now();
+    await pending;
+    const ms = Date.now() - t0;
+    assert.ok(ms > 3000 && ms < 15000, `reclaimed after ${ms} ms`);
+    const c2 = await h.connect();
+    assert.deepEqual(await c2.call(p.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 4 });
+    assert.notEqual((await watcher.status()).workers[0].pid, w.pid);
+    await Promise.all([c2.close(), watcher.close()]);
+});
+
 test('a call whose client hung up before it was served is not run', async (t) => {
     const h = await soloHelper(t);
     const [c1, c2, c3] = [await h.connect(), await h.connect(), await h.connect()];
