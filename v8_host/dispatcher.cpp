@@ -290,6 +290,7 @@ Dispatcher::take_frame(Client &c)
 
     q.waiting.push_back(c.id);
     c.queued = true;
+    c.queued_turn = turn_;
     queued_++;
 
     if (!q.in_ring) {
@@ -382,7 +383,9 @@ Dispatcher::dispatch()
             queued_--;
             progress = true;
 
-            if (peer_gone(c->fd)) {
+            /* a call that waited: its caller may have given up meanwhile
+               (one just read is still wanted) */
+            if (c->queued_turn != turn_ && peer_gone(c->fd)) {
                 /* nginx gave up on the call (its timeout closes the
                    connection) while it waited: nothing to run */
                 close_client(*c, nullptr);
@@ -494,9 +497,11 @@ Dispatcher::read_channel(int slot)
     char err[160];
 
     while (ch.fd >= 0) {
+        /* a channel carries one frame at a time: whatever is there is
+           the reply's, so it is read in as few calls as it came */
         size_t old = ch.in.size();
         size_t want = old < LLMGW_FRAME_HEADER_LEN
-                      ? LLMGW_FRAME_HEADER_LEN - old
+                      ? kReadChunk
                       : std::min(LLMGW_FRAME_HEADER_LEN + ch.reply.length - old,
                                  kReadChunk);
 
@@ -512,7 +517,7 @@ Dispatcher::read_channel(int slot)
         }
 
         if (old < LLMGW_FRAME_HEADER_LEN
-            && ch.in.size() == LLMGW_FRAME_HEADER_LEN)
+            && ch.in.size() >= LLMGW_FRAME_HEADER_LEN)
         {
             const auto *p = reinterpret_cast<const uint8_t *>(ch.in.data());
 
@@ -534,10 +539,14 @@ Dispatcher::read_channel(int slot)
             }
         }
 
-        if (ch.in.size() >= LLMGW_FRAME_HEADER_LEN
-            && ch.in.size() == LLMGW_FRAME_HEADER_LEN + ch.reply.length)
-        {
+        if (ch.in.size() > LLMGW_FRAME_HEADER_LEN + ch.reply.length) {
+            break_channel(slot, "more than its reply");
+            return;
+        }
+
+        if (ch.in.size() == LLMGW_FRAME_HEADER_LEN + ch.reply.length) {
             deliver(slot);
+            return;                 /* nothing more comes before a frame */
         }
     }
 }
@@ -716,6 +725,8 @@ void
 Dispatcher::handle(const pollfd *pfds, size_t n)
 {
     bool accept = false;
+
+    turn_++;
 
     for (size_t i = 0; i < n && i < watched_.size(); i++) {
         const Watch &w = watched_[i];

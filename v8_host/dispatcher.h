@@ -84,6 +84,7 @@ private:
         bool           have_header = false;
         llmgw_frame_t  hdr {};
         bool           queued = false;      /* its frame waits for a worker */
+        unsigned       queued_turn = 0;     /* the loop turn it was queued in */
         bool           running = false;     /* ... or a worker runs it */
         std::string    out;
         size_t         out_off = 0;
@@ -166,6 +167,7 @@ private:
     std::unordered_map<std::string, Queue>               queues_;
     std::deque<std::string>                              ring_;
     std::vector<Watch>                                   watched_;
+    unsigned                                             turn_ = 0;
     std::chrono::steady_clock::time_point                accept_rest_until_ {};
     std::chrono::steady_clock::time_point                accept_warned_ {};
 };

@@ -93,12 +93,34 @@ Worker::read_exact(char *p, size_t n, bool may_stop)
 bool
 Worker::read_frame(llmgw_frame_t *hdr, std::string *body)
 {
+    /* One read takes the header and, mostly, the whole body: the
+       supervisor sends one frame and waits for its reply, so nothing of
+       a next frame can be in it. */
+    static char first[16384];
     uint8_t head[LLMGW_FRAME_HEADER_LEN];
     char err[160];
+    size_t got = 0;
 
-    if (!read_exact(reinterpret_cast<char *>(head), sizeof(head), true)) {
+    while (got < LLMGW_FRAME_HEADER_LEN) {
+        ssize_t r = read(channel_, first + got, sizeof(first) - got);
+
+        if (r > 0) {
+            got += static_cast<size_t>(r);
+            continue;
+        }
+        if (r < 0 && errno == EINTR) {
+            if (stop_requested && got == 0) {
+                return false;
+            }
+            continue;
+        }
+        if (r < 0) {
+            log(Level::error, "reading the channel: %s", std::strerror(errno));
+        }
         return false;
     }
+
+    std::memcpy(head, first, sizeof(head));
 
     if (llmgw_frame_decode(head, opts_.max_frame, hdr, err, sizeof(err)) != 0
         || (hdr->type & LLMGW_FRAME_REPLY))
@@ -108,8 +130,16 @@ Worker::read_frame(llmgw_frame_t *hdr, std::string *body)
         return false;
     }
 
+    size_t have = got - LLMGW_FRAME_HEADER_LEN;
+
+    if (have > hdr->length) {
+        log(Level::error, "the supervisor sent more than one frame");
+        return false;
+    }
+
     body->resize(hdr->length);
-    return read_exact(body->data(), body->size(), false);
+    std::memcpy(body->data(), first + LLMGW_FRAME_HEADER_LEN, have);
+    return read_exact(body->data() + have, body->size() - have, false);
 }
 
 bool
