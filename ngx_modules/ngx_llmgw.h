@@ -101,7 +101,7 @@ typedef struct {
  * What a build keeps in the zone: the size of the state below, and a
  * version for what hangs off it (bumped when a node's layout changes).
  */
-#define NGX_LLMGW_ZONE_LAYOUT  (sizeof(ngx_llmgw_shm_t) * 100 + 3)
+#define NGX_LLMGW_ZONE_LAYOUT  (sizeof(ngx_llmgw_shm_t) * 100 + 4)
 
 /* The node-wide shared state (one slab zone): rate limiter and metrics. */
 typedef struct {

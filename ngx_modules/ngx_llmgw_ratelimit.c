@@ -332,18 +332,31 @@ ngx_llmgw_shm_alloc_locked(ngx_llmgw_shm_ctx_t *ctx, size_t size)
 }
 
 
-/* A node for a limit, on the slab; NULL when the zone has no room. */
+/*
+ * A node for a limit, on the slab, its rings at least as large as old's
+ * (a limit raised again still finds what a lowered one kept); NULL when
+ * the zone has no room.
+ */
 static ngx_llmgw_rl_node_t *
 ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, const ngx_llmgw_rl_want_t *w,
-    const llmgw_rate_limit_t *rl)
+    const llmgw_rate_limit_t *rl, const ngx_llmgw_rl_node_t *old)
 {
     size_t                size;
+    uint32_t              total, success;
     ngx_rbtree_node_t    *node;
     ngx_llmgw_rl_node_t  *n;
 
+    total = rl->total;
+    success = rl->success;
+
+    if (old != NULL) {
+        total = ngx_max(total, old->total);
+        success = ngx_max(success, old->success);
+    }
+
     size = offsetof(ngx_rbtree_node_t, color)
            + offsetof(ngx_llmgw_rl_node_t, data)
-           + llmgw_rl_size(rl->total, rl->success);
+           + llmgw_rl_size(total, success);
 
     node = ngx_slab_alloc_locked(ctx->shpool, size);
 
@@ -361,9 +374,10 @@ ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, const ngx_llmgw_rl_want_t *w,
     n->user_id = w->user_id;
     n->group = w->group;
     n->window_ms = rl->window_ms;
-    n->total = rl->total;
-    n->success = rl->success;
-    llmgw_rl_init(n->data, rl->total, rl->success);
+    n->total = total;
+    n->success = success;
+    llmgw_rl_init(n->data, total, success);
+    (void) llmgw_rl_limit(n->data, rl->total, rl->success);
 
     return n;
 }
@@ -391,13 +405,14 @@ ngx_llmgw_rl_node(ngx_llmgw_shm_ctx_t *ctx, const ngx_llmgw_rl_want_t *w,
         old->window_ms = rl->window_ms;
     }
 
-    if (old != NULL && old->total == rl->total
-        && old->success == rl->success)
+    if (old != NULL
+        && llmgw_rl_limit(old->data, rl->total, rl->success) == 0)
     {
+        /* within its rings (a lowered limit keeps them, and their log) */
         n = old;
 
     } else {
-        n = ngx_llmgw_rl_alloc(ctx, w, rl);
+        n = ngx_llmgw_rl_alloc(ctx, w, rl, old);
 
         if (n == NULL && old != NULL) {
             /* no room for the new sizes: the old ones limit meanwhile */

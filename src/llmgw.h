@@ -526,6 +526,9 @@ enum { LLMGW_RL_OK = 0, LLMGW_RL_TOTAL = 1, LLMGW_RL_SUCCESS = 2 };
 int llmgw_rl_acquire(void *mem, int64_t now_ms, int64_t window_ms,
     int64_t *retry_after_ms, int64_t *reserved);
 void llmgw_rl_release(void *mem, int64_t reserved);
+/* A changed limit within the capacities a limiter was made with (0), or
+   not (-1: a larger one is made and the history copied into it). */
+int llmgw_rl_limit(void *mem, uint32_t total, uint32_t success);
 /* Moves the history into a limiter of other sizes (llmgw_rl_init'ed). */
 void llmgw_rl_copy(void *dst, const void *src);
 

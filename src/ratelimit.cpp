@@ -8,6 +8,10 @@
  * no pointers: a header followed by two rings of int64 timestamps.  Each
  * ring is kept in time order, oldest at head, so expiry pops from the head
  * and the oldest entry gives the wait until a slot frees.
+ *
+ * A ring's capacity may exceed its limit: a limit lowered keeps the ring
+ * and all it holds, so that one raised again within the window still
+ * counts the requests made before.
  */
 
 #include "llmgw.h"
@@ -24,6 +28,8 @@ struct Header {
     uint32_t  t_count;
     uint32_t  s_head;
     uint32_t  s_count;
+    uint32_t  t_limit;      /* at most the capacity; 0: unlimited */
+    uint32_t  s_limit;
 };
 
 static_assert(std::is_trivially_copyable_v<Header>
@@ -36,6 +42,7 @@ static_assert(sizeof(Header) % alignof(int64_t) == 0,
 struct Ring {
     int64_t   *slots;
     uint32_t   cap;
+    uint32_t   limit;
     uint32_t  *head;
     uint32_t  *count;
 
@@ -43,7 +50,8 @@ struct Ring {
 
     int64_t newest() const { return slots[(*head + *count - 1) % cap]; }
 
-    bool full() const { return *count >= cap; }
+    /* no request more: as many in the window as the limit allows */
+    bool full() const { return *count >= limit; }
 
     void drop_before(int64_t edge)
     {
@@ -64,7 +72,7 @@ struct Ring {
             now = newest();
         }
 
-        if (full()) {
+        if (*count >= cap) {
             slots[*head] = now;
             *head = (*head + 1) % cap;
             return now;
@@ -119,7 +127,7 @@ Ring
 total_ring(void *mem)
 {
     Header *h = header(mem);
-    return { slots(mem), h->total, &h->t_head, &h->t_count };
+    return { slots(mem), h->total, h->t_limit, &h->t_head, &h->t_count };
 }
 
 
@@ -127,15 +135,17 @@ Ring
 success_ring(void *mem)
 {
     Header *h = header(mem);
-    return { slots(mem) + h->total, h->success, &h->s_head, &h->s_count };
+    return { slots(mem) + h->total, h->success, h->s_limit, &h->s_head,
+             &h->s_count };
 }
 
 
-/* Milliseconds until the oldest entry leaves the window. */
+/* Milliseconds until enough entries leave the window for one more (the
+   oldest, unless a lowered limit left more entries than it allows). */
 int64_t
 wait_for(const Ring &r, int64_t now, int64_t window)
 {
-    int64_t wait = r.oldest() + window - now;
+    int64_t wait = r.at(*r.count - r.limit) + window - now;
 
     if (wait < 1) {
         return 1;
@@ -159,7 +169,7 @@ llmgw_rl_size(uint32_t total, uint32_t success)
 extern "C" void
 llmgw_rl_init(void *mem, uint32_t total, uint32_t success)
 {
-    *header(mem) = Header{ total, success, 0, 0, 0, 0 };
+    *header(mem) = Header{ total, success, 0, 0, 0, 0, total, success };
 }
 
 
@@ -200,21 +210,21 @@ llmgw_rl_acquire(void *mem, int64_t now_ms, int64_t window_ms,
         s.drop_before(now_ms - window_ms);
     }
 
-    if (t.cap > 0 && t.full()) {
+    if (t.limit > 0 && t.full()) {
         *retry_after_ms = wait_for(t, now_ms, window_ms);
         return LLMGW_RL_TOTAL;
     }
 
-    if (s.cap > 0 && s.full()) {
+    if (s.limit > 0 && s.full()) {
         *retry_after_ms = wait_for(s, now_ms, window_ms);
         return LLMGW_RL_SUCCESS;
     }
 
-    if (t.cap > 0) {
+    if (t.limit > 0) {
         t.push(now_ms);
     }
 
-    if (s.cap > 0) {
+    if (s.limit > 0) {
         *reserved = s.push(now_ms);
     }
 
@@ -231,6 +241,23 @@ llmgw_rl_release(void *mem, int64_t reserved)
     if (s.cap > 0 && reserved >= 0) {
         (void) s.remove(reserved);
     }
+}
+
+
+/* A limit changed within the capacities: the rings stay, with all they
+   hold; 0 when it fits, -1 when a limit is over its ring's capacity. */
+extern "C" int
+llmgw_rl_limit(void *mem, uint32_t total, uint32_t success)
+{
+    Header *h = header(mem);
+
+    if (total > h->total || success > h->success) {
+        return -1;
+    }
+
+    h->t_limit = total;
+    h->s_limit = success;
+    return 0;
 }
 
 

@@ -59,9 +59,9 @@ admit(void *mem, int64_t now)
 static void
 test_size_is_header_plus_two_rings_of_int64(void **state)
 {
-    assert_int_equal(llmgw_rl_size(0, 0), 24);
-    assert_int_equal(llmgw_rl_size(3, 2), 24 + 5 * 8);
-    assert_int_equal(llmgw_rl_size(100000, 0), 24 + 100000 * 8);
+    assert_int_equal(llmgw_rl_size(0, 0), 32);
+    assert_int_equal(llmgw_rl_size(3, 2), 32 + 5 * 8);
+    assert_int_equal(llmgw_rl_size(100000, 0), 32 + 100000 * 8);
 }
 
 
@@ -264,6 +264,36 @@ test_total_limit_is_reported_before_success_limit(void **state)
 }
 
 
+/* A limit lowered keeps its ring: raised again within the window, the
+   requests made before still count. */
+static void
+test_a_lowered_then_raised_limit_remembers_every_request(void **state)
+{
+    void     *rl = limiter(4, 0);
+    int64_t   retry;
+    (void) state;
+
+    for (int64_t t = 0; t < 4; t++) {
+        assert_int_equal(acquire(rl, t * 100, &retry), LLMGW_RL_OK);
+    }
+
+    assert_int_equal(llmgw_rl_limit(rl, 2, 0), 0);
+    assert_int_equal(acquire(rl, 400, &retry), LLMGW_RL_TOTAL);
+    /* three must leave (one fewer than the limit is what admits): the
+       slot frees when 200 does */
+    assert_int_equal(retry, 200 + WINDOW - 400);
+
+    assert_int_equal(llmgw_rl_limit(rl, 4, 0), 0);
+    assert_int_equal(acquire(rl, 500, &retry), LLMGW_RL_TOTAL);
+    assert_int_equal(retry, 0 + WINDOW - 500);
+    assert_int_equal(acquire(rl, WINDOW + 1, &retry), LLMGW_RL_OK);
+
+    /* over the rings' capacity: the caller makes larger ones */
+    assert_int_equal(llmgw_rl_limit(rl, 5, 0), -1);
+    free(rl);
+}
+
+
 static void
 test_copy_keeps_the_newest_history(void **state)
 {
@@ -436,6 +466,8 @@ main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_size_is_header_plus_two_rings_of_int64),
+        cmocka_unit_test(
+            test_a_lowered_then_raised_limit_remembers_every_request),
         cmocka_unit_test(test_total_limit_refuses_exactly_at_m),
         cmocka_unit_test(test_slot_frees_exactly_one_window_after_oldest),
         cmocka_unit_test(test_window_slides_instead_of_resetting),
