@@ -242,6 +242,8 @@ ngx_int_t ngx_llmgw_send_json(ngx_http_request_t *r, ngx_uint_t status,
     u_char *data, size_t len);
 ngx_int_t ngx_llmgw_read_body(ngx_http_request_t *r, ngx_str_t *body);
 ngx_int_t ngx_llmgw_allow_header(ngx_http_request_t *r, const char *message);
+ngx_int_t ngx_llmgw_out_header(ngx_http_request_t *r, ngx_str_t *key,
+    u_char *value, size_t len);
 
 /* ngx_llmgw_pg.c */
 typedef void (*ngx_llmgw_pg_handler_pt)(void *data, PGresult *res,

@@ -95,7 +95,6 @@ ngx_llmgw_header_filter(ngx_http_request_t *r)
 {
     llmgw_buf_t            body;
     llmgw_verdict_t        v;
-    ngx_table_elt_t       *h;
     ngx_llmgw_ctx_t       *ctx;
     ngx_llmgw_loc_conf_t  *lcf;
 
@@ -116,15 +115,12 @@ ngx_llmgw_header_filter(ngx_http_request_t *r)
         return NGX_ERROR;
     }
 
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
+    if (ngx_llmgw_out_header(r, &lcf->request_id_header, ctx->request_id,
+                             NGX_LLMGW_REQUEST_ID_LEN)
+        != NGX_OK)
+    {
         return NGX_ERROR;
     }
-
-    h->hash = 1;
-    h->key = lcf->request_id_header;
-    h->value.data = ctx->request_id;
-    h->value.len = NGX_LLMGW_REQUEST_ID_LEN;
 
     /* an upstream head that was held, never sent, does not count */
     if (ctx->responded || (ctx->upstream_header && !ctx->holding)

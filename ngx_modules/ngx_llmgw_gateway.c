@@ -505,23 +505,11 @@ ngx_llmgw_admitted(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 static ngx_int_t
 ngx_llmgw_retry_after(ngx_http_request_t *r, ngx_uint_t seconds)
 {
-    ngx_table_elt_t  *h;
+    u_char            v[NGX_INT_T_LEN];
+    static ngx_str_t  key = ngx_string("Retry-After");
 
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
-        return NGX_ERROR;
-    }
-
-    h->hash = 1;
-    ngx_str_set(&h->key, "Retry-After");
-    h->value.data = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
-    if (h->value.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    h->value.len = ngx_sprintf(h->value.data, "%ui", seconds) - h->value.data;
-
-    return NGX_OK;
+    return ngx_llmgw_out_header(r, &key, v,
+                                ngx_sprintf(v, "%ui", seconds) - v);
 }
 
 

@@ -733,7 +733,7 @@ ngx_llmgw_allow_header(ngx_http_request_t *r, const char *message)
 {
     size_t            len;
     u_char           *p, *end;
-    ngx_table_elt_t  *h;
+    static ngx_str_t  allow = ngx_string("Allow");
 
     len = ngx_strlen(message);
 
@@ -766,19 +766,31 @@ ngx_llmgw_allow_header(ngx_http_request_t *r, const char *message)
         return NGX_OK;
     }
 
+    return ngx_llmgw_out_header(r, &allow, p, end - p);
+}
+
+
+/* A response header; the value is copied into the request's pool. */
+ngx_int_t
+ngx_llmgw_out_header(ngx_http_request_t *r, ngx_str_t *key, u_char *value,
+    size_t len)
+{
+    ngx_table_elt_t  *h;
+
     h = ngx_list_push(&r->headers_out.headers);
     if (h == NULL) {
         return NGX_ERROR;
     }
 
     h->hash = 1;
-    ngx_str_set(&h->key, "Allow");
-    h->value.len = end - p;
-    h->value.data = ngx_pnalloc(r->pool, h->value.len);
+    h->key = *key;
+    h->value.len = len;
+    h->value.data = ngx_pnalloc(r->pool, len);
     if (h->value.data == NULL) {
+        h->hash = 0;                    /* not sent */
         return NGX_ERROR;
     }
-    ngx_memcpy(h->value.data, p, h->value.len);
+    ngx_memcpy(h->value.data, value, len);
 
     return NGX_OK;
 }

@@ -714,6 +714,21 @@ test('a worker stopped during a call is killed some seconds past the deadline an
     await Promise.all([c2.close(), watcher.close()]);
 });
 
+test('SIGHUP to a worker (a terminal hanging up its process group) is ignored', async (t) => {
+    const h = await soloHelper(t);
+    const c = await h.connect();
+    const p = await c.load(hookPlugin('hangup', 'return 5;'));
+    assert.equal(p.ok, true, JSON.stringify(p));
+    const { workers: [w] } = await c.status();
+    process.kill(w.pid, 'SIGHUP');
+    await new Promise((r) => setTimeout(r, 200));
+    assert.deepEqual(await c.call(p.sha, 'buildSubmitRequest', [{}]), { ok: true, result: 5 });
+    const after = (await c.status()).workers[0];
+    assert.equal(after.pid, w.pid, 'the same worker');
+    assert.equal(after.restarts, 0);
+    await c.close();
+});
+
 test('a call whose client hung up before it was served is not run', async (t) => {
     const h = await soloHelper(t);
     const [c1, c2, c3] = [await h.connect(), await h.connect(), await h.connect()];
