@@ -8,6 +8,7 @@
 #include <string>
 
 #include "internal.h"
+#include "jsonview.h"
 
 using namespace llmgw;
 
@@ -209,30 +210,42 @@ llmgw_plugin_call_request(const char *body, size_t len, const char *sha,
     llmgw_buf_t *frame, llmgw_verdict_t *v)
 {
     try {
-        Json root = json_parse(body, len);
-        json_t *hook = json_object_get(root.get(), "hook");
-        json_t *args = json_object_get(root.get(), "args");
+        /* the hook and its arguments go on as the caller wrote them */
+        JsonView root = JsonView::parse(std::string_view(body, len));
+        JsonView hook = root.get("hook");
+        JsonView args = root.get("args");
 
-        if (!json_is_string(hook) || json_string_length(hook) == 0) {
+        if (!root) {
+            llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
+                              "the request could not be read");
+            return -1;
+        }
+
+        if (!hook.is_string() || hook.string_length() == 0) {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
                               "field hook is required (for example "
                               "\"buildSubmitRequest\" or \"native.decode\")");
             return -1;
         }
 
-        if (args != nullptr && !json_is_array(args)) {
+        if (args && !args.is_array()) {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
                               "args: must be an array of the hook's "
                               "arguments");
             return -1;
         }
 
-        Json out(json_object());
-        json_object_set_new(out.get(), "sha", json_string(sha));
-        json_object_set(out.get(), "hook", hook);
-        json_object_set(out.get(), "args", args ? args : json_array());
+        std::string out;
+        out.reserve(len + 96);
+        out += "{\"sha\":";
+        append_json_string(out, sha);
+        out += ",\"hook\":";
+        out += hook.raw();
+        out += ",\"args\":";
+        out += args ? args.raw() : std::string_view("[]");
+        out += '}';
 
-        *frame = make_buf(json_dump(out.get()));
+        *frame = make_buf(out);
         return frame->data ? 0 : -1;
 
     } catch (...) {
@@ -247,12 +260,11 @@ extern "C" int
 llmgw_plugin_body_key(const char *body, size_t len, char *key, size_t keylen)
 {
     try {
-        Json root = json_parse(body, len);
-        std::string_view k = json_str(root.get(), "key");
+        JsonView root = JsonView::parse(std::string_view(body, len));
+        std::string scratch;
+        std::string_view k = root.get("key").text(scratch);
 
-        if (k.empty() || k.size() >= keylen
-            || json_object_get(root.get(), "source") != nullptr)
-        {
+        if (k.empty() || k.size() >= keylen || root.get("source")) {
             return -1;
         }
 
@@ -269,11 +281,17 @@ llmgw_plugin_body_key(const char *body, size_t len, char *key, size_t keylen)
 extern "C" int
 llmgw_plugin_not_loaded(const char *reply, size_t len)
 {
-    try {
-        Json root = json_parse(reply, len);
+    static constexpr std::string_view kind = "not_loaded";
 
-        return json_str(json_object_get(root.get(), "error"), "kind")
-               == "not_loaded";
+    /* nearly every reply is a result: no need to read it */
+    if (std::string_view(reply, len).find(kind) == std::string_view::npos) {
+        return 0;
+    }
+
+    try {
+        JsonView root = JsonView::parse(std::string_view(reply, len));
+
+        return root.get("error").get("kind").string_equals(kind);
 
     } catch (...) {
         return 0;
