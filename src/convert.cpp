@@ -2970,6 +2970,48 @@ private:
 };
 
 
+/*
+ * Whether JSON text read piece by piece has closed its outer object or
+ * array: a tool call's arguments are whole there, and nothing the upstream
+ * adds after them can belong to a valid value.
+ */
+class JsonEnd {
+public:
+    void feed(std::string_view text)
+    {
+        for (char c : text) {
+            if (in_string_) {
+                if (escaped_) {
+                    escaped_ = false;
+                } else if (c == '\\') {
+                    escaped_ = true;
+                } else if (c == '"') {
+                    in_string_ = false;
+                }
+
+            } else if (c == '"') {
+                in_string_ = true;
+
+            } else if (c == '{' || c == '[') {
+                depth_++;
+                whole_ = false;
+
+            } else if ((c == '}' || c == ']') && depth_ > 0) {
+                whole_ = --depth_ == 0;
+            }
+        }
+    }
+
+    bool whole() const { return whole_; }
+
+private:
+    int64_t  depth_ = 0;
+    bool     in_string_ = false;
+    bool     escaped_ = false;
+    bool     whole_ = false;
+};
+
+
 class ChatToMessages : public StreamImpl {
 public:
     explicit ChatToMessages(std::string model)
@@ -3012,7 +3054,7 @@ public:
         std::string_view reason = json_str(choice, "finish_reason");
 
         if (!reason.empty() && stop_reason_.empty()) {
-            close_block(out);
+            close_all(out);
             stop_reason_ = refused_ ? std::string("refusal")
                                     : anthropic_stop_from_chat(reason);
         }
@@ -3061,6 +3103,15 @@ private:
 
     enum class Open { none, text, thinking, tool };
 
+    /* An upstream tool call */
+    struct Tool {
+        std::string  id;
+        std::string  name;
+        std::string  held;         /* arguments before its block started */
+        int64_t      block = -1;   /* its block, once started */
+        JsonEnd      arguments;
+    };
+
     /* A text or thinking block (opened on its first piece: a block is
        never left empty) */
     void open_kind(std::string &out, Open kind)
@@ -3103,6 +3154,7 @@ private:
         put_int(ev.get(), "index", open_);
         emit_event(out, "content_block_stop", ev.get());
         open_ = -1;
+        tool_open_ = -1;
     }
 
     void send_block_delta(std::string &out, int64_t index, json_t *delta)
@@ -3151,26 +3203,75 @@ private:
         send_block_delta(out, open_, delta);
     }
 
+    /*
+     * Parallel tool calls may interleave their pieces (index 0's name,
+     * index 1's name, index 0's arguments, ...), but an Anthropic block
+     * gets all its deltas between its start and its stop, and a stopped
+     * block none.  The open tool call streams; the others wait with their
+     * pieces held until it is whole (its arguments' outer brackets closed)
+     * or the answer ends, then open in the order they first came.
+     */
     void tool_call(std::string &out, const json_t *tc, int64_t position)
     {
         int64_t n = json_int(tc, "index", position);
         const json_t *fn = json_object_get(tc, "function");
-        auto it = tool_block_.find(n);
+        std::string_view args = json_str(fn, "arguments");
 
         if (!stop_reason_.empty()) {
             return;
         }
 
-        if (it == tool_block_.end()) {
-            close_block(out);
-            open_block(out, tool_use_block(json_str(tc, "id"),
-                                           json_str(fn, "name"),
-                                           json_object()));
-            it = tool_block_.emplace(n, open_).first;
+        auto it = tools_.find(n);
+
+        if (it == tools_.end()) {
+            it = tools_.emplace(n, Tool()).first;
+            it->second.id = json_str(tc, "id");
+            it->second.name = json_str(fn, "name");
+            waiting_.push_back(n);
         }
 
-        std::string_view args = json_str(fn, "arguments");
+        Tool &t = it->second;
 
+        t.arguments.feed(args);
+
+        if (t.block < 0) {
+            t.held += args;
+            open_waiting(out, false);
+
+        } else if (n == tool_open_) {
+            send_arguments(out, t.block, args);
+        }
+
+        /* a piece for a block already stopped has nowhere valid to go */
+    }
+
+    /* Opens the waiting tool calls' blocks while the open block may stop
+       (all of them at the end of the answer). */
+    void open_waiting(std::string &out, bool all)
+    {
+        while (!waiting_.empty()) {
+            if (!all && tool_open_ >= 0
+                && !tools_[tool_open_].arguments.whole())
+            {
+                return;
+            }
+
+            int64_t n = waiting_.front();
+            Tool &t = tools_[n];
+
+            waiting_.erase(waiting_.begin());
+            close_block(out);
+            open_block(out, tool_use_block(t.id, t.name, json_object()));
+            t.block = open_;
+            tool_open_ = n;
+            send_arguments(out, t.block, t.held);
+            t.held.clear();
+        }
+    }
+
+    void send_arguments(std::string &out, int64_t block,
+                        std::string_view args)
+    {
         if (args.empty()) {
             return;
         }
@@ -3179,7 +3280,14 @@ private:
 
         put(delta, "type", "input_json_delta");
         put(delta, "partial_json", args);
-        send_block_delta(out, it->second, delta);
+        send_block_delta(out, block, delta);
+    }
+
+    /* The waiting tool calls' blocks, then the last block's stop. */
+    void close_all(std::string &out)
+    {
+        open_waiting(out, true);
+        close_block(out);
     }
 
     void take_usage(const json_t *u)
@@ -3247,7 +3355,7 @@ private:
             return;
         }
 
-        close_block(out);
+        close_all(out);
 
         if (stop_reason_.empty() && !done_seen_) {
             /* the upstream's stream ended before it said why: cut short,
@@ -3283,7 +3391,9 @@ private:
 
     std::string                  model_;
     std::string                  stop_reason_;
-    std::map<int64_t, int64_t>   tool_block_;   /* tool call -> block */
+    std::map<int64_t, Tool>      tools_;        /* by the upstream's index */
+    std::vector<int64_t>         waiting_;      /* tool calls without block */
+    int64_t                      tool_open_ = -1;   /* the one in open_ */
     int64_t                      next_block_ = 0;
     int64_t                      open_ = -1;
     Open                         open_kind_ = Open::none;

@@ -1079,6 +1079,120 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal(row.completion_tokens, 2);
         });
 
+        test('messages -> OpenAI stream: interleaved parallel tool calls become whole tool_use blocks', async () => {
+            const call = (index, fn, extra = {}) => ({ tool_calls: [{ index, ...extra, function: fn }] });
+            const deltas = [
+                { role: 'assistant', content: 'Checking both.' },
+                call(0, { name: 'get_weather', arguments: '' }, { id: 'call_p', type: 'function' }),
+                call(1, { name: 'get_weather', arguments: '' }, { id: 'call_l', type: 'function' }),
+                call(0, { arguments: '{"city":' }),
+                call(1, { arguments: '{"city":' }),
+                call(0, { arguments: '"Paris"}' }),
+                call(1, { arguments: '"Lyon"}' }),
+            ];
+            oa.handler = (req, res, rec) => {
+                sseHead(res);
+                const chunk = (delta, finish = null, more = {}) => `data: ${JSON.stringify({
+                    id: 'chatcmpl-par', object: 'chat.completion.chunk', created: 1, model: rec.json.model,
+                    choices: delta ? [{ index: 0, delta, finish_reason: finish }] : [], ...more,
+                })}\n\n`;
+                for (const d of deltas) {
+                    res.write(chunk(d));
+                }
+                res.write(chunk({}, 'tool_calls'));
+                res.write(chunk(null, null, { usage: { prompt_tokens: 30, completion_tokens: 12, total_tokens: 42 } }));
+                res.end('data: [DONE]\n\n');
+            };
+            const r = await gw.req('POST', '/v1/messages', {
+                key, body: msgBody({ stream: true, tools: ANTHROPIC_TOOLS }),
+            });
+            assertOk(r);
+            const data = sseEvents(r.text).map((e) => JSON.parse(e.data));
+            assert.equal(data[0].type, 'message_start', r.text);
+            assert.equal(data[data.length - 1].type, 'message_stop', r.text);
+
+            /* what an Anthropic client assembles: each block's deltas
+               between its start and its stop, indexes in order */
+            const blocks = [];
+            let open = null;
+            for (const d of data) {
+                if (d.type === 'content_block_start') {
+                    assert.equal(open, null, `a block starts inside another: ${r.text}`);
+                    assert.equal(d.index, blocks.length, r.text);
+                    open = { ...d.content_block, json: '' };
+                    blocks.push(open);
+                } else if (d.type === 'content_block_delta') {
+                    assert.ok(open && d.index === blocks.length - 1, `a delta outside its block: ${r.text}`);
+                    if (d.delta.type === 'text_delta') {
+                        open.text += d.delta.text;
+                    } else {
+                        assert.equal(d.delta.type, 'input_json_delta', r.text);
+                        open.json += d.delta.partial_json;
+                    }
+                } else if (d.type === 'content_block_stop') {
+                    assert.ok(open && d.index === blocks.length - 1, r.text);
+                    open = null;
+                } else if (d.type === 'message_delta') {
+                    assert.equal(open, null, r.text);
+                    assert.equal(d.delta.stop_reason, 'tool_use');
+                    assert.equal(d.usage.output_tokens, 12);
+                }
+            }
+            assert.equal(blocks.length, 3, r.text);
+            assert.equal(blocks[0].type, 'text');
+            assert.equal(blocks[0].text, 'Checking both.');
+            assert.deepEqual(blocks.slice(1).map((b) => [b.type, b.id, b.name, JSON.parse(b.json)]), [
+                ['tool_use', 'call_p', 'get_weather', { city: 'Paris' }],
+                ['tool_use', 'call_l', 'get_weather', { city: 'Lyon' }],
+            ]);
+        });
+
+        test('chat -> Anthropic stream: tool_use blocks become tool_calls 0, 1, arguments whole', async () => {
+            an.handler = (req, res, rec) => {
+                sseHead(res);
+                const ev = (d) => `event: ${d.type}\ndata: ${JSON.stringify(d)}\n\n`;
+                const out = [ev({ type: 'message_start', message: {
+                    id: 'msg_par', type: 'message', role: 'assistant', content: [], model: rec.json.model,
+                    usage: { input_tokens: 10, output_tokens: 1 },
+                } })];
+                ['Paris', 'Lyon'].forEach((city, index) => {
+                    out.push(ev({ type: 'content_block_start', index, content_block: {
+                        type: 'tool_use', id: `toolu_${city}`, name: 'get_weather', input: {},
+                    } }));
+                    for (const part of ['{"city":', `"${city}"}`]) {
+                        out.push(ev({ type: 'content_block_delta', index,
+                            delta: { type: 'input_json_delta', partial_json: part } }));
+                    }
+                    out.push(ev({ type: 'content_block_stop', index }));
+                });
+                out.push(ev({ type: 'message_delta', delta: { stop_reason: 'tool_use', stop_sequence: null },
+                    usage: { output_tokens: 15 } }));
+                out.push(ev({ type: 'message_stop' }));
+                res.end(out.join(''));
+            };
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.viaClaude, { stream: true, tools: OPENAI_TOOLS }),
+            });
+            assertOk(r);
+            const calls = [];
+            for (const c of chatChunks(r.text)) {
+                for (const tc of (c.choices[0] && c.choices[0].delta.tool_calls) || []) {
+                    if (tc.index === calls.length) {
+                        calls.push({ id: tc.id, name: tc.function.name, arguments: '' });
+                    } else {
+                        assert.equal(tc.index, calls.length - 1, `tool_calls index goes back: ${r.text}`);
+                    }
+                    calls[tc.index].arguments += tc.function.arguments || '';
+                }
+            }
+            assert.deepEqual(calls.map((c) => [c.id, c.name, JSON.parse(c.arguments)]), [
+                ['toolu_Paris', 'get_weather', { city: 'Paris' }],
+                ['toolu_Lyon', 'get_weather', { city: 'Lyon' }],
+            ]);
+            const finish = chatChunks(r.text).find((c) => c.choices[0] && c.choices[0].finish_reason);
+            assert.equal(finish.choices[0].finish_reason, 'tool_calls', r.text);
+        });
+
         test('messages -> OpenAI: an upstream error comes back in the Anthropic error format', async () => {
             oa.handler = (req, res) => openaiError(res, 400, "Invalid value for 'temperature'");
             const r = await gw.req('POST', '/v1/messages', { key, body: msgBody({ temperature: 9 }) });

@@ -1463,6 +1463,70 @@ test_anthropic_stream_tool_use_becomes_tool_call_deltas(void **state)
 }
 
 
+#define A_TOOL_START(i, id, name) \
+    "event: content_block_start\ndata: {'type':'content_block_start'," \
+    "'index':" #i ",'content_block':{'type':'tool_use','id':'" id "'," \
+    "'name':'" name "','input':{}}}\n\n"
+
+#define A_JSON_DELTA(i, j) \
+    "event: content_block_delta\ndata: {'type':'content_block_delta'," \
+    "'index':" #i ",'delta':{'type':'input_json_delta'," \
+    "'partial_json':'" j "'}}\n\n"
+
+
+static void
+test_anthropic_stream_tool_uses_become_tool_calls_in_order(void **state)
+{
+    evs_t  evs;
+    char   args[2][64] = { "", "" };
+    (void) state;
+
+    stream(14, LLMGW_EP_CHAT,
+        A_START
+        A_TOOL_START(0, "toolu_1", "f")
+        A_JSON_DELTA(0, "{`a`")
+        A_JSON_DELTA(0, ":1}")
+        A_STOP(0)
+        A_TOOL_START(1, "toolu_2", "g")
+        A_JSON_DELTA(1, "{`b`")
+        A_JSON_DELTA(1, ":2}")
+        A_STOP(1)
+        "event: message_delta\ndata: {'type':'message_delta','delta':"
+        "{'stop_reason':'tool_use'},'usage':{'output_tokens':9}}\n\n"
+        "event: message_stop\ndata: {'type':'message_stop'}\n\n",
+        &evs);
+
+    /* role, 2 x (call, 2 argument pieces), finish, usage, DONE */
+    assert_int_equal(evs.n, 10);
+
+    int  last = -1;
+
+    for (int i = 1; i <= 6; i++) {
+        json_t *call = at(evs.ev[i].data, "choices/0/delta/tool_calls/0");
+        int     n = (int) int_at(call, "index");
+
+        /* calls come in turn, each announced once with its id */
+        assert_true(n == last || n == last + 1);
+        if (n == last + 1) {
+            assert_string_equal(str_at(call, "id"),
+                                n == 0 ? "toolu_1" : "toolu_2");
+            assert_string_equal(str_at(call, "function/name"),
+                                n == 0 ? "f" : "g");
+            last = n;
+        }
+        strcat(args[n], str_at(call, "function/arguments"));
+    }
+
+    assert_int_equal(last, 1);
+    assert_string_equal(args[0], "{\"a\":1}");
+    assert_string_equal(args[1], "{\"b\":2}");
+    assert_string_equal(str_at(evs.ev[7].data, "choices/0/finish_reason"),
+                        "tool_calls");
+    assert_true(evs.ev[9].done);
+    evs_free(&evs);
+}
+
+
 static void
 test_anthropic_stream_tool_without_arguments_gets_an_empty_object(void **state)
 {
@@ -1807,6 +1871,212 @@ test_openai_stream_tool_calls_become_tool_use_blocks(void **state)
                         "tool_use");
     assert_int_equal(int_at(evs.ev[8].data, "usage/output_tokens"), 6);
     assert_event(&evs, 9, "message_stop");
+    evs_free(&evs);
+}
+
+
+/*
+ * What an Anthropic client needs of the content events: block indexes
+ * 0, 1, 2, ... each started once, every delta and the stop for the open
+ * block only.  Each tool_use block's partial_json pieces are joined into
+ * args[index] (args may be NULL); returns the number of blocks.
+ */
+static int
+assert_blocks_well_formed(evs_t *evs, char args[][128])
+{
+    int  open = -1;
+    int  blocks = 0;
+
+    for (int i = 0; i < evs->n; i++) {
+        const char *name = evs->ev[i].name;
+        json_t     *d = evs->ev[i].data;
+
+        if (strcmp(name, "content_block_start") == 0) {
+            assert_int_equal(open, -1);
+            assert_int_equal(int_at(d, "index"), blocks);
+            open = blocks++;
+            if (args != NULL) {
+                args[open][0] = '\0';
+            }
+
+        } else if (strcmp(name, "content_block_delta") == 0) {
+            assert_int_equal(int_at(d, "index"), open);
+            if (args != NULL && strcmp(str_at(d, "delta/type"),
+                                       "input_json_delta") == 0)
+            {
+                const char *part = str_at(d, "delta/partial_json");
+                assert_true(strlen(args[open]) + strlen(part) < 128);
+                strcat(args[open], part);
+            }
+
+        } else if (strcmp(name, "content_block_stop") == 0) {
+            assert_int_equal(int_at(d, "index"), open);
+            open = -1;
+
+        } else if (strcmp(name, "message_delta") == 0
+                   || strcmp(name, "message_stop") == 0)
+        {
+            assert_int_equal(open, -1);
+        }
+    }
+
+    return blocks;
+}
+
+
+static void
+test_openai_interleaved_tool_calls_keep_each_block_whole(void **state)
+{
+    evs_t  evs;
+    char   args[4][128];
+    (void) state;
+
+    /* parallel calls whose pieces take turns, after some text */
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','content':'Checking'}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'id':'call_1','type':'function',"
+                "'function':{'name':'f','arguments':''}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':1,'id':'call_2','type':'function',"
+                "'function':{'name':'g','arguments':''}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':'{`a`'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':1,'function':"
+                "{'arguments':'{`b`'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':':1}'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':1,'function':"
+                "{'arguments':':2}'}}]}", "null")
+        O_CHUNK("{}", "'tool_calls'")
+        O_USAGE(20, 6)
+        "data: [DONE]\n\n",
+        &evs);
+
+    assert_int_equal(assert_blocks_well_formed(&evs, args), 3);
+    assert_event(&evs, 0, "message_start");
+    assert_event(&evs, 1, "content_block_start");
+    assert_string_equal(str_at(evs.ev[1].data, "content_block/type"), "text");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/text"), "Checking");
+
+    /* the first call streams as it comes */
+    assert_event(&evs, 4, "content_block_start");
+    assert_string_equal(str_at(evs.ev[4].data, "content_block/id"), "call_1");
+    assert_string_equal(str_at(evs.ev[4].data, "content_block/name"), "f");
+    assert_string_equal(str_at(evs.ev[5].data, "delta/partial_json"),
+                        "{\"a\"");
+    assert_string_equal(str_at(evs.ev[6].data, "delta/partial_json"), ":1}");
+    assert_string_equal(args[1], "{\"a\":1}");
+
+    assert_event(&evs, 7, "content_block_stop");
+    assert_event(&evs, 8, "content_block_start");
+    assert_string_equal(str_at(evs.ev[8].data, "content_block/type"),
+                        "tool_use");
+    assert_string_equal(str_at(evs.ev[8].data, "content_block/id"), "call_2");
+    assert_string_equal(str_at(evs.ev[8].data, "content_block/name"), "g");
+    assert_string_equal(args[2], "{\"b\":2}");
+
+    assert_int_equal(evs.n, 13);
+    assert_event(&evs, 10, "content_block_stop");
+    assert_event(&evs, 11, "message_delta");
+    assert_string_equal(str_at(evs.ev[11].data, "delta/stop_reason"),
+                        "tool_use");
+    assert_int_equal(int_at(evs.ev[11].data, "usage/output_tokens"), 6);
+    assert_event(&evs, 12, "message_stop");
+    evs_free(&evs);
+}
+
+
+static void
+test_openai_tool_calls_wait_until_the_open_one_is_whole(void **state)
+{
+    evs_t  evs;
+    char   args[4][128];
+    (void) state;
+
+    /* a brace inside a string does not end the first call's arguments;
+       the third call's arguments end only after everything else */
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','tool_calls':["
+                "{'index':0,'id':'call_1','type':'function','function':"
+                "{'name':'f','arguments':'{`q`:`}\\\\`{`'}},"
+                "{'index':1,'id':'call_2','type':'function','function':"
+                "{'name':'g','arguments':''}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':2,'id':'call_3','type':'function',"
+                "'function':{'name':'h','arguments':'{`x`:['}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':1,'function':"
+                "{'arguments':'{}'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':',`n`:1}'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':2,'function':"
+                "{'arguments':'1]'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':2,'function':"
+                "{'arguments':'}'}}]}", "null")
+        O_CHUNK("{}", "'tool_calls'")
+        O_USAGE(20, 6)
+        "data: [DONE]\n\n",
+        &evs);
+
+    assert_int_equal(assert_blocks_well_formed(&evs, args), 3);
+    assert_string_equal(str_at(evs.ev[1].data, "content_block/id"), "call_1");
+    assert_string_equal(args[0], "{\"q\":\"}\\\"{\",\"n\":1}");
+    assert_string_equal(str_at(evs.ev[5].data, "content_block/id"), "call_2");
+    assert_string_equal(args[1], "{}");
+    assert_string_equal(str_at(evs.ev[8].data, "content_block/id"), "call_3");
+    assert_string_equal(args[2], "{\"x\":[1]}");
+
+    /* once the third call's block is open, its pieces stream */
+    assert_int_equal(evs.n, 14);
+    assert_string_equal(str_at(evs.ev[9].data, "delta/partial_json"),
+                        "{\"x\":[1]");
+    assert_string_equal(str_at(evs.ev[10].data, "delta/partial_json"), "}");
+    assert_string_equal(str_at(evs.ev[12].data, "delta/stop_reason"),
+                        "tool_use");
+    assert_event(&evs, 13, "message_stop");
+    evs_free(&evs);
+}
+
+
+static void
+test_openai_tool_calls_one_after_another_stream_piece_by_piece(void **state)
+{
+    evs_t  evs;
+    char   args[4][128];
+    (void) state;
+
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'role':'assistant','tool_calls':[{'index':0,'id':'call_1',"
+                "'type':'function','function':{'name':'f','arguments':''}}]}",
+                "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':'{`a`'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':':1}'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':1,'id':'call_2','type':'function',"
+                "'function':{'name':'g','arguments':''}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':1,'function':"
+                "{'arguments':'{`b`'}}]}", "null")
+        O_CHUNK("{'tool_calls':[{'index':1,'function':"
+                "{'arguments':':2}'}}]}", "null")
+        O_CHUNK("{}", "'tool_calls'")
+        O_USAGE(20, 6)
+        "data: [DONE]\n\n",
+        &evs);
+
+    /* each piece its own delta, none held back */
+    assert_int_equal(assert_blocks_well_formed(&evs, args), 2);
+    assert_int_equal(evs.n, 11);
+    assert_event(&evs, 1, "content_block_start");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/partial_json"),
+                        "{\"a\"");
+    assert_string_equal(str_at(evs.ev[3].data, "delta/partial_json"), ":1}");
+    assert_event(&evs, 4, "content_block_stop");
+    assert_event(&evs, 5, "content_block_start");
+    assert_string_equal(str_at(evs.ev[5].data, "content_block/id"), "call_2");
+    assert_string_equal(str_at(evs.ev[6].data, "delta/partial_json"),
+                        "{\"b\"");
+    assert_string_equal(str_at(evs.ev[7].data, "delta/partial_json"), ":2}");
+    assert_event(&evs, 8, "content_block_stop");
+    assert_string_equal(args[0], "{\"a\":1}");
+    assert_string_equal(args[1], "{\"b\":2}");
     evs_free(&evs);
 }
 
@@ -2233,6 +2503,8 @@ main(void)
         cmocka_unit_test(
             test_anthropic_stream_tool_use_becomes_tool_call_deltas),
         cmocka_unit_test(
+            test_anthropic_stream_tool_uses_become_tool_calls_in_order),
+        cmocka_unit_test(
             test_anthropic_stream_tool_without_arguments_gets_an_empty_object),
         cmocka_unit_test(
             test_anthropic_stream_error_becomes_openai_error_chunk),
@@ -2251,6 +2523,12 @@ main(void)
         cmocka_unit_test(test_openai_stream_to_anthropic_events),
         cmocka_unit_test(
             test_openai_stream_tool_calls_become_tool_use_blocks),
+        cmocka_unit_test(
+            test_openai_interleaved_tool_calls_keep_each_block_whole),
+        cmocka_unit_test(
+            test_openai_tool_calls_wait_until_the_open_one_is_whole),
+        cmocka_unit_test(
+            test_openai_tool_calls_one_after_another_stream_piece_by_piece),
         cmocka_unit_test(
             test_openai_stream_without_usage_or_done_is_closed_at_finish),
         cmocka_unit_test(
