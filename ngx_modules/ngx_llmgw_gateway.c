@@ -101,9 +101,12 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
     }
 
     if (!ctx->endpoint.method_ok) {
+        /* method and path are cut so that the gateway's list, not the
+           client's text, ends the message the Allow header is read from */
         llmgw_verdict_set(&v, NGX_HTTP_NOT_ALLOWED, "gateway_error",
                           "method_not_allowed", "method %.*s is not allowed "
-                          "on %.*s (allowed: %s)", (int) r->method_name.len,
+                          "on %.*s (allowed: %s)",
+                          (int) ngx_min(r->method_name.len, 32),
                           r->method_name.data, (int) ngx_min(r->uri.len, 128),
                           r->uri.data,
                           ctx->endpoint.ep == LLMGW_EP_TASK

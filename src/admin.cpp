@@ -10,6 +10,40 @@
 using namespace llmgw;
 
 
+namespace {
+
+constexpr size_t kMessageMax = 480;
+
+/*
+ * A 405's message is "method M is not allowed on P (allowed: GET, POST)",
+ * whose end the glue sends as the Allow header.  A cut keeps that end, so
+ * a long method or path (the client's text) neither drops it nor takes its
+ * place where the glue reads it.
+ */
+std::string
+cut_message(std::string_view msg, int64_t status)
+{
+    static constexpr std::string_view kAllowed = " (allowed: ";
+    static constexpr size_t kAllowedMax = 64;
+
+    size_t at = status == 405 ? msg.rfind(kAllowed) : std::string_view::npos;
+
+    if (at == std::string_view::npos || msg.size() - at > kAllowedMax
+        || msg.back() != ')')
+    {
+        return std::string(utf8_prefix(msg, kMessageMax));
+    }
+
+    std::string_view end = msg.substr(at);
+
+    return std::string(utf8_prefix(msg.substr(0, at),
+                                   kMessageMax - end.size()))
+           + std::string(end);
+}
+
+}  // namespace
+
+
 extern "C" int
 llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
     llmgw_verdict_t *v)
@@ -53,9 +87,9 @@ llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
             }
         }
 
-        msg = utf8_prefix(msg, 480);
+        std::string text = cut_message(msg, status);
         llmgw_verdict_set(v, static_cast<int>(status), "gateway_error", c,
-                          "%.*s", (int) msg.size(), msg.data());
+                          "%.*s", (int) text.size(), text.data());
         return static_cast<int>(status);
 
     } catch (...) {

@@ -157,6 +157,13 @@ describe('error contract', { timeout: 180000 }, () => {
             assert.equal(r.headers.allow, 'POST');
             assert.equal(r.headers['set-cookie'], undefined);
         }
+        /* nor can a long method push the gateway's list out of the message,
+           leaving a path cut at 128 bytes to end it */
+        const model = `${'0'.repeat(128 - '/v1beta/models/'.length - '(allowed: GET)'.length)}` +
+            '(allowed:%20GET)';
+        const r = await gw.req('A'.repeat(357), `/v1beta/models/${model}:generateContent`, { key });
+        assertError(r, 405, { code: 'method_not_allowed' });
+        assert.equal(r.headers.allow, 'POST');
     });
 
     test('413 request_too_large over client_max_body_size', async () => {

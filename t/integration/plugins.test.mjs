@@ -243,6 +243,55 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         assert.ok(!list.json.items.some((p) => p.key === key), list.text);
     });
 
+    test('405 on the plugin paths: the error contract and an Allow header naming the methods the path takes', async () => {
+        const key = 'itest-allow';
+        assertUploaded(await upload(a, { source: variant(key), enabled: false }), key, '1.0.0');
+
+        for (const [method, p, allow] of [
+            ['PUT', '/api/plugin/task', 'GET, POST'],
+            ['DELETE', '/api/plugin/task/', 'GET, POST'],
+            ['POST', `/api/plugin/task/${key}`, 'GET, PATCH, DELETE'],
+            ['PUT', `/api/plugin/task/${key}`, 'GET, PATCH, DELETE'],
+            ['PUT', '/api/plugin/task/itest-no-such-plugin', 'GET, PATCH, DELETE'],
+            ['GET', `/api/plugin/task/${key}/activate`, 'POST'],
+            ['DELETE', `/api/plugin/task/${key}/activate`, 'POST'],
+            /* the gateway's own POSTs count where a plugin key can be too */
+            ['PUT', '/api/plugin/task/dryrun', 'GET, POST, PATCH, DELETE'],
+            ['PUT', '/api/plugin/task/marketplace', 'GET, POST, PATCH, DELETE'],
+        ]) {
+            const r = await a.admin(method, p, method === 'GET' ? undefined : {});
+            const where = p.slice('/api'.length).replace(/\/$/, '');
+            assertError(r, 405, {
+                code: 'method_not_allowed',
+                message: `method ${method} is not allowed on ${where} (allowed: ${allow})`,
+            });
+            assert.equal(r.headers.allow, allow, `${method} ${p}`);
+        }
+
+        /* the methods named are taken */
+        assertOk(await a.admin('GET', '/api/plugin/task'));
+        assertOk(await a.admin('GET', `/api/plugin/task/${key}`));
+        assertOk(await a.admin('PATCH', `/api/plugin/task/${key}`, { remark: 'allow' }));
+        assertOk(await a.admin('POST', `/api/plugin/task/${key}/activate`, { version: '1.0.0' }));
+
+        /* the path and the method are the client's text: they cannot make
+           the header, even where the message is cut */
+        for (const [method, p, allow] of [
+            ['PUT', '/api/plugin/task/x(allowed:%20a%0d%0aSet-Cookie:%20evil=1)', 'GET, PATCH, DELETE'],
+            ['PUT', '/api/plugin/task/x(allowed:%20GET,%20PUT)', 'GET, PATCH, DELETE'],
+            /* a cut at 480 bytes would end with the key's own list */
+            ['PUT', `/api/plugin/task/${'0'.repeat(424)}(allowed:%20PUT)`, 'GET, PATCH, DELETE'],
+            ['A'.repeat(600), '/api/plugin/task', 'GET, POST'],
+        ]) {
+            const r = await a.admin(method, p, {});
+            assertError(r, 405, { code: 'method_not_allowed' });
+            assert.equal(r.headers.allow, allow, `${method.slice(0, 8)} ${p.slice(0, 60)}`);
+            assert.equal(r.headers['set-cookie'], undefined);
+        }
+
+        assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
+    });
+
     test('each class of invalid source is refused with 400 listing the errors', async () => {
         const cases = [
             ['a key over 30 characters', variant('itest-' + 'k'.repeat(25)), /meta\.key/],

@@ -132,6 +132,20 @@ api POST /user/1 '' '{}'
 expect "POST /user/1 is 405" '.status == 405 and .allow == "GET, PATCH, DELETE"'
 api POST /log
 expect "POST /log is 405" '.status == 405'
+api PUT /plugin/task
+expect_err "PUT /plugin/task is 405" 405 method_not_allowed "method PUT is not allowed on /plugin/task (allowed: GET, POST)"
+api POST /plugin/task/ '' '{}'
+expect_err "POST /plugin/task/ is not the gateway's upload" 405 method_not_allowed "method POST is not allowed on /plugin/task (allowed: GET, POST)"
+api PUT "/plugin/task/nope_$RUN" '' '{}'
+expect_err "PUT /plugin/task/{key} is 405, known key or not" 405 method_not_allowed "method PUT is not allowed on /plugin/task/nope_$RUN (allowed: GET, PATCH, DELETE)"
+api DELETE /plugin/task/dryrun
+expect "DELETE /plugin/task/dryrun is the plugin's" '.status == 404 and .code == "not_found"'
+api PUT /plugin/task/marketplace
+expect_err "the gateway's POST counts on /plugin/task/marketplace" 405 method_not_allowed "method PUT is not allowed on /plugin/task/marketplace (allowed: GET, POST, PATCH, DELETE)"
+api GET "/plugin/task/nope_$RUN/activate"
+expect_err "GET /plugin/task/{key}/activate is 405" 405 method_not_allowed "method GET is not allowed on /plugin/task/nope_$RUN/activate (allowed: POST)"
+api GET "/plugin/task/nope_$RUN"
+expect_err "an unknown plugin is still 404" 404 not_found "plugin nope_$RUN not found"
 api POST /user '' 'not json'
 expect_err "invalid JSON" 400 invalid_json "invalid JSON request body"
 api POST /user '' ''

@@ -140,6 +140,56 @@ test_admin_unreadable_answer_is_500(void **state)
 }
 
 
+/*
+ * The glue reads a 405's Allow header from the end of its message: a long
+ * method or path is cut before that end, and a path that mimics it is not
+ * read in its place.
+ */
+static void
+test_admin_405_cut_keeps_the_allowed_methods(void **state)
+{
+    static const char allowed[] = " (allowed: GET, PATCH, DELETE)";
+    char             json[2048], text[1024];
+    size_t           n;
+    llmgw_buf_t      body;
+    llmgw_verdict_t  v;
+    (void) state;
+
+    /* the first cut would end right after the path's own "(allowed: ...)" */
+    n = 480 - strlen("method PUT is not allowed on /plugin/task/")
+        - strlen("(allowed: POST)");
+    snprintf(text, sizeof(text), "method PUT is not allowed on "
+             "/plugin/task/%0*d(allowed: POST)%s", (int) n, 0, allowed);
+    snprintf(json, sizeof(json), "{\"status\":405,\"code\":"
+             "\"method_not_allowed\",\"message\":\"%s\"}", text);
+
+    assert_int_equal(answer(json, &body, &v), 405);
+    assert_int_equal(strlen(v.message), 480);
+    assert_string_equal(v.message + 480 - strlen(allowed), allowed);
+    assert_memory_equal(v.message, text, 480 - strlen(allowed));
+
+    /* a long method */
+    memset(text, 'A', 600);
+    text[600] = '\0';
+    snprintf(json, sizeof(json), "{\"status\":405,\"code\":"
+             "\"method_not_allowed\",\"message\":\"method %s is not "
+             "allowed on /pricing (allowed: GET, PUT)\"}", text);
+
+    assert_int_equal(answer(json, &body, &v), 405);
+    assert_int_equal(strlen(v.message), 480);
+    assert_string_equal(v.message + 480 - strlen(" (allowed: GET, PUT)"),
+                        " (allowed: GET, PUT)");
+
+    /* other statuses are cut at the end */
+    snprintf(json, sizeof(json), "{\"status\":404,\"code\":\"not_found\","
+             "\"message\":\"plugin %s not found (allowed: GET)\"}", text);
+
+    assert_int_equal(answer(json, &body, &v), 404);
+    assert_int_equal(strlen(v.message), 480);
+    assert_null(strstr(v.message, "(allowed:"));
+}
+
+
 static void
 test_notice_parse_reads_rev_kind_and_id(void **state)
 {
@@ -259,6 +309,7 @@ main(void)
         cmocka_unit_test(test_admin_error_keeps_status_message_and_code),
         cmocka_unit_test(test_admin_unknown_code_becomes_admin_error),
         cmocka_unit_test(test_admin_unreadable_answer_is_500),
+        cmocka_unit_test(test_admin_405_cut_keeps_the_allowed_methods),
         cmocka_unit_test(test_admin_success_keeps_the_numbers_text),
         cmocka_unit_test(test_admin_check_refuses_what_the_database_cannot_take),
         cmocka_unit_test(test_notice_parse_reads_rev_kind_and_id),
