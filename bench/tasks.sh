@@ -47,7 +47,7 @@
 # Env: N (10000)  CONC (64)  SUBMIT_TIMEOUT (120 s)  POLL_TIMEOUT (120 s,
 #      from the UPDATE, so it includes the wait for a tick)
 #      POLL_INTERVAL (30, s)  POLL_BATCH (1000)  POLL_CONC (64)  WORKERS (2)
-#      V8_WORKERS (2)  PRICE (0, USD per task)  MODEL (bench-task-1)
+#      V8_WORKERS (4)  PRICE (0, USD per task)  MODEL (bench-task-1)
 #      FUNC_STATS (1: track_functions = 'pl' on the benchmark's database and
 #        print the PostgreSQL functions each phase spent its time in; adds
 #        11 s after each phase for the counters to be published; 0: off)
@@ -73,7 +73,7 @@ POLL_INTERVAL=${POLL_INTERVAL:-30}
 POLL_BATCH=${POLL_BATCH:-1000}
 POLL_CONC=${POLL_CONC:-64}
 WORKERS=${WORKERS:-2}
-V8_WORKERS=${V8_WORKERS:-2}
+V8_WORKERS=${V8_WORKERS:-4}
 PRICE=${PRICE:-0}
 MODEL=${MODEL:-bench-task-1}
 FUNC_STATS=${FUNC_STATS:-1}

@@ -1152,12 +1152,7 @@ llmgw_tjob_s::extract_usage()
     llmgw_str_t um = llmgw_channel_map_model(snap, c, str(model));
     upstream_model = std::string(sv(um));
 
-    llmgw_buf_t sch {};
-    std::string mtext = json_dump(manifest);
-    llmgw_task_usage_schema(mtext.data(), mtext.size(), str(upstream_model),
-                            str(model), &sch);
-    schema = json_parse(sch.data, sch.len);
-    llmgw_buf_free(&sch);
+    schema = Json(usage_schema(manifest, upstream_model, model));
 
     driver_ctx = Json(build_driver_ctx());
 
@@ -2347,13 +2342,8 @@ llmgw_tjob_s::next_poll()
             /* the stored price and schema of the task decide */
             price = json_object_get(tasks[i].row.get(), "price");
             group_ratio = tasks[i].group_ratio;
-            std::string mtext = json_dump(manifest);
-            llmgw_buf_t sch {};
-            llmgw_task_usage_schema(mtext.data(), mtext.size(),
-                                    str(tasks[i].upstream_model),
-                                    str(tasks[i].model), &sch);
-            schema = json_parse(sch.data, sch.len);
-            llmgw_buf_free(&sch);
+            schema = Json(usage_schema(manifest, tasks[i].upstream_model,
+                                       tasks[i].model));
 
             int64_t q = 0;
             if (price != nullptr && usage_quota(hook.result.get(), &q, err)) {

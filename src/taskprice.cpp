@@ -378,6 +378,29 @@ quota_entry(const char *entry, size_t elen, const char *schema, size_t slen,
 } /* namespace */
 
 
+json_t *
+llmgw::usage_schema(const json_t *manifest, std::string_view upstream_model,
+    std::string_view model)
+{
+    if (!json_is_object(manifest)) {
+        return nullptr;
+    }
+
+    /* a profile replaces the defaults entirely, even when empty */
+    const json_t *profiles = json_object_get(manifest, "usageProfiles");
+    const json_t *s = nullptr;
+
+    if (!find_profile(profiles, upstream_model, &s)
+        && !find_profile(profiles, model, &s))
+    {
+        s = json_object_get(manifest, "usageSchema");
+    }
+
+    return json_is_object(s) ? json_incref(const_cast<json_t *>(s))
+                             : json_object();
+}
+
+
 extern "C" int
 llmgw_task_usage_schema(const char *manifest, size_t mlen,
     llmgw_str_t upstream_model, llmgw_str_t model, llmgw_buf_t *schema)
@@ -386,23 +409,13 @@ llmgw_task_usage_schema(const char *manifest, size_t mlen,
 
     try {
         Json m = manifest != nullptr ? json_parse(manifest, mlen) : nullptr;
+        Json s(usage_schema(m.get(), sv(upstream_model), sv(model)));
 
-        if (!json_is_object(m.get())) {
+        if (!s) {
             return -1;
         }
 
-        /* a profile replaces the defaults entirely, even when empty */
-        const json_t *profiles = json_object_get(m.get(), "usageProfiles");
-        const json_t *s = nullptr;
-
-        if (!find_profile(profiles, sv(upstream_model), &s)
-            && !find_profile(profiles, sv(model), &s))
-        {
-            s = json_object_get(m.get(), "usageSchema");
-        }
-
-        *schema = make_buf(json_is_object(s) ? json_dump(s)
-                                              : std::string("{}"));
+        *schema = make_buf(json_dump(s.get()));
         return schema->data != nullptr ? 0 : -1;
 
     } catch (...) {

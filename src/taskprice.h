@@ -72,6 +72,19 @@ int llmgw_task_quota_schema(const char *entry, size_t elen,
 
 #ifdef __cplusplus
 }
+
+#include <jansson.h>
+#include <string_view>
+
+namespace llmgw {
+
+/* The same choice as llmgw_task_usage_schema, from the manifest object:
+   a new reference to the schema object ({} when there is none), or NULL
+   when manifest is not an object. */
+json_t *usage_schema(const json_t *manifest, std::string_view upstream_model,
+    std::string_view model);
+
+} /* namespace llmgw */
 #endif
 
 #endif /* LLMGW_TASKPRICE_H */
