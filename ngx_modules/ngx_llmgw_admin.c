@@ -128,7 +128,8 @@ ngx_llmgw_admin_body(ngx_http_request_t *r)
 
     ctx->body = body;
 
-    /* what needs v8_host is answered here, the rest by llmgw_api() */
+    /* what the gateway answers itself (llmgw_admin_route) is answered
+       here, the rest by llmgw_api() */
     if (ngx_llmgw_admin_plugin(r, ctx, &path) == NGX_OK) {
         return;
     }
@@ -316,7 +317,7 @@ static void ngx_llmgw_admin_loaded(void *data, ngx_int_t rc, u_char *body,
 static void ngx_llmgw_admin_ran(void *data, ngx_int_t rc, u_char *body,
     size_t len);
 static ngx_int_t ngx_llmgw_admin_icon(ngx_http_request_t *r,
-    ngx_llmgw_ctx_t *ctx, ngx_str_t *path);
+    ngx_llmgw_ctx_t *ctx, llmgw_str_t *key);
 static void ngx_llmgw_admin_status(void *data, ngx_int_t rc, u_char *body,
     size_t len);
 
@@ -343,47 +344,53 @@ static ngx_int_t
 ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ngx_str_t *path)
 {
-    char               key[64];
-    ngx_int_t          rc;
-    llmgw_buf_t        frame;
-    const char        *sha;
-    llmgw_verdict_t    v;
-    llmgw_snapshot_t  *s;
-
-#define ngx_llmgw_is(p, lit)                                                 \
-    ((p)->len == sizeof(lit) - 1 && ngx_strncmp((p)->data, lit,              \
-                                                  sizeof(lit) - 1) == 0)
+    char                 key[64];
+    ngx_int_t            rc;
+    llmgw_str_t          icon;
+    llmgw_buf_t          frame;
+    const char          *sha;
+    llmgw_verdict_t      v;
+    llmgw_snapshot_t    *s;
+    llmgw_admin_route_e  route;
 
     frame.data = NULL;
 
-    if (r->method == NGX_HTTP_POST && ngx_llmgw_is(path, "/plugin/task")) {
+    route = llmgw_admin_route((llmgw_str_t) { (char *) r->method_name.data,
+                                              r->method_name.len },
+                              (llmgw_str_t) { (char *) path->data,
+                                              path->len },
+                              &icon, &v);
 
+    switch (route) {
+
+    case LLMGW_ADMIN_REFUSED:
+        rc = ngx_llmgw_send_error(r, ctx, &v);
+        goto done;
+
+    case LLMGW_ADMIN_UPLOAD:
         rc = ngx_llmgw_admin_upload(r, ctx, NULL, NULL);
         if (rc != NGX_DONE) {
             ngx_http_finalize_request(r, rc);
         }
         return NGX_OK;
 
-    } else if (r->method == NGX_HTTP_POST
-               && ngx_llmgw_is(path, "/plugin/task/marketplace"))
-    {
+    case LLMGW_ADMIN_MARKETPLACE:
         ngx_llmgw_market_start(r, ctx);
         return NGX_OK;
 
-    } else if (r->method == NGX_HTTP_GET
-               && path->len > sizeof("/plugin/task//icon") - 1
-               && ngx_strncmp(path->data, "/plugin/task/", 13) == 0
-               && ngx_strncmp(path->data + path->len - 5, "/icon", 5) == 0)
-    {
-        rc = ngx_llmgw_admin_icon(r, ctx, path);
+    case LLMGW_ADMIN_ICON:
+        rc = ngx_llmgw_admin_icon(r, ctx, &icon);
         if (rc != NGX_DONE) {
             ngx_http_finalize_request(r, rc);
         }
         return NGX_OK;
 
-    } else if (r->method == NGX_HTTP_POST
-               && ngx_llmgw_is(path, "/plugin/task/dryrun"))
-    {
+    case LLMGW_ADMIN_STATUS:
+        rc = ngx_llmgw_v8_call(LLMGW_FRAME_STATUS, (u_char *) "{}", 2,
+                               ngx_llmgw_admin_status, r);
+        break;
+
+    case LLMGW_ADMIN_DRYRUN:
         if (llmgw_plugin_body_key((char *) ctx->body.data, ctx->body.len,
                                   key, sizeof(key))
             == 0)
@@ -445,17 +452,11 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
                                    frame.len, ngx_llmgw_admin_ran, r);
         }
 
-    } else if (r->method == NGX_HTTP_GET
-               && ngx_llmgw_is(path, "/plugin/task/runtime/status"))
-    {
-        rc = ngx_llmgw_v8_call(LLMGW_FRAME_STATUS, (u_char *) "{}", 2,
-                               ngx_llmgw_admin_status, r);
+        break;
 
-    } else {
+    default: /* LLMGW_ADMIN_DATABASE */
         return NGX_DECLINED;
     }
-
-#undef ngx_llmgw_is
 
     if (rc != NGX_OK) {
         rc = ngx_llmgw_admin_v8_refused(r, ctx, rc);
@@ -678,20 +679,18 @@ done:
 
 static ngx_int_t
 ngx_llmgw_admin_icon(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
-    ngx_str_t *path)
+    llmgw_str_t *key)
 {
-    u_char      *key;
-    size_t       len;
+    u_char      *p;
     const char  *params[1];
 
-    len = path->len - 13 - 5;
-    key = ngx_pnalloc(r->pool, len + 1);
-    if (key == NULL) {
+    p = ngx_pnalloc(r->pool, key->len + 1);
+    if (p == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    ngx_cpystrn(key, path->data + 13, len + 1);
-    params[0] = (char *) key;
+    ngx_cpystrn(p, (u_char *) key->data, key->len + 1);
+    params[0] = (char *) p;
 
     if (ngx_llmgw_pg_query("select v.manifest ->> 'icon', "
                            "coalesce(v.manifest ->> 'name', p.key) "

@@ -41,6 +41,40 @@ cut_message(std::string_view msg, int64_t status)
            + std::string(end);
 }
 
+
+/* path without its trailing slashes, as llmgw_api() reads it ("/" stays) */
+std::string_view
+trim_slashes(std::string_view path)
+{
+    while (path.size() > 1 && path.back() == '/') {
+        path.remove_suffix(1);
+    }
+
+    return path;
+}
+
+
+/* {key} of /plugin/task/{key}/icon, or "" (a key holds no slash) */
+std::string_view
+icon_key(std::string_view path)
+{
+    static constexpr std::string_view kDir = "/plugin/task/";
+    static constexpr std::string_view kIcon = "/icon";
+
+    if (path.size() <= kDir.size() + kIcon.size()
+        || path.substr(0, kDir.size()) != kDir
+        || path.substr(path.size() - kIcon.size()) != kIcon)
+    {
+        return {};
+    }
+
+    std::string_view key = path.substr(kDir.size(), path.size() - kDir.size()
+                                                    - kIcon.size());
+
+    return key.find('/') == std::string_view::npos ? key
+                                                   : std::string_view();
+}
+
 }  // namespace
 
 
@@ -144,6 +178,56 @@ llmgw_admin_check(llmgw_str_t path, llmgw_str_t args, llmgw_str_t body,
     }
 
     return 0;
+}
+
+
+extern "C" llmgw_admin_route_e
+llmgw_admin_route(llmgw_str_t method, llmgw_str_t path, llmgw_str_t *key,
+    llmgw_verdict_t *v)
+{
+    std::string_view m = sv(method);
+    std::string_view p = trim_slashes(sv(path));
+    std::string_view k = icon_key(p);
+    llmgw_admin_route_e get;
+
+    *key = llmgw_str_t { nullptr, 0 };
+
+    if (m == "POST") {
+        if (p == "/plugin/task") {
+            return LLMGW_ADMIN_UPLOAD;
+        }
+        if (p == "/plugin/task/marketplace") {
+            return LLMGW_ADMIN_MARKETPLACE;
+        }
+        if (p == "/plugin/task/dryrun") {
+            return LLMGW_ADMIN_DRYRUN;
+        }
+    }
+
+    if (p == "/plugin/task/runtime/status") {
+        get = LLMGW_ADMIN_STATUS;
+
+    } else if (!k.empty()) {
+        get = LLMGW_ADMIN_ICON;
+
+    } else {
+        return LLMGW_ADMIN_DATABASE;
+    }
+
+    if (m == "GET") {
+        *key = str(k);
+        return get;
+    }
+
+    /* only the gateway answers these paths: the database knows no
+       methods for them */
+    std::string text = cut_message("method " + std::string(m)
+                                   + " is not allowed on " + std::string(p)
+                                   + " (allowed: GET)", 405);
+
+    llmgw_verdict_set(v, 405, "gateway_error", "method_not_allowed", "%.*s",
+                      (int) text.size(), text.data());
+    return LLMGW_ADMIN_REFUSED;
 }
 
 

@@ -302,6 +302,29 @@ int llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
 int llmgw_admin_check(llmgw_str_t path, llmgw_str_t args, llmgw_str_t body,
     int object, llmgw_verdict_t *v);
 
+/*
+ * The admin paths the gateway answers itself (the plugin runtime, or the
+ * plugin store read directly); the others go to llmgw_api().
+ */
+typedef enum {
+    LLMGW_ADMIN_DATABASE = 0,   /* llmgw_api() answers */
+    LLMGW_ADMIN_UPLOAD,         /* POST /plugin/task */
+    LLMGW_ADMIN_MARKETPLACE,    /* POST /plugin/task/marketplace */
+    LLMGW_ADMIN_DRYRUN,         /* POST /plugin/task/dryrun */
+    LLMGW_ADMIN_STATUS,         /* GET /plugin/task/runtime/status */
+    LLMGW_ADMIN_ICON,           /* GET /plugin/task/{key}/icon */
+    LLMGW_ADMIN_REFUSED         /* a 405 in v */
+} llmgw_admin_route_e;
+
+/*
+ * Which of them an admin request is (path without the "/api" prefix), with
+ * the {key} of an icon in *key.  Paths are read as llmgw_api() reads them:
+ * trailing slashes do not count.  A path only the gateway answers, taken
+ * with another method, is a 405 naming the methods it takes.
+ */
+llmgw_admin_route_e llmgw_admin_route(llmgw_str_t method, llmgw_str_t path,
+    llmgw_str_t *key, llmgw_verdict_t *v);
+
 /* The notification payload {"rev":n,"kind":"token","id":7}. */
 typedef struct {
     int64_t  rev;

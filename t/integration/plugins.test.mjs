@@ -258,6 +258,11 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
             /* the gateway's own POSTs count where a plugin key can be too */
             ['PUT', '/api/plugin/task/dryrun', 'GET, POST, PATCH, DELETE'],
             ['PUT', '/api/plugin/task/marketplace', 'GET, POST, PATCH, DELETE'],
+            /* paths only the gateway answers */
+            ['PUT', '/api/plugin/task/runtime/status', 'GET'],
+            ['POST', '/api/plugin/task/runtime/status/', 'GET'],
+            ['DELETE', `/api/plugin/task/${key}/icon`, 'GET'],
+            ['POST', '/api/plugin/task/itest-no-such-plugin/icon/', 'GET'],
         ]) {
             const r = await a.admin(method, p, method === 'GET' ? undefined : {});
             const where = p.slice('/api'.length).replace(/\/$/, '');
@@ -282,6 +287,9 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
             /* a cut at 480 bytes would end with the key's own list */
             ['PUT', `/api/plugin/task/${'0'.repeat(424)}(allowed:%20PUT)`, 'GET, PATCH, DELETE'],
             ['A'.repeat(600), '/api/plugin/task', 'GET, POST'],
+            ['PUT', '/api/plugin/task/x(allowed:%20PUT)/icon', 'GET'],
+            ['PUT', `/api/plugin/task/${'0'.repeat(440)}(allowed:%20PUT)/icon`, 'GET'],
+            ['A'.repeat(600), '/api/plugin/task/runtime/status', 'GET'],
         ]) {
             const r = await a.admin(method, p, {});
             assertError(r, 405, { code: 'method_not_allowed' });
@@ -290,6 +298,49 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         }
 
         assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
+    });
+
+    test('a trailing slash names the same plugin path, as on /api/user/', async () => {
+        const key = 'itest-slash';
+        assertOk(await a.admin('POST', '/api/user/', { username: uniq('slash') }), 'POST /api/user/');
+
+        assertUploaded(await a.admin('POST', '/api/plugin/task/', { source: variant(key), enabled: true }),
+            key, '1.0.0');
+        await eventually(async () => {
+            const r = await a.admin('GET', '/api/plugin/task/runtime/status/');
+            assertOk(r, 'runtime/status/');
+            assert.ok(r.json.node.plugins.some((p) => p.key === key), r.text);
+        }, { ms: PROPAGATION_MS });
+        await eventually(async () => {
+            assertRan(await a.admin('POST', '/api/plugin/task/dryrun/', {
+                key, hook: 'buildSubmitRequest', args: [driverCtx()],
+            }));
+        }, { ms: PROPAGATION_MS });
+        const icon = await a.admin('GET', `/api/plugin/task/${key}/icon/`);
+        assert.equal(icon.status, 200, icon.text);
+        assert.match(icon.headers['content-type'], /image\/svg\+xml/);
+        /* the marketplace reads the body: not a 405 */
+        assertError(await a.admin('POST', '/api/plugin/task/marketplace/', {}), 400,
+            { code: 'invalid_request', message: /^url:/ });
+
+        /* a 405's Allow names no method that is then refused with 405 */
+        const none = 'itest-no-such-plugin';
+        for (const p of ['/api/plugin/task', '/api/plugin/task/dryrun', '/api/plugin/task/marketplace',
+            `/api/plugin/task/${none}`, `/api/plugin/task/${none}/activate`,
+            '/api/plugin/task/runtime/status', `/api/plugin/task/${none}/icon`]) {
+            for (const path of [p, `${p}/`]) {
+                const r = await a.admin('PUT', path, {});
+                assertError(r, 405, { code: 'method_not_allowed' });
+                assert.ok(r.headers.allow, `PUT ${path}: ${r.text}`);
+                for (const method of r.headers.allow.split(', ')) {
+                    const t = await a.admin(method, path, method === 'GET' ? undefined : {});
+                    assert.notEqual(t.status, 405, `${method} ${path} (Allow: ${r.headers.allow}): ${t.text}`);
+                }
+            }
+        }
+
+        assertOk(await a.admin('DELETE', `/api/plugin/task/${key}/`));
+        assertError(await a.admin('GET', `/api/plugin/task/${key}`), 404, { code: 'not_found' });
     });
 
     test('each class of invalid source is refused with 400 listing the errors', async () => {

@@ -190,6 +190,109 @@ test_admin_405_cut_keeps_the_allowed_methods(void **state)
 }
 
 
+static llmgw_admin_route_e
+route(const char *method, const char *path, llmgw_str_t *key,
+    llmgw_verdict_t *v)
+{
+    memset(v, 0, sizeof(*v));
+    return llmgw_admin_route((llmgw_str_t) { method, strlen(method) },
+                             (llmgw_str_t) { path, strlen(path) }, key, v);
+}
+
+
+/* As llmgw_api() reads paths: /plugin/task/ is /plugin/task. */
+static void
+test_admin_route_trailing_slash_is_the_same_path(void **state)
+{
+    static const struct {
+        const char           *method;
+        const char           *path;
+        llmgw_admin_route_e   want;
+    } cases[] = {
+        { "POST", "/plugin/task", LLMGW_ADMIN_UPLOAD },
+        { "POST", "/plugin/task/", LLMGW_ADMIN_UPLOAD },
+        { "POST", "/plugin/task//", LLMGW_ADMIN_UPLOAD },
+        { "POST", "/plugin/task/dryrun/", LLMGW_ADMIN_DRYRUN },
+        { "POST", "/plugin/task/marketplace/", LLMGW_ADMIN_MARKETPLACE },
+        { "GET", "/plugin/task/runtime/status/", LLMGW_ADMIN_STATUS },
+        { "GET", "/plugin/task/", LLMGW_ADMIN_DATABASE },
+        { "PUT", "/plugin/task/", LLMGW_ADMIN_DATABASE },
+        { "GET", "/plugin/task/dryrun", LLMGW_ADMIN_DATABASE },
+        { "POST", "/plugin/task/x", LLMGW_ADMIN_DATABASE },
+        { "POST", "/plugin/task/x/activate/", LLMGW_ADMIN_DATABASE },
+        { "POST", "/plugin/taskx", LLMGW_ADMIN_DATABASE },
+        { "POST", "/user/", LLMGW_ADMIN_DATABASE },
+        { "POST", "/", LLMGW_ADMIN_DATABASE },
+        { "POST", "", LLMGW_ADMIN_DATABASE },
+    };
+    size_t           i;
+    llmgw_str_t      key;
+    llmgw_verdict_t  v;
+    (void) state;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        assert_int_equal(route(cases[i].method, cases[i].path, &key, &v),
+                         cases[i].want);
+        assert_int_equal(v.status, 0);
+    }
+
+    assert_int_equal(route("GET", "/plugin/task/my-key/icon/", &key, &v),
+                     LLMGW_ADMIN_ICON);
+    assert_int_equal(key.len, 6);
+    assert_memory_equal(key.data, "my-key", 6);
+
+    /* a key holds no slash, and is never empty */
+    assert_int_equal(route("GET", "/plugin/task/a/b/icon", &key, &v),
+                     LLMGW_ADMIN_DATABASE);
+    assert_int_equal(route("GET", "/plugin/task//icon", &key, &v),
+                     LLMGW_ADMIN_DATABASE);
+    assert_int_equal(route("GET", "/plugin/task/icon", &key, &v),
+                     LLMGW_ADMIN_DATABASE);
+}
+
+
+/*
+ * Paths that only the gateway answers take GET alone: any other method is
+ * a 405 whose message ends with the list the glue sends as Allow.
+ */
+static void
+test_admin_route_gateway_paths_refuse_other_methods_with_405(void **state)
+{
+    char             method[601];
+    llmgw_str_t      key;
+    llmgw_verdict_t  v;
+    (void) state;
+
+    assert_int_equal(route("PUT", "/plugin/task/runtime/status/", &key, &v),
+                     LLMGW_ADMIN_REFUSED);
+    assert_int_equal(v.status, 405);
+    assert_string_equal(v.code, "method_not_allowed");
+    assert_string_equal(v.message, "method PUT is not allowed on "
+                        "/plugin/task/runtime/status (allowed: GET)");
+
+    assert_int_equal(route("HEAD", "/plugin/task/k/icon", &key, &v),
+                     LLMGW_ADMIN_REFUSED);
+    assert_null(key.data);
+    assert_string_equal(v.message, "method HEAD is not allowed on "
+                        "/plugin/task/k/icon (allowed: GET)");
+
+    /* the client's key cannot end the message in place of the list */
+    assert_int_equal(route("DELETE", "/plugin/task/x(allowed: DELETE)/icon",
+                           &key, &v),
+                     LLMGW_ADMIN_REFUSED);
+    assert_string_equal(v.message + strlen(v.message)
+                        - strlen(" (allowed: GET)"), " (allowed: GET)");
+
+    memset(method, 'A', 600);
+    method[600] = '\0';
+    assert_int_equal(route(method, "/plugin/task/runtime/status", &key, &v),
+                     LLMGW_ADMIN_REFUSED);
+    assert_true(strlen(v.message) <= 480);
+    assert_string_equal(v.message + strlen(v.message)
+                        - strlen(" (allowed: GET)"), " (allowed: GET)");
+}
+
+
 static void
 test_notice_parse_reads_rev_kind_and_id(void **state)
 {
@@ -312,6 +415,9 @@ main(void)
         cmocka_unit_test(test_admin_405_cut_keeps_the_allowed_methods),
         cmocka_unit_test(test_admin_success_keeps_the_numbers_text),
         cmocka_unit_test(test_admin_check_refuses_what_the_database_cannot_take),
+        cmocka_unit_test(test_admin_route_trailing_slash_is_the_same_path),
+        cmocka_unit_test(
+            test_admin_route_gateway_paths_refuse_other_methods_with_405),
         cmocka_unit_test(test_notice_parse_reads_rev_kind_and_id),
         cmocka_unit_test(test_notice_parse_refuses_garbage),
         cmocka_unit_test(test_notice_parse_long_kind_is_cut_not_overflowed),
