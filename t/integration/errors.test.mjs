@@ -204,6 +204,10 @@ describe('error contract', { timeout: 180000 }, () => {
             [`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Big: ${'b'.repeat(20000)}\r\n\r\n`, 400, 'bad_request'],
             ['POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n', 400, 'bad_request'],
             ['POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n', 501, 'not_implemented'],
+            /* refused on every path before a location is picked, so no
+               Allow can name the path's methods */
+            ['TRACE /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', 405, 'method_not_allowed'],
+            ['CONNECT /api/user HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', 405, 'method_not_allowed'],
         ];
         for (const [text, status, code] of cases) {
             const r = await raw(text);
