@@ -21,6 +21,7 @@
 
 typedef struct {
     ngx_str_t                  database;
+    ngx_flag_t                 needs_database;  /* a gateway or admin location */
     ngx_uint_t                 pg_pool_size;
     ngx_msec_t                 pg_timeout;
     ngx_msec_t                 flush_interval;

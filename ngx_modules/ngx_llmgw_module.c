@@ -1056,6 +1056,15 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
 
     static ngx_str_t  zone_name = ngx_string("llmgw");
 
+    /* keys, channels and the ledger live in the database: a gateway
+       without one could only fail every request */
+    if (mcf->needs_database && mcf->database.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_gateway\" and \"llmgw_admin\" need "
+                           "\"llmgw_database\"");
+        return NGX_CONF_ERROR;
+    }
+
     ngx_conf_init_uint_value(mcf->pg_pool_size, 4);
     ngx_conf_init_msec_value(mcf->pg_timeout, 5000);
     ngx_conf_init_msec_value(mcf->flush_interval, 1000);
@@ -1183,6 +1192,7 @@ ngx_llmgw_role(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_llmgw_loc_conf_t *lcf = conf;
 
     ngx_llmgw_loc_conf_t      *slcf;
+    ngx_llmgw_main_conf_t     *mcf;
     ngx_http_core_loc_conf_t  *clcf;
     ngx_http_core_srv_conf_t  *cscf;
 
@@ -1191,6 +1201,11 @@ ngx_llmgw_role(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     lcf->role = cmd->offset;
+
+    if (lcf->role != NGX_LLMGW_ROLE_METRICS) {
+        mcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_llmgw_module);
+        mcf->needs_database = 1;
+    }
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
     clcf->handler = ngx_llmgw_content_handler;

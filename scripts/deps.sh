@@ -24,8 +24,9 @@ PKGS=(
     postgresql
     # benchmarks
     wrk
-    # convenience: the curl lines that `make run` prints
-    curl ca-certificates
+    # convenience: the curl lines that `make run` prints, the README's
+    # plugin upload, the benchmarks' JSON reading
+    curl ca-certificates jq
     # run-time libraries of libnode108, whose V8 v8_host links; the package
     # itself is only unpacked into .deps/libnode (v8_host/fetch-libnode.sh)
     libicu72 libbrotli1 libc-ares2 libnghttp2-14 libuv1 zlib1g libssl3

@@ -117,17 +117,20 @@ describe('TLS channels', () => {
 /*
  * nginx -t on a configuration with one line of our choosing at line 6, in
  * the http{} block of a server with a gateway location (or, with at
- * 'location', in that location).
+ * 'location', in that location).  The database is named on line 5 unless
+ * the line names it (or database is false).
  */
-function nginxTest(line, at = 'http') {
+function nginxTest(line, at = 'http', database = true) {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-t-'));
     const conf = path.join(dir, 'nginx.conf');
     const [http, loc] = at === 'http' ? [line, ''] : ['', line];
+    const db = database && !line.startsWith('llmgw_database')
+        ? 'llmgw_database "dbname=llmgw";' : '';
     fs.writeFileSync(conf, `load_module ${MODULE};
 error_log ${dir}/error.log;
 pid ${dir}/nginx.pid;
 events {}
-http {
+http { ${db}
   ${http}
   server { listen 127.0.0.1:1; location / { llmgw_gateway;
   ${loc}
@@ -195,6 +198,29 @@ describe('nginx -t names the directive of a bad value and its line', () => {
                                         `${message} ${r.where}`), r.stderr);
         });
     }
+});
+
+describe('nginx -t wants the database where the gateway serves', () => {
+    test('a gateway location without llmgw_database', () => {
+        const r = nginxTest('llmgw_max_tries 2;', 'http', false);
+        assert.notEqual(r.status, 0, 'nginx -t accepted no database');
+        assert.match(r.stderr, /\[emerg\] .*"llmgw_gateway" and "llmgw_admin" need "llmgw_database"/);
+    });
+
+    test('metrics alone need none', () => {
+        const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-t-'));
+        const conf = path.join(dir, 'nginx.conf');
+        fs.writeFileSync(conf, `load_module ${MODULE};
+error_log ${dir}/error.log;
+pid ${dir}/nginx.pid;
+events {}
+http { server { listen 127.0.0.1:1; location = /metrics { llmgw_metrics; } } }
+`);
+        const r = spawnSync(NGINX, ['-t', '-p', dir, '-c', conf],
+                            { encoding: 'utf8', timeout: 10000 });
+        fs.rmSync(dir, { recursive: true, force: true });
+        assert.equal(r.status, 0, r.stderr);
+    });
 });
 
 describe('nginx -t accepts the bounds', () => {
