@@ -168,6 +168,7 @@ describe('admin API', { timeout: 180000 }, () => {
                 name: 'c', type: 1, key: 'k', models: ['m'], base_url: 'not a url',
             }],
             ['PUT', '/api/pricing', { m: 'cheap' }],
+            ['PUT', '/api/pricing', { m: { ratio: 1, completion_rate: 4 } }],
             ['PUT', '/api/group', { g: 'high' }],
             ['PUT', '/api/rate_limit', { default: { duration_minutes: 1, total: -1, success: 0 } }],
         ];

@@ -453,6 +453,10 @@ api PUT /pricing '' '{"gpt-4o":{"price":-0.1}}'
 expect_err "pricing price" 400 invalid_request "pricing.gpt-4o.price: must be a number >= 0"
 api PUT /pricing '' '{"gpt-4o":{"ratio":1,"price":1}}'
 expect_err "pricing both" 400 invalid_request "pricing.gpt-4o: give either ratio or price, not both"
+api PUT /pricing '' '{"gpt-4o":{"ratio":1,"completion_rate":4}}'
+expect_err "pricing unknown field" 400 invalid_request "pricing.gpt-4o.completion_rate: unknown field (known: ratio, completion_ratio, cache_ratio, cache_creation_ratio, price, unit_prices, multipliers)"
+api GET /pricing
+expect "a refused PUT stores nothing" '.status == 200 and (.body | has("gpt-4o") | not)'
 api PUT /pricing '' '{"gpt-4o":{}}'
 expect_err "pricing neither" 400 invalid_request "pricing.gpt-4o: needs ratio (per token), price (per call) or unit_prices (per usage unit)"
 api PUT /pricing '' '{"gpt-4o":3}'
