@@ -826,16 +826,16 @@ anthropic_params(const json_t *in, json_t *body)
 
 
 /*
- * What a chat request can ask for that an Anthropic answer cannot give:
- * refused rather than dropped, as the client would read an answer that
- * looks like what it asked for.
+ * What a chat request can ask for that neither an Anthropic nor a Gemini
+ * answer, as converted, gives: several choices and log probabilities.
+ * Refused rather than dropped, as the client would read an answer that
+ * looks like what it asked for; routing then leaves such a channel out of
+ * the tries.
  */
 bool
-anthropic_can_answer(const json_t *in, std::string &err)
+one_plain_choice(const json_t *in, std::string &err)
 {
     const json_t *n = json_object_get(in, "n");
-    const json_t *format = json_object_get(in, "response_format");
-    std::string_view type = json_str(format, "type");
 
     if (json_is_integer(n) && json_integer_value(n) > 1) {
         err = "n: more than one choice cannot be sent to this channel";
@@ -846,6 +846,21 @@ anthropic_can_answer(const json_t *in, std::string &err)
         || json_is_integer(json_object_get(in, "top_logprobs")))
     {
         err = "logprobs: log probabilities cannot be sent to this channel";
+        return false;
+    }
+
+    return true;
+}
+
+
+/* The same for Anthropic, which has no JSON mode either. */
+bool
+anthropic_can_answer(const json_t *in, std::string &err)
+{
+    const json_t *format = json_object_get(in, "response_format");
+    std::string_view type = json_str(format, "type");
+
+    if (!one_plain_choice(in, err)) {
         return false;
     }
 
@@ -1541,6 +1556,10 @@ chat_to_gemini(const json_t *in, Json &out, std::string &err)
 
     if (!json_is_array(msgs)) {
         err = "field messages is required";
+        return false;
+    }
+
+    if (!one_plain_choice(in, err)) {
         return false;
     }
 

@@ -184,6 +184,8 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         viaOpenai: uniq('msg-via-openai'),
         /* an OpenAI channel first, an Anthropic one after it */
         mix: uniq('mixed'),
+        /* a Gemini channel first, an OpenAI one after it */
+        mixGemini: uniq('mixed-gemini'),
     };
     const last = (mock) => mock.requests[mock.requests.length - 1];
     let h2port;
@@ -233,6 +235,8 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         await makeChannel(gw, { type: 1, base_url: oa.url, key: oaKey, models: [M.viaOpenai] });
         await makeChannel(gw, { type: 1, base_url: oa.url, key: oaKey, models: [M.mix], priority: 10 });
         await makeChannel(gw, { type: 14, base_url: an.url, key: anKey, models: [M.mix] });
+        await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.mixGemini], priority: 10 });
+        await makeChannel(gw, { type: 1, base_url: oa.url, key: oaKey, models: [M.mixGemini] });
         ({ key, token } = await makeUserKey(gw));
         await settle();
     });
@@ -1245,6 +1249,38 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal(r.json.content[0].text, 'searched');
             assert.equal(oa.requests.length, m, 'the OpenAI channel was not called');
             assert.equal(last(an).json.tools[0].type, 'web_search_20250305');
+        });
+
+        test('n above 1 and logprobs: a Gemini channel is left out; with no other, 400 naming the part', async () => {
+            oa.handler = (req, res, rec) => sendJson(res, 200, {
+                ...openaiChat({ model: rec.json.model }),
+                choices: [0, 1].map((index) => ({
+                    index, message: { role: 'assistant', content: `choice ${index}` },
+                    finish_reason: 'stop', logprobs: { content: [] },
+                })),
+            });
+            const g = gm.requests.length;
+            for (const extra of [{ n: 2 }, { logprobs: true, top_logprobs: 2 }]) {
+                const r = await gw.req('POST', '/v1/chat/completions', {
+                    key, body: chatBody(M.mixGemini, extra),
+                });
+                assertOk(r);
+                assert.equal(r.json.choices.length, 2, r.text);
+                assert.equal(last(oa).json.model, M.mixGemini);
+                for (const [k, v] of Object.entries(extra)) {
+                    assert.equal(last(oa).json[k], v, last(oa).body);
+                }
+            }
+            assert.equal(gm.requests.length, g, 'the Gemini channel was not called');
+
+            for (const [extra, part] of [[{ n: 3 }, /^n: /], [{ logprobs: true }, /^logprobs: /]]) {
+                const r = await gw.req('POST', '/v1/chat/completions', {
+                    key, body: chatBody(M.viaGemini, extra),
+                });
+                assertError(r, 400, { code: 'invalid_request' });
+                assert.match(r.json.error.message, part);
+            }
+            assert.equal(gm.requests.length, g, 'the Gemini channel was not called');
         });
 
         test('a 2xx that cannot be put in the client format is no answer: 502 bad_response_body, uncharged', async () => {

@@ -734,6 +734,32 @@ test_openai_tool_turns_become_gemini_function_call_and_response(void **state)
 }
 
 
+/* as on Anthropic: routing then leaves the channel out of the tries */
+static void
+test_what_a_gemini_answer_cannot_give_is_refused(void **state)
+{
+    (void) state;
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','n':3,'messages':[{'role':'user','content':'a'}]}",
+        "n: more than one choice cannot be sent to this channel");
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','logprobs':true,'messages':[{'role':'user','content':'a'}]}",
+        "logprobs: log probabilities cannot be sent to this channel");
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','top_logprobs':2,'messages':[{'role':'user','content':'a'}]}",
+        "logprobs: log probabilities cannot be sent to this channel");
+
+    /* what changes nothing is fine, and JSON mode Gemini has */
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','n':1,'logprobs':false,"
+        "'response_format':{'type':'json_object'},"
+        "'messages':[{'role':'user','content':'a'}]}");
+    assert_string_equal(str_at(j, "generationConfig/responseMimeType"),
+                        "application/json");
+    json_decref(j);
+}
+
+
 static void
 test_gemini_tool_result_needs_a_matching_call(void **state)
 {
@@ -2471,6 +2497,7 @@ main(void)
         cmocka_unit_test(
             test_openai_tool_turns_become_gemini_function_call_and_response),
         cmocka_unit_test(test_gemini_tool_result_needs_a_matching_call),
+        cmocka_unit_test(test_what_a_gemini_answer_cannot_give_is_refused),
         cmocka_unit_test(
             test_gemini_tool_schema_keeps_only_keys_gemini_knows),
         cmocka_unit_test(test_gemini_schema_formats_enums_consts_and_one_of),
