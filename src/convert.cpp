@@ -1072,6 +1072,14 @@ gemini_parts(const json_t *content, const std::string &where, json_t *parts,
     json_t *part;
 
     json_array_foreach(content, i, part) {
+        /* Gemini refuses an empty text part; a message left with no part
+           at all is then left out (append_turn), as for Anthropic */
+        if (json_str(part, "type") == "text"
+            && json_str(part, "text").empty())
+        {
+            continue;
+        }
+
         json_t *p = gemini_part(part, at(where + ".content", i), err);
 
         if (p == nullptr) {

@@ -894,6 +894,31 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal(r.json.choices[0].finish_reason, 'length');
         });
 
+        test('chat -> Gemini: empty text parts are not sent, nor a message left with none', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiText({ text: 'A pixel' }));
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key,
+                body: {
+                    model: M.viaGemini,
+                    messages: [
+                        { role: 'user', content: [
+                            { type: 'text', text: '' },
+                            { type: 'image_url', image_url: { url: `data:image/png;base64,${PNG_B64}` } },
+                        ] },
+                        { role: 'assistant', content: [{ type: 'text', text: 'seen' }] },
+                        { role: 'user', content: [{ type: 'text', text: 'describe' }, { type: 'text', text: '' }] },
+                        { role: 'assistant', content: [{ type: 'text', text: '' }] },
+                    ],
+                },
+            });
+            assertOk(r);
+            assert.deepEqual(last(gm).json.contents, [
+                { role: 'user', parts: [{ inlineData: { mimeType: 'image/png', data: PNG_B64 } }] },
+                { role: 'model', parts: [{ text: 'seen' }] },
+                { role: 'user', parts: [{ text: 'describe' }] },
+            ]);
+        });
+
         test('chat -> Gemini stream: streamGenerateContent?alt=sse re-framed as chunks', async () => {
             gm.handler = async (req, res) => {
                 sseHead(res);

@@ -707,6 +707,43 @@ test_openai_images_become_gemini_inline_and_file_data(void **state)
 }
 
 
+/* Gemini refuses {"text":""}; a message left empty goes as on Anthropic */
+static void
+test_empty_text_parts_are_not_sent_to_gemini(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','messages':[{'role':'user','content':["
+        "{'type':'text','text':''},"
+        "{'type':'image_url','image_url':{'url':'data:image/png;base64,iVBO'}}"
+        "]},{'role':'assistant','content':[{'type':'text','text':'seen'}]},"
+        "{'role':'user','content':[{'type':'text','text':'describe'},"
+        "{'type':'text','text':''}]},"
+        "{'role':'assistant','content':[{'type':'text','text':''}]},"
+        "{'role':'user','content':[{'type':'text','text':''}]},"
+        "{'role':'user','content':'more'}]}");
+    (void) state;
+
+    assert_int_equal(size_at(j, "contents"), 3);
+    assert_int_equal(size_at(j, "contents/0/parts"), 1);
+    assert_non_null(at(j, "contents/0/parts/0/inlineData"));
+    assert_string_equal(str_at(j, "contents/1/role"), "model");
+    assert_string_equal(str_at(j, "contents/2/role"), "user");
+    assert_int_equal(size_at(j, "contents/2/parts"), 2);
+    assert_string_equal(str_at(j, "contents/2/parts/0/text"), "describe");
+    assert_string_equal(str_at(j, "contents/2/parts/1/text"), "more");
+    json_decref(j);
+
+    /* the Anthropic path reads the same request alike */
+    j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':'q'},"
+        "{'role':'assistant','content':[{'type':'text','text':''}]},"
+        "{'role':'user','content':'r'}]}");
+    assert_int_equal(size_at(j, "messages"), 1);
+    assert_int_equal(size_at(j, "messages/0/content"), 2);
+    json_decref(j);
+}
+
+
 static void
 test_openai_tool_turns_become_gemini_function_call_and_response(void **state)
 {
@@ -2496,6 +2533,7 @@ main(void)
             test_openai_images_become_gemini_inline_and_file_data),
         cmocka_unit_test(
             test_openai_tool_turns_become_gemini_function_call_and_response),
+        cmocka_unit_test(test_empty_text_parts_are_not_sent_to_gemini),
         cmocka_unit_test(test_gemini_tool_result_needs_a_matching_call),
         cmocka_unit_test(test_what_a_gemini_answer_cannot_give_is_refused),
         cmocka_unit_test(
