@@ -1938,6 +1938,29 @@ takes_max_completion_tokens(std::string_view model)
 }
 
 
+/*
+ * Some OpenAI-compatible servers refuse a "user" longer than 64
+ * characters, and Claude Code's metadata.user_id
+ * ("user_<64 hex>_account_<uuid>_session_<uuid>") has about 160.  An id
+ * of more than 64 bytes goes as its lowercase hex SHA-256: 64 characters
+ * that still tell one end user from another.
+ */
+void
+put_user(json_t *body, std::string_view user)
+{
+    std::string hashed;
+
+    if (user.size() > 64) {
+        hashed = sha256_hex(user);
+        user = hashed;
+    }
+
+    if (!user.empty()) {
+        put(body, "user", user);
+    }
+}
+
+
 void
 chat_params(const json_t *in, std::string_view model, json_t *body)
 {
@@ -1963,11 +1986,7 @@ chat_params(const json_t *in, std::string_view model, json_t *body)
         put(body, "stream_options", so);
     }
 
-    std::string_view user = json_str(json_object_get(in, "metadata"),
-                                     "user_id");
-    if (!user.empty()) {
-        put(body, "user", user);
-    }
+    put_user(body, json_str(json_object_get(in, "metadata"), "user_id"));
 }
 
 

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <strings.h>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "internal.h"
@@ -55,7 +56,41 @@ key_bytes_ok(std::string_view key)
     return true;
 }
 
+/*
+ * The digest fetched once and a context reused: the one-shot SHA256()
+ * looks the digest up, and EVP_Digest() allocates a context, on every
+ * call, which costs more than hashing a key.
+ */
+bool
+sha256(std::string_view data, unsigned char digest[SHA256_DIGEST_LENGTH])
+{
+    static EVP_MD *md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    thread_local std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX *)> ctx(
+        EVP_MD_CTX_new(), EVP_MD_CTX_free);
+
+    return md != nullptr && ctx != nullptr
+           && EVP_DigestInit_ex2(ctx.get(), md, nullptr) == 1
+           && EVP_DigestUpdate(ctx.get(), data.data(), data.size()) == 1
+           && EVP_DigestFinal_ex(ctx.get(), digest, nullptr) == 1;
+}
+
 } // namespace
+
+
+std::string
+llmgw::sha256_hex(std::string_view data)
+{
+    unsigned char digest[SHA256_DIGEST_LENGTH];
+    char hex[2 * SHA256_DIGEST_LENGTH + 1];
+
+    if (!sha256(data, digest)) {
+        return {};
+    }
+
+    hex_encode(digest, sizeof(digest), hex);
+
+    return hex;
+}
 
 
 extern "C" int
@@ -69,24 +104,7 @@ llmgw_key_hash(llmgw_str_t key, char out[65])
         k.remove_prefix(kKeyPrefix.size());
     }
 
-    if (!key_bytes_ok(k)) {
-        return -1;
-    }
-
-    /*
-     * The digest fetched once and a context reused: the one-shot SHA256()
-     * looks the digest up, and EVP_Digest() allocates a context, on every
-     * call, which costs more than hashing a key.
-     */
-    static EVP_MD *md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-    thread_local std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX *)> ctx(
-        EVP_MD_CTX_new(), EVP_MD_CTX_free);
-
-    if (md == nullptr || ctx == nullptr
-        || EVP_DigestInit_ex2(ctx.get(), md, nullptr) != 1
-        || EVP_DigestUpdate(ctx.get(), k.data(), k.size()) != 1
-        || EVP_DigestFinal_ex(ctx.get(), digest, nullptr) != 1)
-    {
+    if (!key_bytes_ok(k) || !sha256(k, digest)) {
         return -1;
     }
 

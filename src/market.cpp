@@ -12,8 +12,6 @@
 
 #include "market.h"
 
-#include <openssl/evp.h>
-
 #include <cstring>
 #include <string>
 
@@ -118,25 +116,6 @@ resolve(std::string_view index_url, std::string_view path, std::string &out,
 
     out = std::string(folder_of(index_url)) + std::string(path);
     return true;
-}
-
-std::string
-sha256_hex(const char *data, size_t len)
-{
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int n = 0;
-    static const char hexd[] = "0123456789abcdef";
-
-    if (EVP_Digest(data, len, digest, &n, EVP_sha256(), nullptr) != 1) {
-        return {};
-    }
-
-    std::string out;
-    for (unsigned int i = 0; i < n; i++) {
-        out += hexd[digest[i] >> 4];
-        out += hexd[digest[i] & 15];
-    }
-    return out;
 }
 
 /* The index as a JSON object, or a verdict. */
@@ -504,7 +483,7 @@ llmgw_market_upload_body(const char *source, size_t len, const char *sha,
     const char *admin_body, size_t blen, llmgw_buf_t *out, llmgw_verdict_t *v)
 {
     try {
-        std::string got = sha256_hex(source, len);
+        std::string got = sha256_hex(std::string_view(source, len));
 
         if (got != sha) {
             llmgw_verdict_set(v, 502, "gateway_error", "checksum_mismatch",

@@ -15,7 +15,7 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel, makeUserKey,
-    freePort, settle, sseEvents, startGateway, stopAll, uniq, waitLogs,
+    freePort, settle, sha256hex, sseEvents, startGateway, stopAll, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
     anthropicError, anthropicMessage, anthropicStream, echo, openaiChat,
@@ -1048,6 +1048,20 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.equal(tool.tool_call_id, use.id);
             assert.equal(partsText(tool.content), 'sunny');
             assert.equal(r2.json.stop_reason, 'max_tokens');
+        });
+
+        test('messages -> OpenAI: metadata.user_id is the user, hashed when longer than 64', async () => {
+            oa.handler = (req, res, rec) => sendJson(res, 200, openaiChat({ model: rec.json.model }));
+            /* what Claude Code sends */
+            const long = `user_${hex(32)}_account_${crypto.randomUUID()}_session_${crypto.randomUUID()}`;
+            const short = `u-${hex(8)}`;
+            for (const [id, user] of [[long, sha256hex(long)], [short, short]]) {
+                const r = await gw.req('POST', '/v1/messages', {
+                    key, body: msgBody({ metadata: { user_id: id } }),
+                });
+                assertOk(r);
+                assert.equal(last(oa).json.user, user, last(oa).body);
+            }
         });
 
         test('messages -> OpenAI: a base64 image block becomes an image_url data URL', async () => {

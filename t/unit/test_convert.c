@@ -945,6 +945,45 @@ test_anthropic_system_blocks_become_first_system_message(void **state)
 }
 
 
+/* some compatible servers refuse a user of more than 64 characters: a
+   longer id (Claude Code's) goes as its SHA-256 */
+static void
+test_anthropic_user_id_becomes_openai_user_of_at_most_64(void **state)
+{
+    static const struct { const char *id; const char *user; } cases[] = {
+        { "user_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+          "aaaa_account_00000000-1111-2222-3333-444444444444_session_"
+          "55555555-6666-7777-8888-999999999999",
+          "4b32c083b8b6689285f87a425a5d81368242b85fd30078b9a985ef452f8e0569" },
+        { "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+          "9537c5fdf120482f7d58d25e9ed583f52c02b4e304ea814db1633ad565aed7e9" },
+        { "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+          "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" },
+        { "u-42", "u-42" },
+    };
+    char   body[512];
+    size_t i;
+    (void) state;
+
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        snprintf(body, sizeof(body),
+                 "{'model':'claude','max_tokens':10,"
+                 "'metadata':{'user_id':'%s'},"
+                 "'messages':[{'role':'user','content':'Hi'}]}",
+                 cases[i].id);
+        json_t *j = request(LLMGW_EP_MESSAGES, 1, body);
+        assert_string_equal(str_at(j, "user"), cases[i].user);
+        json_decref(j);
+    }
+
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':10,'metadata':{},"
+        "'messages':[{'role':'user','content':'Hi'}]}");
+    assert_null(json_object_get(j, "user"));
+    json_decref(j);
+}
+
+
 /* OpenAI's reasoning models refuse max_tokens: they are sent
    max_completion_tokens; other models keep max_tokens */
 static void
@@ -2515,6 +2554,8 @@ main(void)
         cmocka_unit_test(
             test_tool_calls_become_tool_use_and_tool_messages_tool_results),
         cmocka_unit_test(test_anthropic_max_tokens_to_reasoning_models),
+        cmocka_unit_test(
+            test_anthropic_user_id_becomes_openai_user_of_at_most_64),
         cmocka_unit_test(
             test_tool_ids_are_made_valid_for_anthropic_on_both_sides),
         cmocka_unit_test(test_consecutive_same_role_messages_merge),
