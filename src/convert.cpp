@@ -43,6 +43,11 @@ const char *const kGeminiSchemaKeys[] = {
 
 constexpr int kMaxSchemaDepth = 32;
 
+/* Putting $refs in place can make a small schema huge (a chain of
+   definitions each using the next twice): past this many schemas, it is
+   refused. */
+constexpr size_t kMaxSchemaNodes = 4096;
+
 const char kHex[] = "0123456789abcdef";
 
 
@@ -1202,8 +1207,29 @@ gemini_message(const json_t *m, size_t i, GeminiBuild &b, std::string &err)
 }
 
 
+/*
+ * One JSON schema on its way to Gemini's Schema, which has neither $ref nor
+ * allOf: local references are put in place and allOf parts merged, so that
+ * what they say reaches the model.  refs holds the references being put in
+ * place on the way down from the root, to refuse a recursive one, which no
+ * finite Schema can say; err says what was refused and where.
+ */
+struct SchemaBuild {
+    const json_t              *root;
+    std::vector<std::string>   refs;
+    size_t                     nodes = 0;
+    std::string                err;
+
+    bool refuse(const std::string &where, const std::string &what) {
+        err = where + ": " + what;
+        return false;
+    }
+};
+
+
 json_t *
-gemini_schema(const json_t *s, int depth);
+gemini_schema(const json_t *s, SchemaBuild &sb, const std::string &where,
+    int depth);
 
 
 bool
@@ -1214,18 +1240,222 @@ json_str_eq_null(const json_t *t)
 }
 
 
-json_t *
-gemini_schema_map(const json_t *props, int depth)
+/* What a local $ref ("#/$defs/X", "#/definitions/X", any JSON pointer
+   into the root) points at, or nullptr. */
+const json_t *
+schema_ref_target(const json_t *root, std::string_view ref)
 {
-    json_t     *out = json_object();
+    const json_t *node = root;
+
+    if (ref.substr(0, 1) != "#") {
+        return nullptr;
+    }
+
+    ref.remove_prefix(1);
+
+    while (!ref.empty() && node != nullptr) {
+        if (ref[0] != '/') {
+            return nullptr;
+        }
+
+        size_t end = ref.find('/', 1);
+        std::string_view raw = ref.substr(1, end == ref.npos ? ref.npos
+                                                             : end - 1);
+        std::string token;
+
+        /* RFC 6901: ~1 is '/', ~0 is '~' */
+        for (size_t i = 0; i < raw.size(); i++) {
+            if (raw[i] == '~' && i + 1 < raw.size()
+                && (raw[i + 1] == '0' || raw[i + 1] == '1'))
+            {
+                token += raw[++i] == '0' ? '~' : '/';
+            } else {
+                token += raw[i];
+            }
+        }
+
+        node = json_object_get(node, token.c_str());
+        ref.remove_prefix(raw.size() + 1);
+    }
+
+    return json_is_object(node) ? node : nullptr;
+}
+
+
+/* Annotations a schema keeps over those of an allOf part or $ref target:
+   the words on a field are about that field, the part's about its type. */
+bool
+schema_annotation(std::string_view key)
+{
+    return key == "title" || key == "description" || key == "default"
+           || key == "example" || key == "examples";
+}
+
+
+/*
+ * Merges one allOf part into the schema: properties and required are
+ * united, the schema's own annotations stay, and any other key both have
+ * must say the same, or the part is refused.
+ */
+bool
+schema_merge(json_t *into, const json_t *part, SchemaBuild &sb,
+    const std::string &where)
+{
+    const char *key;
+    json_t     *v;
+
+    json_object_foreach(const_cast<json_t *>(part), key, v) {
+        std::string_view k(key);
+        json_t *have = json_object_get(into, key);
+
+        if (have == nullptr) {
+            json_object_set(into, key, v);
+
+        } else if (k == "properties" && json_is_object(have)
+                   && json_is_object(v))
+        {
+            Json props(json_copy(have));
+            const char *name;
+            json_t     *p;
+
+            json_object_foreach(v, name, p) {
+                json_t *h = json_object_get(props.get(), name);
+
+                if (h != nullptr && !json_equal(h, p)) {
+                    return sb.refuse(where, "allOf parts that disagree on "
+                                     "property \"" + std::string(name)
+                                     + "\" cannot be sent to this channel");
+                }
+                json_object_set(props.get(), name, p);
+            }
+            json_object_set(into, key, props.get());
+
+        } else if (k == "required" && json_is_array(have)
+                   && json_is_array(v))
+        {
+            Json required(json_copy(have));
+            size_t  i;
+            json_t *r;
+
+            json_array_foreach(v, i, r) {
+                if (json_is_string(r)
+                    && !json_has_string(required.get(),
+                                        json_string_value(r)))
+                {
+                    json_array_append(required.get(), r);
+                }
+            }
+            json_object_set(into, key, required.get());
+
+        } else if (!schema_annotation(k) && !json_equal(have, v)) {
+            return sb.refuse(where, "allOf parts that disagree on \""
+                             + std::string(k)
+                             + "\" cannot be sent to this channel");
+        }
+    }
+
+    return true;
+}
+
+
+/*
+ * s with its $ref put in place and its allOf parts merged into it, at this
+ * level only: the schemas under properties, items and anyOf get theirs when
+ * converted.  Keys beside a $ref win over the target's.  The references
+ * taken are left on sb.refs for the caller to drop once the schemas under
+ * this one are converted.
+ */
+bool
+schema_flat(const json_t *s, SchemaBuild &sb, const std::string &where,
+    Json &flat)
+{
+    Json cur(json_is_object(s) ? json_copy(const_cast<json_t *>(s))
+                               : json_object());
+    const json_t *ref;
+
+    if (++sb.nodes > kMaxSchemaNodes) {
+        return sb.refuse(where, "a schema this large once its $refs are "
+                         "put in place cannot be sent to this channel");
+    }
+
+    while ((ref = json_object_get(cur.get(), "$ref")) != nullptr) {
+        std::string name(json_str(cur.get(), "$ref"));
+        const json_t *target = schema_ref_target(sb.root, name);
+
+        if (std::find(sb.refs.begin(), sb.refs.end(), name)
+            != sb.refs.end())
+        {
+            return sb.refuse(where, "the recursive $ref \"" + name
+                             + "\" cannot be sent to this channel");
+        }
+
+        if (target == nullptr) {
+            return sb.refuse(where, "$ref \"" + name + "\" points at no "
+                             "schema in this one (only local references "
+                             "can be sent to this channel)");
+        }
+
+        Json next(json_copy(const_cast<json_t *>(target)));
+        const char *key;
+        json_t     *v;
+
+        json_object_foreach(cur.get(), key, v) {
+            if (std::string_view(key) != "$ref") {
+                json_object_set(next.get(), key, v);
+            }
+        }
+
+        sb.refs.push_back(std::move(name));
+        cur = std::move(next);
+    }
+
+    const json_t *all = json_object_get(cur.get(), "allOf");
+
+    if (all != nullptr) {
+        Json parts(json_incref(const_cast<json_t *>(all)));
+        size_t  i;
+        json_t *part;
+
+        if (!json_is_array(all)) {
+            return sb.refuse(where, "allOf must be an array");
+        }
+
+        json_object_del(cur.get(), "allOf");
+
+        json_array_foreach(parts.get(), i, part) {
+            std::string at_part = at(where + ".allOf", i);
+            Json p;
+
+            if (!schema_flat(part, sb, at_part, p)
+                || !schema_merge(cur.get(), p.get(), sb, at_part))
+            {
+                return false;
+            }
+        }
+    }
+
+    flat = std::move(cur);
+    return true;
+}
+
+
+bool
+gemini_schema_map(const json_t *props, SchemaBuild &sb,
+    const std::string &where, int depth, json_t *out)
+{
     const char *key;
     json_t     *v;
 
     json_object_foreach(const_cast<json_t *>(props), key, v) {
-        put(out, key, gemini_schema(v, depth + 1));
+        json_t *p = gemini_schema(v, sb, where + "." + key, depth + 1);
+
+        if (p == nullptr) {
+            return false;
+        }
+        put(out, key, p);
     }
 
-    return out;
+    return true;
 }
 
 
@@ -1318,15 +1548,129 @@ gemini_schema_values(const json_t *s, json_t *out)
 }
 
 
-json_t *
-gemini_schema(const json_t *s, int depth)
+/* The type of a value in an enum or const; "" for null, arrays, objects. */
+std::string_view
+value_type(const json_t *v)
 {
-    json_t *out = json_object();
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        return "string";
+    case JSON_INTEGER:
+        return "integer";
+    case JSON_REAL:
+        return "number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "boolean";
+    default:
+        return "";
+    }
+}
 
-    if (!json_is_object(s) || depth > kMaxSchemaDepth) {
-        return out;
+
+/* The one type of a schema's const or enum values, "" if they mix. */
+std::string_view
+values_type(const json_t *s)
+{
+    const json_t *konst = json_object_get(s, "const");
+    std::string_view type;
+    size_t  i;
+    json_t *v;
+
+    if (konst != nullptr) {
+        return value_type(konst);
     }
 
+    json_array_foreach(json_object_get(s, "enum"), i, v) {
+        std::string_view t = value_type(v);
+
+        if (i > 0 && t != type) {
+            bool numbers = (t == "integer" || t == "number")
+                           && (type == "integer" || type == "number");
+            if (!numbers) {
+                return "";
+            }
+            t = "number";
+        }
+        type = t;
+    }
+
+    return type;
+}
+
+
+/*
+ * Gemini wants a type on every schema but one of alternatives (anyOf).  A
+ * missing one is taken from what the schema says: its enum or const
+ * values, its properties, items or bounds.  A schema that says nothing of
+ * its value (pydantic's Any, a bare {"description": ...}) is a string:
+ * Gemini's Schema has no type for any value, and object needs properties,
+ * while a string can hold any value written out, and the description still
+ * tells the model what to put there.
+ */
+void
+gemini_schema_infer_type(const json_t *s, json_t *out)
+{
+    if (json_object_get(out, "type") != nullptr
+        || json_object_get(out, "anyOf") != nullptr)
+    {
+        return;
+    }
+
+    std::string_view type = values_type(s);
+
+    if (!type.empty()) {
+        /* as written */
+    } else if (json_object_get(out, "properties") != nullptr) {
+        type = "object";
+    } else if (json_object_get(out, "items") != nullptr
+               || json_object_get(s, "minItems") != nullptr
+               || json_object_get(s, "maxItems") != nullptr)
+    {
+        type = "array";
+    } else if (json_object_get(s, "minimum") != nullptr
+               || json_object_get(s, "maximum") != nullptr)
+    {
+        type = "number";
+    } else {
+        type = "string";
+    }
+
+    put(out, "type", type);
+}
+
+
+/* Gemini refuses a required name that is not among the properties. */
+void
+gemini_schema_required(json_t *out)
+{
+    const json_t *props = json_object_get(out, "properties");
+    Json kept(json_array());
+    size_t  i;
+    json_t *r;
+
+    json_array_foreach(json_object_get(out, "required"), i, r) {
+        if (json_is_string(r)
+            && json_object_get(props, json_string_value(r)) != nullptr
+            && !json_has_string(kept.get(), json_string_value(r)))
+        {
+            json_array_append(kept.get(), r);
+        }
+    }
+
+    if (json_array_size(kept.get()) > 0) {
+        put(out, "required", kept.release());
+    } else {
+        json_object_del(out, "required");
+    }
+}
+
+
+/* The Schema of s, made flat (schema_flat), into out. */
+bool
+gemini_schema_fill(const json_t *s, SchemaBuild &sb, const std::string &where,
+    int depth, json_t *out)
+{
     for (const char *key : kGeminiSchemaKeys) {
         put_copy(out, key, json_object_get(s, key));
     }
@@ -1337,16 +1681,28 @@ gemini_schema(const json_t *s, int depth)
         gemini_schema_type(type, out);
     }
 
-    gemini_schema_values(s, out);
+    const json_t *props = json_object_get(s, "properties");
 
-    if (json_is_object(json_object_get(s, "properties"))) {
-        put(out, "properties",
-            gemini_schema_map(json_object_get(s, "properties"), depth));
+    if (json_is_object(props)) {
+        json_t *map = json_object();
+
+        put(out, "properties", map);
+        if (!gemini_schema_map(props, sb, where + ".properties", depth,
+                               map))
+        {
+            return false;
+        }
     }
 
-    if (json_is_object(json_object_get(s, "items"))) {
-        put(out, "items", gemini_schema(json_object_get(s, "items"),
-                                        depth + 1));
+    const json_t *items = json_object_get(s, "items");
+
+    if (json_is_object(items)) {
+        json_t *p = gemini_schema(items, sb, where + ".items", depth + 1);
+
+        if (p == nullptr) {
+            return false;
+        }
+        put(out, "items", p);
     }
 
     size_t  i;
@@ -1356,7 +1712,12 @@ gemini_schema(const json_t *s, int depth)
     /* Gemini has anyOf only: oneOf's alternatives are taken as anyOf's */
     for (const char *alt : { "anyOf", "oneOf" }) {
         json_array_foreach(json_object_get(s, alt), i, v) {
-            append(any.get(), gemini_schema(v, depth + 1));
+            json_t *p = gemini_schema(v, sb, at(where + "." + alt, i),
+                                      depth + 1);
+            if (p == nullptr) {
+                return false;
+            }
+            append(any.get(), p);
         }
     }
 
@@ -1364,7 +1725,41 @@ gemini_schema(const json_t *s, int depth)
         put(out, "anyOf", any.release());
     }
 
-    return out;
+    gemini_schema_infer_type(s, out);
+    gemini_schema_values(s, out);
+    gemini_schema_required(out);
+
+    return true;
+}
+
+
+/*
+ * Gemini's Schema of a JSON schema, or nullptr and sb.err when it cannot
+ * say what the schema says.  where names the schema in the request.
+ */
+json_t *
+gemini_schema(const json_t *s, SchemaBuild &sb, const std::string &where,
+    int depth)
+{
+    size_t refs = sb.refs.size();
+    Json flat;
+    Json out(json_object());
+    bool ok;
+
+    if (depth > kMaxSchemaDepth) {
+        sb.refuse(where, "a schema nested more than "
+                  + std::to_string(kMaxSchemaDepth)
+                  + " deep cannot be sent to this channel");
+        return nullptr;
+    }
+
+    ok = schema_flat(s, sb, where, flat)
+         && gemini_schema_fill(flat.get(), sb, where, depth, out.get());
+
+    /* a reference is recursive only within what it holds */
+    sb.refs.resize(refs);
+
+    return ok ? out.release() : nullptr;
 }
 
 
@@ -1390,8 +1785,20 @@ gemini_tools(const json_t *tools, json_t *body, std::string &err)
             return false;
         }
 
+        const json_t *schema = json_object_get(fn, "parameters");
+        SchemaBuild sb { schema, {}, 0, {} };
+        Json params(json_is_object(schema)
+                        ? gemini_schema(schema, sb, "parameters", 0)
+                        : json_object());
+
+        /* refused here, it is refused before any channel is tried */
+        if (params == nullptr) {
+            err = at("tools", i) + " (\"" + std::string(json_str(fn, "name"))
+                  + "\"): " + sb.err;
+            return false;
+        }
+
         json_t *d = json_object();
-        Json params(gemini_schema(json_object_get(fn, "parameters"), 0));
 
         put(d, "name", json_str(fn, "name"));
         if (!json_str(fn, "description").empty()) {
@@ -1543,7 +1950,12 @@ gemini_generation_config(const json_t *in, json_t *body)
     if (format == "json_schema" && json_is_object(schema)
         && gemini_schema_expressible(schema, 0))
     {
-        put(gc.get(), "responseSchema", gemini_schema(schema, 0));
+        SchemaBuild sb { schema, {}, 0, {} };
+
+        /* what cannot be said asks for JSON mode alone, as above */
+        if (json_t *rs = gemini_schema(schema, sb, "schema", 0)) {
+            put(gc.get(), "responseSchema", rs);
+        }
     }
 
     if (json_object_size(gc.get()) > 0) {

@@ -873,6 +873,65 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.deepEqual(JSON.parse(msg.tool_calls[0].function.arguments), { city: 'Paris' });
         });
 
+        test('chat -> Gemini: tool schemas get their $refs in place, allOf merged, a type everywhere', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiText());
+            /* as pydantic and zod write them */
+            const parameters = {
+                type: 'object',
+                $defs: { Address: { type: 'object', properties: { street: { type: 'string' } }, required: ['street'] } },
+                properties: {
+                    home: { $ref: '#/$defs/Address' },
+                    unit: { enum: ['c', 'f'] },
+                    anything: { description: 'any JSON value' },
+                    both: { allOf: [{ $ref: '#/$defs/Address' }], description: 'where to ship' },
+                },
+                required: ['home', 'unit'],
+            };
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.viaGemini, { tools: [{ type: 'function', function: { name: 'save', parameters } }] }),
+            });
+            assertOk(r);
+            const address = { type: 'object', properties: { street: { type: 'string' } }, required: ['street'] };
+            assert.deepEqual(last(gm).json.tools[0].functionDeclarations[0].parameters, {
+                type: 'object',
+                properties: {
+                    home: address,
+                    unit: { type: 'string', enum: ['c', 'f'] },
+                    anything: { type: 'string', description: 'any JSON value' },
+                    both: { ...address, description: 'where to ship' },
+                },
+                required: ['home', 'unit'],
+            });
+        });
+
+        test('chat -> Gemini: a tool schema Gemini cannot say is refused before any call, or goes elsewhere', async () => {
+            const parameters = {
+                type: 'object',
+                $defs: { Node: { type: 'object', properties: { children: { type: 'array', items: { $ref: '#/$defs/Node' } } } } },
+                properties: { root: { $ref: '#/$defs/Node' } },
+            };
+            const tools = [{ type: 'function', function: { name: 'walk', parameters } }];
+            const g = gm.requests.length;
+            for (const stream of [false, true]) {
+                const r = await gw.req('POST', '/v1/chat/completions', {
+                    key, body: chatBody(M.viaGemini, { stream, tools }),
+                });
+                assertError(r, 400, { code: 'invalid_request' });
+                assert.match(r.json.error.message,
+                    /^tools\[0\] \("walk"\): parameters\.properties\.root\.properties\.children\.items: the recursive \$ref "#\/\$defs\/Node"/);
+            }
+            assert.equal(gm.requests.length, g, 'the Gemini channel was not called');
+
+            /* a model with an OpenAI channel too: that one takes it as is */
+            oa.handler = (req, res, rec) => sendJson(res, 200, openaiChat({ model: rec.json.model }));
+            const r = await gw.req('POST', '/v1/chat/completions', {
+                key, body: chatBody(M.mixGemini, { tools }),
+            });
+            assertOk(r);
+            assert.deepEqual(last(oa).json.tools, tools);
+            assert.equal(gm.requests.length, g, 'the Gemini channel was not called');
+        });
+
         test('chat -> Gemini: images become inlineData; MAX_TOKENS -> length', async () => {
             gm.handler = (req, res) => sendJson(res, 200, geminiText({ text: 'A pixel', finishReason: 'MAX_TOKENS' }));
             const r = await gw.req('POST', '/v1/chat/completions', {

@@ -896,6 +896,144 @@ test_gemini_tool_schema_keeps_only_keys_gemini_knows(void **state)
 }
 
 
+/* Gemini's Schema has no $ref: local references are put in place, an
+   allOf is merged, and every schema gets a type */
+static void
+test_gemini_tool_schema_references_are_put_in_place(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'save',"
+        "'parameters':{'type':'object','$defs':{'Address':{'type':'object',"
+        "'description':'a postal address',"
+        "'properties':{'street':{'type':'string'}},'required':['street']}},"
+        "'properties':{"
+        "'home':{'$ref':'#/$defs/Address'},"
+        "'unit':{'enum':['c','f']},"
+        "'count':{'enum':[1,2]},"
+        "'anything':{'description':'any JSON value'},"
+        "'both':{'allOf':[{'$ref':'#/$defs/Address'}],"
+        "'description':'where to ship'}},"
+        "'required':['home','unit','gone']}}}],"
+        "'messages':[{'role':'user','content':'q'}]}");
+    json_t *p = at(j, "tools/0/functionDeclarations/0/parameters");
+    (void) state;
+
+    assert_null(json_object_get(p, "$defs"));
+    assert_string_equal(str_at(p, "properties/home/type"), "object");
+    assert_string_equal(str_at(p, "properties/home/properties/street/type"),
+                        "string");
+    assert_string_equal(str_at(p, "properties/home/required/0"), "street");
+    assert_null(at(p, "properties/home/$ref"));
+    assert_string_equal(str_at(p, "properties/unit/type"), "string");
+    assert_string_equal(str_at(p, "properties/unit/enum/1"), "f");
+    assert_string_equal(str_at(p, "properties/count/type"), "integer");
+    assert_string_equal(str_at(p, "properties/count/description"),
+                        "one of: 1, 2");
+    /* nothing to take a type from: a string, described */
+    assert_string_equal(str_at(p, "properties/anything/type"), "string");
+    assert_string_equal(str_at(p, "properties/anything/description"),
+                        "any JSON value");
+    /* the field's own description wins over its type's */
+    assert_string_equal(str_at(p, "properties/both/type"), "object");
+    assert_string_equal(str_at(p, "properties/both/description"),
+                        "where to ship");
+    assert_string_equal(str_at(p, "properties/both/properties/street/type"),
+                        "string");
+    assert_null(at(p, "properties/both/allOf"));
+    /* required names only properties there are */
+    assert_int_equal(size_at(p, "required"), 2);
+    assert_string_equal(str_at(p, "required/1"), "unit");
+    json_decref(j);
+
+    /* definitions (draft 7), a $ref used twice, object allOfs merged */
+    j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'f',"
+        "'parameters':{'definitions':{'Id':{'type':'integer'}},"
+        "'allOf':[{'type':'object','properties':{'a':{'$ref':"
+        "'#/definitions/Id'}},'required':['a']},"
+        "{'properties':{'b':{'$ref':'#/definitions/Id'},"
+        "'c':{'type':'array','items':{'properties':{'d':{'type':'string'}}}}"
+        "},'required':['b']}]}}}],"
+        "'messages':[{'role':'user','content':'q'}]}");
+    p = at(j, "tools/0/functionDeclarations/0/parameters");
+    assert_string_equal(str_at(p, "type"), "object");
+    assert_string_equal(str_at(p, "properties/a/type"), "integer");
+    assert_string_equal(str_at(p, "properties/b/type"), "integer");
+    assert_string_equal(str_at(p, "properties/c/items/type"), "object");
+    assert_string_equal(str_at(p, "required/0"), "a");
+    assert_string_equal(str_at(p, "required/1"), "b");
+    json_decref(j);
+}
+
+
+/* what Gemini's Schema cannot say is refused, naming the tool and where */
+static void
+test_gemini_tool_schema_it_cannot_say_is_refused(void **state)
+{
+    char        body[4096];
+    llmgw_buf_t b;
+    (void) state;
+
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'tree',"
+        "'parameters':{'type':'object','$defs':{'Node':{'type':'object',"
+        "'properties':{'name':{'type':'string'},'children':{'type':'array',"
+        "'items':{'$ref':'#/$defs/Node'}}}}},"
+        "'properties':{'root':{'$ref':'#/$defs/Node'}}}}}],"
+        "'messages':[{'role':'user','content':'q'}]}",
+        "tools[0] (\"tree\"): parameters.properties.root.properties.children"
+        ".items: the recursive $ref \"#/$defs/Node\" cannot be sent to this "
+        "channel");
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'a'}},"
+        "{'type':'function','function':{'name':'b','parameters':{"
+        "'type':'object','properties':{'x':{'anyOf':[{'type':'string'},"
+        "{'$ref':'https://x.test/s.json'}]}}}}}],"
+        "'messages':[{'role':'user','content':'q'}]}",
+        "tools[1] (\"b\"): parameters.properties.x.anyOf[1]: $ref "
+        "\"https://x.test/s.json\" points at no schema in this one (only "
+        "local references can be sent to this channel)");
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'c',"
+        "'parameters':{'type':'object','properties':{'x':{'$ref':"
+        "'#/$defs/Missing'}}}}}],"
+        "'messages':[{'role':'user','content':'q'}]}",
+        "tools[0] (\"c\"): parameters.properties.x: $ref \"#/$defs/Missing\" "
+        "points at no schema in this one (only local references can be sent "
+        "to this channel)");
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'d',"
+        "'parameters':{'type':'object','properties':{'x':{'allOf':["
+        "{'type':'string'},{'type':'integer'}]}}}}}],"
+        "'messages':[{'role':'user','content':'q'}]}",
+        "tools[0] (\"d\"): parameters.properties.x.allOf[1]: allOf parts "
+        "that disagree on \"type\" cannot be sent to this channel");
+
+    /* each definition used twice by the one before: 2^14 schemas */
+    int n = snprintf(body, sizeof(body),
+                     "{\"model\":\"m\",\"tools\":[{\"type\":\"function\","
+                     "\"function\":{\"name\":\"e\",\"parameters\":{"
+                     "\"$ref\":\"#/$defs/D0\",\"$defs\":{");
+    for (int i = 0; i < 14; i++) {
+        n += snprintf(body + n, sizeof(body) - n,
+                      "\"D%d\":{\"properties\":{\"l\":{\"$ref\":"
+                      "\"#/$defs/D%d\"},\"r\":{\"$ref\":\"#/$defs/D%d\"}}},",
+                      i, i + 1, i + 1);
+    }
+    snprintf(body + n, sizeof(body) - n,
+             "\"D14\":{\"type\":\"string\"}}}}}],"
+             "\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    assert_true(strlen(body) < sizeof(body) - 1);
+    b = llmgw_test_convert_request(LLMGW_EP_CHAT, 24, body, "up-model");
+    assert_non_null(b.data);
+    assert_non_null(strstr(b.data, "ERROR: tools[0] (\"e\"): parameters"));
+    assert_non_null(strstr(b.data, ": a schema this large once its $refs "
+                                   "are put in place cannot be sent to this "
+                                   "channel"));
+    llmgw_buf_free(&b);
+}
+
+
 /* ---- Anthropic messages -> OpenAI chat ---- */
 
 static void
@@ -2580,6 +2718,9 @@ main(void)
         cmocka_unit_test(
             test_gemini_tool_schema_keeps_only_keys_gemini_knows),
         cmocka_unit_test(test_gemini_schema_formats_enums_consts_and_one_of),
+        cmocka_unit_test(
+            test_gemini_tool_schema_references_are_put_in_place),
+        cmocka_unit_test(test_gemini_tool_schema_it_cannot_say_is_refused),
         cmocka_unit_test(
             test_anthropic_system_blocks_become_first_system_message),
         cmocka_unit_test(
