@@ -861,8 +861,9 @@ ngx_llmgw_find_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 }
 
 
-/* A 2xx, unless its stream failed under that head (no text: the
-   upstream's error came first, or not one event came). */
+/* A 2xx, unless its answer failed under that head (a stream without
+   text: the upstream's error came first, or not one event came; a JSON
+   answer ended by the upstream's closing that is none). */
 ngx_uint_t
 ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
@@ -875,7 +876,7 @@ ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     }
 
     return ctx->resp == NULL
-           || !llmgw_resp_failed_stream(ctx->resp, ctx->end_status
+           || !llmgw_resp_failed(ctx->resp, ctx->end_status
                                         == NGX_HTTP_CLIENT_CLOSED_REQUEST);
 }
 

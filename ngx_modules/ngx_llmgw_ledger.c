@@ -101,7 +101,7 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         row.status = (int) ctx->end_status;
 
     } else if (row.type[0] == 'e' && status >= 200 && status < 300) {
-        /* a stream that failed under a 200 head */
+        /* an answer that failed under a 200 head */
         row.status = NGX_HTTP_BAD_GATEWAY;
 
     } else {

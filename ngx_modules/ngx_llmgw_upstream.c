@@ -2053,6 +2053,14 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
         /* usage is complete now; a converted answer may still owe bytes */
         rc = llmgw_resp_finish(ctx->resp, &json);
 
+        if (rc == 0 && !llmgw_resp_valid(ctx->resp)) {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "llmgw: upstream answered %ui without a JSON "
+                          "answer, ended by its closing, already passed on "
+                          "(channel %L)", ctx->status,
+                          ctx->channels[ctx->current]->id);
+        }
+
         /* settled before the last bytes reach the client */
         ngx_llmgw_gateway_log(r, ctx);
 

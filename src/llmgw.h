@@ -444,11 +444,13 @@ size_t llmgw_resp_hold_max(void);
 int llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out);
 /* Usage as reported, or estimated from the delivered text. */
 void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
-/* A stream that delivered no text and opened with the upstream's error
-   event, or that the upstream ended without any event (client_gone: the
-   client left first, which is no failure of the upstream): a failure,
-   whatever status its head had. */
-int llmgw_resp_failed_stream(const llmgw_resp_t *r, int client_gone);
+/* A failure, whatever status its head had: a stream that delivered no
+   text and opened with the upstream's error event, or that the upstream
+   ended without any event (client_gone: the client left first, which is
+   no failure of the upstream); or a JSON answer that only the upstream's
+   closing ended (so not checked before its head) and that, read whole,
+   is no answer. */
+int llmgw_resp_failed(const llmgw_resp_t *r, int client_gone);
 
 
 /*

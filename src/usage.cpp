@@ -54,6 +54,7 @@ struct llmgw_resp_s {
     bool                              hold_json = false;
     bool                              convert_json = false;
     bool                              valid = false;
+    bool                              finished = false;
     /* the client asked for a stream, the upstream answered whole */
     bool                              whole_for_stream = false;
     std::unique_ptr<StreamConverter>  conv;
@@ -572,6 +573,8 @@ finish(llmgw_resp_t *r, llmgw_buf_t *out)
     out->len = 0;
 
     try {
+        r->finished = true;
+
         if (!r->stream) {
             finish_json(*r);
 
@@ -845,9 +848,15 @@ llmgw_resp_rewrites(const llmgw_resp_t *r)
 
 
 extern "C" int
-llmgw_resp_failed_stream(const llmgw_resp_t *r, int client_gone)
+llmgw_resp_failed(const llmgw_resp_t *r, int client_gone)
 {
-    if (!r->stream || r->text_bytes > 0) {
+    if (!r->stream) {
+        /* only an answer the upstream's closing ended gets here unread
+           (the others were checked whole before their head) */
+        return r->finished && !client_gone && !llmgw_resp_valid(r);
+    }
+
+    if (r->text_bytes > 0) {
         return 0;
     }
 

@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, hex, makeChannel, makeUserKey,
-    settle, startGateway, stopAll, times, uniq,
+    settle, startGateway, stopAll, times, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
     echo, openaiChat, openaiError, sendJson, startClosedPort, startMock,
@@ -50,7 +50,7 @@ describe('routing and retries', { timeout: 240000 }, () => {
 
         for (const name of ['on500', 'on429', 'onConn', 'on504', 'on400', 'max3',
             'allConn', 'stream', 'tries2', 'prio', 'weight', 'noAddr', 'noAddrOnly',
-            'split', 'cutHeader', 'errThenConn']) {
+            'split', 'cutHeader', 'errThenConn', 'closeGood', 'closeBad']) {
             M[name] = uniq(`gpt-${name}`);
         }
         ch.on500 = [await channel(M.on500, failWith(500, 'A exploded'), { priority: 10 }),
@@ -116,6 +116,23 @@ describe('routing and retries', { timeout: 240000 }, () => {
         });
         ch.cutHeader = [await channel(M.cutHeader, null, { priority: 10, base_url: cut.url }),
             await channel(M.cutHeader, answer('from B'), { priority: 5 })];
+
+        /* HTTP/1.0 answers that only the upstream's closing ends */
+        const closing = (body) => rawUpstream((sock) => sock.end(
+            `HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n${body}`));
+        assertOk(await gw.admin('PUT', '/api/pricing', {
+            [M.closeGood]: { ratio: 1, completion_ratio: 2 },
+            [M.closeBad]: { ratio: 1, completion_ratio: 2 },
+        }));
+        ch.closeGood = [await channel(M.closeGood, null, {
+            base_url: (await closing(JSON.stringify(openaiChat({
+                model: M.closeGood, content: 'closed',
+                usage: { prompt_tokens: 10, completion_tokens: 20, total_tokens: 30 },
+            })))).url,
+        })];
+        ch.closeBad = [await channel(M.closeBad, null, {
+            base_url: (await closing('<html>maintenance</html>')).url,
+        })];
 
         ({ key } = await makeUserKey(gw));
         await settle();
@@ -242,6 +259,25 @@ describe('routing and retries', { timeout: 240000 }, () => {
             assertOk(r);
             assert.equal(r.json.choices[0].message.content, 'from B');
         }
+    });
+
+    test('an answer ended by the upstream closing: charged when it is one, not when it is none', async () => {
+        const good = await gw.chat(key, M.closeGood);
+        assertOk(good);
+        assert.equal(good.json.choices[0].message.content, 'closed');
+        /* its head went out before the end could be seen: passed on as it
+           came, but an error row, and nothing charged */
+        const bad = await gw.chat(key, M.closeBad);
+        assert.equal(bad.status, 200);
+        assert.equal(bad.text, '<html>maintenance</html>');
+        const g = await waitLogs(gw, { model: M.closeGood }, (items) => items.length === 1);
+        assert.equal(g.items[0].type, 'consume');
+        assert.equal(Number(g.items[0].quota), 10 + 20 * 2);
+        const b = await waitLogs(gw, { model: M.closeBad }, (items) => items.length === 1);
+        assert.equal(b.items[0].type, 'error');
+        assert.equal(Number(b.items[0].quota), 0);
+        assert.equal(Number(b.items[0].status ?? b.items[0].code), 502);
+        assert.match(gw.errorLog(), /without a JSON answer, ended by its closing/);
     });
 
     test('no retry once a stream has started', async () => {
