@@ -534,7 +534,9 @@ ngx_llmgw_admin_loaded(void *data, ngx_int_t rc, u_char *body, size_t len)
     }
 
     arg = llmgw_plugin_upload_arg((char *) ctx->body.data, ctx->body.len,
-                                  (char *) body, len);
+                                  (char *) body, len,
+                                  (llmgw_str_t) { (char *) r->args.data,
+                                                  r->args.len });
     if (arg.data == NULL) {
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         goto done;
@@ -561,8 +563,9 @@ done:
 
 
 /*
- * An upload of ctx->body ({source, remark, enabled, force}); a marketplace
- * install also names the key and version the compiled manifest must have.
+ * An upload of ctx->body ({source, remark, enabled, force}; force may also
+ * be in the query); a marketplace install also names the key and version
+ * the compiled manifest must have.
  * NGX_DONE when the runtime was asked (the answer finalizes the request),
  * else what to finalize the request with now.
  */

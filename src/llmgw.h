@@ -595,9 +595,13 @@ int llmgw_plugin_load_request(const char *body, size_t len,
 int llmgw_plugin_load_reply(const char *reply, size_t len, char sha[65],
     llmgw_verdict_t *v);
 
-/* The llmgw_plugin_upload() argument: the admin body and the LOAD reply. */
+/*
+ * The llmgw_plugin_upload() argument: the admin body, the LOAD reply and
+ * the request's query string (which may say force, as on the other plugin
+ * calls).
+ */
 llmgw_buf_t llmgw_plugin_upload_arg(const char *body, size_t blen,
-    const char *reply, size_t rlen);
+    const char *reply, size_t rlen, llmgw_str_t query);
 
 /*
  * The CALL body {sha, hook, args} of a dry run from the admin body {hook,

@@ -146,7 +146,7 @@ llmgw_plugin_load_reply(const char *reply, size_t len, char sha[65],
 
 extern "C" llmgw_buf_t
 llmgw_plugin_upload_arg(const char *body, size_t blen, const char *reply,
-    size_t rlen)
+    size_t rlen, llmgw_str_t query)
 {
     try {
         Json b = json_parse(body, blen);
@@ -173,6 +173,15 @@ llmgw_plugin_upload_arg(const char *body, size_t blen, const char *reply,
             json_t *x = json_object_get(b.get(), k);
             if (x != nullptr) {
                 json_object_set(out.get(), k, x);
+            }
+        }
+
+        /* read by the database as it reads the query of PATCH and
+           activate; a query that is not UTF-8 says nothing */
+        if (query.len > 0) {
+            json_t *q = json_stringn(query.data, query.len);
+            if (q != nullptr) {
+                json_object_set_new(out.get(), "query", q);
             }
         }
 

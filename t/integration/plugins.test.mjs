@@ -191,6 +191,52 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         }
     });
 
+    test('the list is paged as the other admin lists: page, page_size, {items, total, page, page_size}', async () => {
+        for (const key of ['zpage-a', 'zpage-b', 'zpage-c']) {
+            assertOk(await upload(a, { source: variant(key), enabled: false }), key);
+        }
+        try {
+            const all = await a.admin('GET', '/api/plugin/task?page_size=1000');
+            assertOk(all);
+            assert.equal(all.json.total, all.json.items.length, all.text.slice(0, 300));
+            assert.ok(all.json.total >= 4, all.text.slice(0, 300));
+            assert.equal(all.json.page, 1);
+            assert.equal(all.json.page_size, 1000);
+
+            /* pages of two make the whole list, in display order */
+            const keys = [];
+            for (let page = 1; page <= Math.ceil(all.json.total / 2) + 1; page++) {
+                const r = await a.admin('GET', `/api/plugin/task?page=${page}&page_size=2`);
+                assertOk(r, `page ${page}`);
+                assert.equal(r.json.total, all.json.total);
+                assert.equal(r.json.page, page);
+                assert.equal(r.json.page_size, 2);
+                assert.ok(r.json.items.length <= 2, r.text.slice(0, 300));
+                keys.push(...r.json.items.map((p) => p.key));
+            }
+            assert.deepEqual(keys, all.json.items.map((p) => p.key));
+
+            const first = await a.admin('GET', '/api/plugin/task/');
+            assertOk(first);
+            assert.equal(first.json.page, 1);
+            assert.equal(first.json.page_size, 50);
+
+            /* refused as /api/user refuses the same parameters */
+            for (const q of ['page=0', 'page=x', 'page_size=0', 'page_size=1001']) {
+                const user = await a.admin('GET', `/api/user?${q}`);
+                const e = assertError(user, 400, { code: 'invalid_request' });
+                assertError(await a.admin('GET', `/api/plugin/task?${q}`), 400, {
+                    code: 'invalid_request',
+                    message: e.message.replace(/ \(request id: [^)]*\)$/, ''),
+                });
+            }
+        } finally {
+            for (const key of ['zpage-a', 'zpage-b', 'zpage-c']) {
+                assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`), key);
+            }
+        }
+    });
+
     test('versions: 1.1.0 uploads, activate 1.0.0, disable, delete', async () => {
         const key = 'itest-life';
         assertUploaded(await upload(a, { source: variant(key), enabled: true }), key, '1.0.0');
@@ -419,6 +465,35 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         assert.deepEqual(forced.json.manifest.description, { en: 'Claims the same native routes', 'zh-CN': '相同的路由' });
 
         assertOk(await a.admin('DELETE', '/api/plugin/task/itest-video-rival'), 'DELETE rival');
+    });
+
+    test('an upload takes force from the query as PATCH and activate do: ?force=1 or ?force=true', async () => {
+        const rival = fixture('video-task-rival.js');
+        const up = (q, body) => a.admin('POST', `/api/plugin/task${q}`, body);
+        for (const q of ['?force=0', '?force=yes', '?forced=1']) {
+            assertError(await up(q, { source: rival, enabled: true }), 409,
+                { code: 'conflict', message: /POST \/itest\/v1\/videos/ });
+        }
+        assertError(await a.admin('GET', '/api/plugin/task/itest-video-rival'), 404);
+        for (const q of ['?force=1', '?force=true', '?x=1&force=1']) {
+            const r = await up(q, { source: rival, enabled: true, force: false });
+            assert.equal(assertUploaded(r, 'itest-video-rival', '1.0.0').enabled, true, q);
+            assertOk(await a.admin('DELETE', '/api/plugin/task/itest-video-rival'), q);
+        }
+
+        /* another source under a stored version: 409 naming the way out */
+        const key = 'itest-resource';
+        assertUploaded(await upload(a, { source: variant(key), enabled: false }), key, '1.0.0');
+        const changed = variant(key).replace('a video task', 'a clip');
+        assertError(await upload(a, { source: changed, enabled: false }), 409, {
+            code: 'conflict',
+            message: `plugin ${key} version 1.0.0 is already stored with another source; ` +
+                'raise the version, or upload with force',
+        });
+        const forced = await up('?force=1', { source: changed, enabled: false });
+        assertUploaded(forced, key, '1.0.0');
+        assert.equal(forced.json.versions.length, 1, forced.text.slice(0, 300));
+        assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
     });
 
     test('a plugin whose routes can take another plugin\'s paths: 409; forced, the more specific route serves', async () => {

@@ -1222,6 +1222,52 @@ expect_eq "a disabled plugin's routes do not conflict" \
     "$(conflict "[{\"method\":\"POST\",\"path\":\"/:x/submit_$RUN\"}]")" -
 sql "DELETE FROM task_plugins WHERE key IN ('$RA', '$RB')" >/dev/null
 
+echo "== plugins: force in the upload's query, the list paged (019)"
+FA=fa_$RUN; FB=fb_$RUN
+FA_SRC="{\"key\":\"$FA\",\"version\":\"1.0.0\",\"sortPriority\":5,\"routes\":[{\"method\":\"POST\",\"path\":\"/$FA/submit_$RUN\"}]}"
+FB_SRC="{\"key\":\"$FB\",\"version\":\"1.0.0\",\"routes\":[{\"method\":\"POST\",\"path\":\"/:x/submit_$RUN\"}]}"
+# upload MANIFEST SHA [EXTRA]: llmgw_plugin_upload with enabled true
+upload() {
+    ANS=$(sql "SELECT llmgw_plugin_upload(jsonb_build_object('manifest', '$1'::jsonb,
+        'source', 'x', 'sha', '$2', 'enabled', true)${3:+ || '$3'::jsonb})")
+}
+upload "$FA_SRC" "sha-$FA"
+expect "the first plugin is stored" ".status == 200 and .body.key == \"$FA\""
+for q in 'force=0' 'force=yes' 'forced=1' ''; do
+    upload "$FB_SRC" "sha-$FB" "{\"query\":\"$q\"}"
+    expect "query \"$q\" does not force" '.status == 409 and .code == "conflict"'
+done
+upload "$FB_SRC" "sha-$FB" '{"query":"force=%FF"}'
+expect_err "a query that is not UTF-8 once decoded" 400 invalid_request "query string is not valid UTF-8 once decoded"
+upload "$FB_SRC" "sha-$FB" '{"query":"x=1&force=1","force":false}'
+expect "?force=1 forces, whatever the body says" ".status == 200 and .body.key == \"$FB\" and .body.enabled == true and (.body | has(\"query\") | not)"
+upload "$FB_SRC" "sha-$FB-2" '{"query":"force=true"}'
+expect "?force=true forces another source under a stored version" ".status == 200 and .body.versions[0].sha == \"sha-$FB-2\""
+upload "$FB_SRC" "sha-$FB-3"
+expect "without force another source under a stored version is refused" \
+    '.status == 409 and (.message | test("already stored with another source; raise the version, or upload with force$"))'
+
+api GET /plugin/task 'page_size=1000'
+plugins=$(sql "SELECT count(*) FROM task_plugins")
+expect "the list answers items, total, page and page_size" \
+    ".status == 200 and .body.total == $plugins and (.body.items | length) == $plugins and .body.page == 1 and .body.page_size == 1000"
+all=$(jq -c '[.body.items[].key]' <<<"$ANS")
+api GET /plugin/task
+expect "page_size defaults to 50" '.status == 200 and .body.page_size == 50 and .body.page == 1'
+paged='[]'
+for n in $(seq 1 "$plugins"); do
+    api GET /plugin/task/ "page=$n&page_size=1"
+    paged=$(jq -c --argjson p "$paged" '$p + [.body.items[].key]' <<<"$ANS")
+done
+expect_eq "pages of one are the list in display order" "$paged" "$all"
+api GET /plugin/task "page=$((plugins + 1))&page_size=1"
+expect "a page past the end is empty" ".status == 200 and .body.items == [] and .body.total == $plugins"
+api GET /plugin/task 'page_size=0'
+expect_err "page_size is checked as on /user" 400 invalid_request "page_size: must be an integer between 1 and 1000"
+api GET /plugin/task 'page=x'
+expect_err "page is checked as on /user" 400 invalid_request "page: must be an integer >= 1"
+sql "DELETE FROM task_plugins WHERE key IN ('$FA', '$FB')" >/dev/null
+
 echo "== upgrade: 014 trims channel keys stored before it"
 # A scratch database migrated to 013 only (a copy of migrate.sh next to the
 # first 13 files), a channel stored with a padded key, then the real
