@@ -33,6 +33,8 @@ struct ngx_llmgw_runner_s {
     ngx_llmgw_http_t          *http;        /* an HTTP call in flight */
     int64_t                    channel_id;
     ngx_msec_t                 claimed;     /* a poll job's claim */
+    ngx_msec_t                 first_try;   /* a submit's first send */
+    ngx_uint_t                 tries;       /* channels it was sent to */
     ngx_uint_t                 sent;        /* the HTTP request is out */
     void                      *busy;        /* its channel's poll count */
     ngx_queue_t                queue;       /* the poller's lists */
@@ -55,6 +57,9 @@ static void ngx_llmgw_poll_schedule(ngx_msec_t delay);
 static void ngx_llmgw_task_body_free(ngx_llmgw_task_body_t *b);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
     const llmgw_tstep_t *st);
+static void ngx_llmgw_task_tried(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_task_log_vars(ngx_llmgw_runner_t *rn,
+    ngx_http_request_t *r);
 
 
 static ngx_llmgw_main_conf_t  *ngx_llmgw_task_mcf;
@@ -477,6 +482,9 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
             continue;
 
         case LLMGW_TSTEP_HTTP:
+            if (rn->request != NULL) {
+                ngx_llmgw_task_tried(rn);
+            }
             if (ngx_llmgw_task_http(rn, st) != NGX_OK) {
                 llmgw_tjob_http_done(rn->job, -1, 0, 0, NULL, NULL, 0, NULL,
                                      0, "out of memory");
@@ -572,6 +580,75 @@ ngx_llmgw_task_respond(ngx_http_request_t *r, const llmgw_tstep_t *st)
 }
 
 
+/* A submit sent to another channel than before (not a redirect) is a try,
+   timed and counted as a chat request's. */
+static void
+ngx_llmgw_task_tried(ngx_llmgw_runner_t *rn)
+{
+    llmgw_tjob_log_t  l;
+
+    llmgw_tjob_log(rn->job, &l);
+
+    if (l.tries == rn->tries) {
+        return;
+    }
+
+    if (rn->tries == 0) {
+        rn->first_try = ngx_current_msec;
+    } else {
+        ngx_llmgw_metrics_retry();
+    }
+
+    rn->tries = l.tries;
+}
+
+
+/*
+ * The job's model, channel and tries go into the request's context before
+ * the answer, so that the $llmgw_* variables and the metrics record them as
+ * they do a chat request's.  The channel is of ctx->snapshot, which the job
+ * was made with and the request holds to its end.
+ */
+static void
+ngx_llmgw_task_log_vars(ngx_llmgw_runner_t *rn, ngx_http_request_t *r)
+{
+    u_char            *p;
+    llmgw_tjob_log_t   l;
+    ngx_llmgw_ctx_t   *ctx;
+
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return;
+    }
+
+    llmgw_tjob_log(rn->job, &l);
+
+    /* the job and its strings are freed before the log phase */
+    p = ngx_pnalloc(r->pool, l.model.len + l.upstream_model.len + 1);
+    if (p == NULL) {
+        return;
+    }
+
+    ctx->model.data = p;
+    ctx->model.len = l.model.len;
+    p = ngx_cpymem(p, l.model.data, l.model.len);
+
+    ctx->upstream_model.data = p;
+    ctx->upstream_model.len = l.upstream_model.len;
+    ngx_memcpy(p, l.upstream_model.data, l.upstream_model.len);
+
+    ctx->model_priced = l.priced ? 1 : 0;
+
+    if (l.channel != NULL) {
+        ctx->channels[0] = l.channel;
+        ctx->nchannels = 1;
+        ctx->current = 0;
+        ctx->tried = l.tries;
+        ctx->upstream_start = rn->first_try;
+    }
+}
+
+
 /* Answers the client (if still there) and frees the runner. */
 static void
 ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
@@ -594,6 +671,7 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
     rn->request = NULL;
 
     if (r != NULL) {
+        ngx_llmgw_task_log_vars(rn, r);
         ngx_llmgw_task_respond(r, st);    /* copies the body */
     }
 

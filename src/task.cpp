@@ -396,6 +396,10 @@ struct llmgw_tjob_s {
     /* channels */
     const llmgw_channel_t   *channels[16] {};
     size_t                   nchannels = 0, current = 0;
+    /* the submit's tries, for the log: where it last went, and as what */
+    const llmgw_channel_t   *sent_channel = nullptr;
+    std::string              sent_model;
+    unsigned                 tries = 0;
     std::string_view         base_url;
     const json_t            *channel_settings = nullptr;
     Json                     driver_ctx;
@@ -1213,6 +1217,12 @@ llmgw_tjob_s::send(const char *what)
     step.resend = mode == POLL;
     sse_mode_step = mode == REQUEST && out.sse;
     step.timeout_ms = sse_mode_step ? sse_idle_ms : 0;
+
+    if (mode == REQUEST && sent_channel != channels[current]) {
+        sent_channel = channels[current];
+        sent_model = upstream_model;
+        tries++;
+    }
 
     if (sse_mode_step) {
         sse = true;
@@ -2988,6 +2998,17 @@ llmgw_tjob_reserve_done(llmgw_tjob_t *j, const llmgw_verdict_t *v)
 {
     j->busy = false;
     j->reserve_refusal = v ? *v : llmgw_verdict_t {};
+}
+
+
+extern "C" void
+llmgw_tjob_log(const llmgw_tjob_t *j, llmgw_tjob_log_t *out)
+{
+    out->model = str(j->model);
+    out->upstream_model = str(j->sent_model);
+    out->channel = j->sent_channel;
+    out->tries = j->tries;
+    out->priced = j->price != nullptr;
 }
 
 

@@ -128,6 +128,23 @@ size_t llmgw_task_poll_jobs(const llmgw_snapshot_t *s,
 /* The channel a job's current step is for. */
 int64_t llmgw_tjob_channel(const llmgw_tjob_t *j);
 
+/*
+ * What the access log and the metrics say of a request job, as of a chat
+ * request: the client's model (whether it has a price), the channel the
+ * submit was last sent to (NULL: none) with the model name it was sent as,
+ * and how many channels it was sent to.  The strings live as long as the
+ * job, the channel as long as the snapshot.
+ */
+typedef struct {
+    llmgw_str_t              model;
+    llmgw_str_t              upstream_model;
+    const llmgw_channel_t   *channel;
+    unsigned                 tries;
+    int                      priced;
+} llmgw_tjob_log_t;
+
+void llmgw_tjob_log(const llmgw_tjob_t *j, llmgw_tjob_log_t *out);
+
 /* A client's request headers as {name: value} for DriverContext, without
  * the client's credentials. */
 llmgw_buf_t llmgw_task_headers_json(const llmgw_str_t *names,

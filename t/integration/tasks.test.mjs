@@ -14,11 +14,13 @@
 
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, hex, psql, settle, sleep, startGateway,
-    stopAll, tearDown,
+    assertError, assertOk, createDb, dropDb, hex, httpRequest, psql, settle, sleep,
+    startGateway, stopAll, tearDown,
 } from '../lib/harness.mjs';
 import {
     account, assertErrorShape, bareMessage, expectUsed, getTask, ledgerSum,
@@ -39,6 +41,10 @@ const HTTP = [
     'llmgw_task_poll_max_failures 3;',
     `llmgw_task_sse_idle_timeout ${SSE_IDLE_MS}ms;`,
     `llmgw_task_max_files_total ${FILES_TOTAL};`,
+    /* the $llmgw_* variables of every request, in the gateway's folder */
+    'log_format vars \'$llmgw_request_id model=$llmgw_model up=$llmgw_upstream_model \'',
+    '                \'channel=$llmgw_channel tries=$llmgw_tries "$request" $status\';',
+    'access_log vars.log vars;',
 ].join('\n  ');
 
 const bytes = (n) => randomBytes(n);
@@ -61,6 +67,29 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
     }
 
     const submit = (env, body, opts) => submitTask(gw, env, body, opts);
+
+    /* The vars.log line of an answered request, without its request id. */
+    async function varsLine(r) {
+        const rid = r.headers['x-request-id'];
+        assert.ok(rid, `X-Request-Id: ${r.text.slice(0, 200)}`);
+        let line;
+        await waitFor(() => {
+            line = fs.readFileSync(path.join(gw.dir, 'vars.log'), 'utf8')
+                .split('\n').find((l) => l.startsWith(`${rid} `));
+            return line;
+        }, 5000, { what: `the vars.log line of ${rid}` });
+        return line.slice(rid.length + 1);
+    }
+
+    /* A sample of /metrics: the value of the series with exactly these
+       labels (0 when absent). */
+    async function metric(name, labels = '') {
+        const r = await httpRequest(`${gw.url}/metrics`);
+        assert.equal(r.status, 200, r.text);
+        const series = labels ? `${name}{${labels}} ` : `${name} `;
+        const line = r.text.split('\n').find((l) => l.startsWith(series));
+        return line ? Number(line.slice(series.length)) : 0;
+    }
     const native = (env, method, p, { key = env.acct.key, body, headers } = {}) =>
         gw.req(method, `/${env.key}/v1${p}`, { key, body, headers, timeoutMs: 30000 });
 
@@ -256,6 +285,63 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assertErrorShape(r);
         await sleep(300);
         assert.equal(foreign.requests.length, 0, 'the foreign host received nothing');
+    });
+
+    /* ------------------------------------------------------------------ */
+    /* logs and metrics                                                    */
+    /* ------------------------------------------------------------------ */
+
+    test('a submit logs its model, upstream model, channel and tries, and is counted under its model', async () => {
+        const env = await setup({ mapping: true });
+        const series = (m) => `endpoint="task",model="${m}",status="200"`;
+        const r = assertOk(await submit(env, { model: env.model, prompt: 'x' }), 'submit');
+        assert.equal(await varsLine(r), `model=${env.model} up=${env.upstreamModel} ` +
+            `channel=${env.channels[0].id} tries=1 "POST /v1/tasks/${env.key} HTTP/1.1" 200`);
+
+        const n = assertOk(await native(env, 'POST', '/generate',
+            { body: { model: env.model, prompt: 'x' } }), 'native submit');
+        assert.equal(await varsLine(n), `model=${env.model} up=${env.upstreamModel} ` +
+            `channel=${env.channels[0].id} tries=1 "POST /${env.key}/v1/generate HTTP/1.1" 200`);
+
+        /* nothing was sent: the model, but no channel */
+        const none = await submit(env, { model: env.model, behave: 'throw' });
+        assertError(none, 500, { code: 'plugin_error' });
+        assert.equal(await varsLine(none), `model=${env.model} up=- channel=0 tries=0 ` +
+            `"POST /v1/tasks/${env.key} HTTP/1.1" 500`);
+
+        assert.equal(await metric('llmgw_requests_total', series(env.model)), 2);
+    });
+
+    test('a submit tried on a second channel logs that channel and two tries; the retry is counted', async () => {
+        const [v1, v2] = [await newVendor(), await newVendor()];
+        const env = await taskSetup(gw, { vendors: [v1, v2], models: 1 });
+        /* the channels share a priority: whichever is tried first fails */
+        const order = [];
+        const failFirst = (v) => () => {
+            order.push(v);
+            return order.length === 1
+                ? { status: 500, body: { error: { message: 'vendor down' } } } : undefined;
+        };
+        v1.onSubmit = failFirst(v1);
+        v2.onSubmit = failFirst(v2);
+        const retries = await metric('llmgw_retries_total');
+        const r = assertOk(await submit(env, { model: env.model, prompt: 'x' }), 'submit');
+        assert.equal(order.length, 2);
+        assert.notEqual(order[0], order[1], 'the second try went to the other channel');
+        const ch = env.channels[order[1] === v1 ? 0 : 1];
+        assert.equal(await varsLine(r), `model=${env.model} up=${env.model} channel=${ch.id} ` +
+            `tries=2 "POST /v1/tasks/${env.key} HTTP/1.1" 200`);
+        assert.equal(await metric('llmgw_retries_total'), retries + 1);
+    });
+
+    test('a model priced only under its plugin (<key>::<model>) has its own metrics series', async () => {
+        const env = await setup({ price: 'unit' });
+        env.vendor.onSubmit = () => ({ body: { id: `up-${hex(4)}`, data: { seconds: 2 } } });
+        const r = assertOk(await submit(env, { model: env.model, duration: 2 }), 'submit');
+        assert.match(await varsLine(r), new RegExp(`^model=${env.model} up=${env.model} ` +
+            `channel=${env.channels[0].id} tries=1 `));
+        assert.equal(await metric('llmgw_requests_total',
+            `endpoint="task",model="${env.model}",status="200"`), 1);
     });
 
     /* ------------------------------------------------------------------ */

@@ -806,6 +806,69 @@ test_submit_vendor_500_moves_to_the_next_channel(void **state)
 }
 
 
+/* The log names the client's model, and the channel the submit last went
+ * to with the name it went as: not a channel only priced for the next try. */
+static void
+test_submit_log_names_the_model_and_the_channel_last_sent_to(void **state)
+{
+    llmgw_tjob_t      *j = submit_job("{'model':'m1'}");
+    llmgw_tjob_log_t   l;
+
+    (void) state;
+
+    llmgw_tjob_log(j, &l);
+    assert_int_equal(l.model.len, 0);
+    assert_null(l.channel);
+
+    json_decref(submit_to_build(j));
+    llmgw_tjob_log(j, &l);
+    assert_memory_equal(l.model.data, "m1", 2);
+    assert_int_equal(l.model.len, 2);
+    assert_true(l.priced);
+    assert_null(l.channel);
+    assert_int_equal(l.tries, 0);
+    assert_int_equal(l.upstream_model.len, 0);
+
+    hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{}}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    llmgw_tjob_log(j, &l);
+    assert_non_null(l.channel);
+    assert_int_equal(l.channel->id, 1);
+    assert_int_equal(l.tries, 1);
+    assert_int_equal(l.upstream_model.len, 5);
+    assert_memory_equal(l.upstream_model.data, "m1-up", 5);
+    http_reply(j, 500, "application/json", "{\"error\":\"down\"}");
+
+    /* channel 2 is priced, but the submit has not gone there yet */
+    pass_hook(j, "extractUsage", "sha-vid", "null");
+    json_decref(expect_hook(j, "buildSubmitRequest", "sha-vid"));
+    llmgw_tjob_log(j, &l);
+    assert_int_equal(l.channel->id, 1);
+    assert_int_equal(l.tries, 1);
+
+    hook_ok(j, "{'url':'https://second.example/videos','body':{}}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    llmgw_tjob_log(j, &l);
+    assert_int_equal(l.channel->id, 2);
+    assert_int_equal(l.tries, 2);
+    assert_int_equal(l.upstream_model.len, 2);
+    assert_memory_equal(l.upstream_model.data, "m1", 2);
+
+    /* a redirect is no try of its own */
+    {
+        llmgw_str_t names[] = { LLMGW_STR("Location") };
+        llmgw_str_t values[] = { LLMGW_STR("https://second.example/v2") };
+
+        llmgw_tjob_http_done(j, 0, 0, 307, names, values, 1, "", 0, NULL);
+    }
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    llmgw_tjob_log(j, &l);
+    assert_int_equal(l.channel->id, 2);
+    assert_int_equal(l.tries, 2);
+    llmgw_tjob_free(j);
+}
+
+
 /* Once the whole submit was written (or the wait timed out) the vendor may
  * have the task: trying another channel could make a second billed one. */
 static void
@@ -1470,6 +1533,8 @@ main(void)
         cmocka_unit_test(test_submit_refused_reservation_answers_its_verdict),
         cmocka_unit_test(test_submit_descriptor_to_a_foreign_host_is_not_sent),
         cmocka_unit_test(test_submit_vendor_500_moves_to_the_next_channel),
+        cmocka_unit_test(
+            test_submit_log_names_the_model_and_the_channel_last_sent_to),
         cmocka_unit_test(test_submit_sent_then_failed_is_not_retried),
         cmocka_unit_test(test_submit_unsent_failure_moves_to_the_next_channel),
         cmocka_unit_test(
