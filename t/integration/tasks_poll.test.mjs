@@ -22,8 +22,8 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertOk, createDb, dropDb, psql, sleep, startGateway, stopAll, tearDown,
-    times, uniq,
+    assertError, assertOk, createDb, dropDb, psql, sleep, startGateway, stopAll,
+    tearDown, times, uniq,
 } from '../lib/harness.mjs';
 import {
     account, expectUsed, gate, getTask, ledgerRows, mapLimit, pidOwningPort,
@@ -453,6 +453,27 @@ describe('disabling a channel or a plugin', { timeout: 120000 }, () => {
         assertOk(await gw.admin('DELETE', `/api/channel/${env.channels[0].id}`));
         await waitStatus(gw, env.acct.key, r.json.task_id, 'FAILURE', { ms: 10000 });
         const led = await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+    });
+
+    test('a plugin with a running task: DELETE is 409; forced, the task fails after its polls and is refunded', async () => {
+        const { db, gw, vendor } = s;
+        const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        const up = uniq('up-pdel');
+        vendor.setPoll(up, running());
+        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up }));
+        const id = r.json.task_id;
+        await waitFor(() => vendor.polls(up).length >= 1, 8000, { what: 'the first poll' });
+        assertError(await gw.admin('DELETE', `/api/plugin/task/${env.key}`), 409, {
+            code: 'conflict',
+            message: `plugin ${env.key} has 1 unfinished tasks; delete with force`,
+        });
+        assertOk(await gw.admin('GET', `/api/plugin/task/${env.key}`), 'still there');
+        assertOk(await gw.admin('DELETE', `/api/plugin/task/${env.key}?force=1`), 'DELETE with force');
+        const v = await waitStatus(gw, env.acct.key, id, 'FAILURE', { ms: 10000 });
+        assert.match(v.fail_reason, new RegExp(`polling failed ${MAX_FAILURES} times in a row: ` +
+            `the plugin ${env.key} was deleted`));
+        const led = await waitLedger(db, id, ['reserve', 'refund']);
         assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
     });
 });
