@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -18,6 +19,8 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <strings.h>
 
 #include "internal.h"
 
@@ -647,6 +650,8 @@ private:
     bool text_value(const std::string &path, const json_t *v, size_t max,
         std::string &out);
     Json localized(const std::string &path, const json_t *v, size_t max);
+    void usage_description(const std::string &path, const json_t *written,
+                           const json_t *texts);
     void unknown_fields(const std::string &path, const json_t *obj,
         std::initializer_list<const char *> known);
     Json string_list(const std::string &path, const json_t *v,
@@ -801,6 +806,85 @@ Validator::text_value(const std::string &path, const json_t *v, size_t max,
 
     out = std::string(t);
     return true;
+}
+
+
+/*
+ * Usage declarations: "descriptions hold no numeric prices ... and no
+ * trailing punctuation".  Prices live in /api/pricing; a description
+ * that quotes one goes stale the day the price changes.  texts is the
+ * normalised map; written what the manifest said (a string, or the map).
+ */
+void
+Validator::usage_description(const std::string &path, const json_t *written,
+    const json_t *texts)
+{
+    static const char *const trailing[] = {
+        ".", "!", "?", ",", ";", ":", "\u3002", "\uff01", "\uff1f",
+        "\uff0c", "\uff1b", "\uff1a", "\u2026",
+    };
+    static const char *const currencies[] = {
+        "usd", "eur", "gbp", "cny", "rmb", "jpy", "cents", "cent", "\u5143",
+        "\u7f8e\u5143", "\u7f8e\u5206",
+    };
+
+    const char *k;
+    json_t *v;
+
+    json_object_foreach(const_cast<json_t *>(texts), k, v) {
+        std::string t = sv_of(v);
+        std::string p = json_is_string(written) ? path : member(path, k);
+
+        for (const char *x : trailing) {
+            if (t.size() >= std::strlen(x)
+                && t.compare(t.size() - std::strlen(x), std::string::npos, x)
+                   == 0)
+            {
+                err(p, "no trailing punctuation (" + quote(x) + ")");
+                break;
+            }
+        }
+
+        /* a currency sign before a digit, or a currency after one */
+        bool price = false;
+
+        for (size_t i = 0; i < t.size() && !price; i++) {
+            unsigned char c = t[i];
+
+            if (c == '$' || t.compare(i, 3, "\u20ac") == 0
+                || t.compare(i, 2, "\u00a3") == 0
+                || t.compare(i, 2, "\u00a5") == 0)
+            {
+                size_t j = t.find_first_not_of(' ',
+                               i + (c == '$' ? 1 : c == 0xe2 ? 3 : 2));
+                price = j != std::string::npos && std::isdigit(
+                            static_cast<unsigned char>(t[j]));
+
+            } else if (std::isdigit(c)) {
+                size_t j = t.find_first_not_of(' ', i + 1);
+
+                for (const char *cur : currencies) {
+                    size_t n = std::strlen(cur);
+
+                    /* a word: "5 centimeters" names no price */
+                    if (j != std::string::npos && j + n <= t.size()
+                        && strncasecmp(t.c_str() + j, cur, n) == 0
+                        && (static_cast<unsigned char>(cur[0]) >= 0x80
+                            || j + n == t.size()
+                            || !std::isalpha(static_cast<unsigned char>(
+                                   t[j + n]))))
+                    {
+                        price = true;
+                        break;
+                    }
+                }
+            }
+        }
+
+        if (price) {
+            err(p, "no prices: they are set with /api/pricing");
+        }
+    }
 }
 
 
@@ -2066,6 +2150,7 @@ Validator::check_usage_field(const std::string &path, const json_t *f,
         Json d = localized(path + ".description", desc, USAGE_TEXT_MAX);
 
         if (d != nullptr) {
+            usage_description(path + ".description", desc, d.get());
             json_object_set_new(norm.get(), "description", d.release());
         }
     }

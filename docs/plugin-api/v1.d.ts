@@ -168,7 +168,10 @@ export type UsageUnit = "second" | "count" | "token" | "credit";
  * A usage field. Descriptions name the billing subject (numbers) or the
  * action, true state or condition (booleans, enums); they hold no prices,
  * no protocol details and no trailing punctuation. Texts at most 256
- * characters per locale.
+ * characters per locale. Enforced at upload: a text ending in . ! ? , ; :
+ * (or their full-width forms, or an ellipsis), and a price (a currency
+ * sign before a number, or USD, EUR, GBP, CNY, RMB, JPY, cent(s), 元, 美元,
+ * 美分 after one) are refused.
  */
 export type UsageFieldSchema =
     | {

@@ -414,6 +414,10 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
             ['a legacy field',
                 VIDEO.replace("fetchMode: 'per_task',", "fetchMode: 'per_task',\n  endpoints: [{ path: '/x' }],"),
                 /meta\.endpoints.*legacy/],
+            ['a usage description quoting a price and ending in a period',
+                VIDEO.replace("fetchMode: 'per_task',", "fetchMode: 'per_task',\n  usageSchema: " +
+                    "{ seconds: { type: 'number', unit: 'second', description: 'Seconds at 0.05 USD each.' } },"),
+                /meta\.usageSchema\.seconds\.description: no trailing punctuation.*no prices: they are set with \/api\/pricing/s],
         ];
         for (const [what, source, re] of cases) {
             const r = await upload(a, { source, enabled: true });
