@@ -420,6 +420,7 @@ struct llmgw_tjob_s {
     Json                     submit;            /* parseSubmitResponse */
     Json                     immediate;
     Json                     created;           /* the task row */
+    Json                     unkept;            /* the result the row lacks */
 
     /* an SSE submit */
     bool                     sse = false, sse_delta = false;
@@ -731,6 +732,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *after_submit_usage();
     const llmgw_tstep_t *create_task();
     const llmgw_tstep_t *render_created();
+    json_t *created_view(bool api);
     void redact_hook_result();
     const llmgw_tstep_t *stream_next();
     const llmgw_tstep_t *answer_query(json_t *rows);
@@ -1435,6 +1437,16 @@ llmgw_tjob_s::create_task()
     json_object_set_new(t.get(), "action", jstr(action));
     json_object_set_new(t.get(), "model", jstr(model));
     json_object_set_new(t.get(), "upstream_model", jstr(upstream_model));
+    bool retain = !json_is_false(route ? json_object_get(route, "retainResult")
+                                       : nullptr);
+
+    /* retainResult false: a finished task's result reaches the client
+       through this submit's answer only; the row keeps no data */
+    if (!retain && terminal(status)) {
+        unkept = Json(data ? json_incref(data) : json_null());
+        data = nullptr;
+    }
+
     json_object_set_new(t.get(), "status", jstr(status));
     json_object_set_new(t.get(), "progress", jstr(progress));
     json_object_set_new(t.get(), "fail_reason",
@@ -1444,8 +1456,6 @@ llmgw_tjob_s::create_task()
     json_object_set_new(t.get(), "state", state ? json_incref(state)
                                                 : json_null());
 
-    bool retain = !json_is_false(route ? json_object_get(route, "retainResult")
-                                       : nullptr);
     json_object_set_new(t.get(), "retain_result", json_boolean(retain));
     json_object_set_new(t.get(), "quota_reserve", json_integer(quota_reserve));
     json_object_set_new(t.get(), "quota_submit",
@@ -1471,20 +1481,33 @@ llmgw_tjob_s::create_task()
 }
 
 
+/* The stored task as the submit answers it: renderers' view, or (api) the
+   generic API's, with the result a retainResult false route did not store. */
+json_t *
+llmgw_tjob_s::created_view(bool api)
+{
+    json_t *row = json_object_get(created.get(), "task");
+    json_t *v = api ? api_view(row) : task_view(row);
+
+    if (unkept) {
+        json_object_set(v, "data", unkept.get());
+    }
+    return v;
+}
+
+
 const llmgw_tstep_t *
 llmgw_tjob_s::render_created()
 {
-    json_t *row = json_object_get(created.get(), "task");
-
     if (route_kind == LLMGW_TROUTE_NATIVE) {
         std::string renderer(json_str(route, "render"));
         json_t *a = json_array();
         json_array_append(a, decode_ctx.get());
-        json_array_append_new(a, task_view(row));
+        json_array_append_new(a, created_view(false));
         return call(("native." + renderer).c_str(), a, RENDERED);
     }
 
-    Json v(api_view(row));
+    Json v(created_view(true));
     return respond_json(200, v.get());
 }
 
@@ -1815,7 +1838,7 @@ llmgw_tjob_s::next_request()
             /* The vendor took the task and it is charged: a refusal now
                would be retried by the client (and paid twice), so the
                task is answered in the host's own view, which names it. */
-            Json v(api_view(json_object_get(created.get(), "task")));
+            Json v(created_view(true));
             return respond_json(200, v.get());
         }
         return respond_json(200, hook.result.get());

@@ -537,7 +537,7 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(env.vendor.polls().length, 0, 'the vendor got no poll');
     });
 
-    test('retainResult false: the task exists and is billed, its data is not kept', async () => {
+    test('retainResult false: the submit answers the result; the task is billed, its data not kept', async () => {
         const env = await setup();
         const up = `up-${hex(4)}`;
         env.vendor.onSubmit = () => ({
@@ -548,6 +548,8 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         const id = r.json.vendor_id;
         assert.match(id, /^task_/, r.text);
         assert.equal(r.json.state, 'SUCCESS', r.text);
+        /* the client gets the result once, from the submit's render */
+        assert.equal(r.json.data?.secret_result, 'b64-image-bytes', `rendered: ${r.text}`);
         const g = assertOk(await getTask(gw, env.acct.key, id));
         assert.equal(g.json.status, 'SUCCESS');
         assert.equal(g.json.data, null, `data not persisted: ${g.text}`);

@@ -42,7 +42,9 @@
     "{'method':'GET','path':'/vid/v1/tasks/:task_id','type':'query',"        \
     "'render':'renderX'},"                                                   \
     "{'method':'GET','path':'/vid/v2/jobs/{id}','type':'query',"             \
-    "'taskIdParam':'id','render':'renderX'}]}"
+    "'taskIdParam':'id','render':'renderX'},"                                \
+    "{'method':'POST','path':'/vid/v1/instant','type':'submit',"             \
+    "'decode':'decodeX','render':'renderX','retainResult':false}]}"
 
 #define BAT_MANIFEST                                                         \
     "{'key':'bat','channelTypes':[50],'fetchMode':'batch',"                  \
@@ -361,6 +363,40 @@ query_job(const char *method, const char *path)
     q.group_ratio = 1.0;
 
     j = llmgw_tjob_request(snap, &conf, &r, &q);
+    assert_non_null(j);
+    return j;
+}
+
+
+/* A POST to a native route of vid; body_sq as JSON, or (ctype given) the
+ * raw body of that type. */
+static llmgw_tjob_t *
+native_job(const char *path, const char *ctype, const char *body_sq)
+{
+    llmgw_troute_t  r;
+    llmgw_treq_t    q;
+    char           *body = ctype ? strdup(body_sq) : sq(body_sq);
+    llmgw_tjob_t   *j;
+
+    llmgw_task_route(snap, LLMGW_STR("POST"), S(path), &r);
+    assert_int_equal(r.kind, LLMGW_TROUTE_NATIVE);
+    assert_true(r.method_ok);
+
+    memset(&q, 0, sizeof(q));
+    q.method = LLMGW_STR("POST");
+    q.path = S(path);
+    q.args = LLMGW_STR("v=1");
+    q.content_type = S(ctype ? ctype : "application/json");
+    q.body = S(body);
+    q.headers_json = LLMGW_STR("{}");
+    q.request_id = LLMGW_STR("req-3");
+    q.token = token;
+    q.group = LLMGW_STR("default");
+    q.group_ratio = 1.0;
+    q.seed = 1;
+
+    j = llmgw_tjob_request(snap, &conf, &r, &q);
+    keep_body(body);
     assert_non_null(j);
     return j;
 }
@@ -982,6 +1018,118 @@ test_submit_throwing_hook_is_plugin_error_with_its_message(void **state)
 }
 
 
+/* ---- immediate results ---- */
+
+/* A submit through route (a native path, or NULL: the generic API) whose
+ * vendor answered and whose parseSubmitResponse returned result_sq; the
+ * hooks up to the create statement are answered, the statement is the next
+ * step. */
+static llmgw_tjob_t *
+submit_parsed(const char *route, const char *result_sq)
+{
+    llmgw_tjob_t *j;
+
+    if (route != NULL) {
+        j = native_job(route, NULL, "{'model':'m1'}");
+        pass_hook(j, "native.decodeX", "sha-vid",
+                  "{'kind':'submit','model':'m1'}");
+    } else {
+        j = submit_job("{'model':'m1'}");
+    }
+
+    json_decref(submit_to_build(j));
+    hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{}}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    http_reply(j, 200, "application/json", "{}");
+    pass_hook(j, "parseSubmitResponse", "sha-vid", result_sq);
+
+    if (strstr(result_sq, "'SUCCESS'") != NULL) {
+        pass_hook(j, "extractUsageOnComplete", "sha-vid", "null");
+    }
+    return j;
+}
+
+
+/* The task row of the create statement that is the next step. */
+static json_t *
+expect_create(llmgw_tjob_t *j)
+{
+    const llmgw_tstep_t *st = expect_step(j, LLMGW_TSTEP_SQL);
+
+    assert_string_equal(st->sql, "select llmgw_task_create($1::jsonb)");
+    return jparse(st->params[0], strlen(st->params[0]));
+}
+
+
+/* retainResult false (spec, States and transitions): the data of a task
+ * finished at submit is not persisted, but the submit's renderer, and the
+ * host's own view when the renderer fails, still show it. */
+static void
+test_unretained_immediate_result_is_rendered_not_stored(void **state)
+{
+    static const char  result[] =
+        "{'taskId':'up-i','immediate':{'status':'SUCCESS',"
+        "'data':{'image_b64':'AAAA'}}}";
+    static const char  row[] =
+        "{'task':{'task_id':'task_i','status':'SUCCESS','model':'m1',"
+        "'plugin_key':'vid','action':'','progress':'100%','data':null}}";
+
+    (void) state;
+
+    for (int fails = 0; fails < 2; fails++) {
+        llmgw_tjob_t *j = submit_parsed("/vid/v1/instant", result);
+        json_t *t = expect_create(j);
+
+        assert_true(json_is_false(json_object_get(t, "retain_result")));
+        assert_string_equal(jstr_at(t, "status", NULL), "SUCCESS");
+        assert_true(json_is_null(json_object_get(t, "data")));
+        json_decref(t);
+        sql_reply(j, row);
+
+        json_t *f = expect_hook(j, "native.renderX", "sha-vid");
+        assert_json_eq(json_object_get(hook_arg(f, 1), "data"),
+                       "{'image_b64':'AAAA'}");
+        json_decref(f);
+
+        if (fails) {
+            hook_reply(j, "{'ok':false,'error':{'kind':'plugin',"
+                          "'message':'boom'}}");
+        } else {
+            hook_ok(j, "{'img':'rendered'}");
+        }
+
+        json_t *b = expect_respond(j, 200);
+        if (fails) {
+            assert_string_equal(jstr_at(b, "task_id", NULL), "task_i");
+            assert_json_eq(json_object_get(b, "data"),
+                           "{'image_b64':'AAAA'}");
+        } else {
+            assert_json_eq(b, "{'img':'rendered'}");
+        }
+        json_decref(b);
+        llmgw_tjob_free(j);
+    }
+}
+
+
+/* A retaining route stores what it renders. */
+static void
+test_retained_immediate_result_is_stored(void **state)
+{
+    llmgw_tjob_t *j = submit_parsed("/vid/v1/generate",
+                                    "{'taskId':'up-r','immediate':"
+                                    "{'status':'SUCCESS','data':{'v':1}}}");
+    json_t *t = expect_create(j);
+
+    (void) state;
+
+    assert_true(json_is_true(json_object_get(t, "retain_result")));
+    assert_json_eq(json_object_get(t, "data"), "{'v':1}");
+    json_decref(t);
+    llmgw_tjob_free(j);
+}
+
+
 /* ---- SSE submit ---- */
 
 static void
@@ -1543,6 +1691,9 @@ main(void)
             test_submit_vendor_401_quoting_the_channel_key_hides_it),
         cmocka_unit_test(
             test_submit_throwing_hook_is_plugin_error_with_its_message),
+        cmocka_unit_test(
+            test_unretained_immediate_result_is_rendered_not_stored),
+        cmocka_unit_test(test_retained_immediate_result_is_stored),
         cmocka_unit_test(
             test_sse_submit_reads_events_until_done_then_parses_the_state),
         cmocka_unit_test(test_sse_submit_event_not_done_waits_for_more),
