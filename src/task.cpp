@@ -221,6 +221,44 @@ body_value(std::string_view body)
     return j != nullptr ? j : jstr(utf8_prefix(body, body.size()));
 }
 
+/*
+ * The task's data after a parse result (a TaskResult of v1.d.ts, from a
+ * poll or a submit's immediate): its "data" member replaces the old data,
+ * else its other members are merged into it.  nullptr: the data stays.
+ */
+json_t *
+result_data(const json_t *r, const json_t *old)
+{
+    json_t *data = json_object_get(r, "data");
+
+    if (data != nullptr) {
+        return json_incref(data);
+    }
+
+    Json rest(json_object());
+    const char *k;
+    json_t *v;
+
+    json_object_foreach(const_cast<json_t *>(r), k, v) {
+        std::string_view key(k);
+        if (key != "status" && key != "progress" && key != "reason"
+            && key != "state" && key != "taskId")
+        {
+            json_object_set(rest.get(), k, v);
+        }
+    }
+
+    if (json_object_size(rest.get()) == 0) {
+        return nullptr;
+    }
+
+    json_t *merged = json_is_object(old) ? json_deep_copy(old)
+                                         : json_object();
+    json_object_update(merged, rest.get());
+    return merged;
+}
+
+
 /* The pieces of a claimed or looked-up task row the engine uses. */
 struct TaskRow {
     Json         row;
@@ -419,6 +457,8 @@ struct llmgw_tjob_s {
     std::string              http_body;
     Json                     submit;            /* parseSubmitResponse */
     Json                     immediate;
+    Json                     task_data;         /* what the row starts */
+    Json                     task_state;        /* with (none: null) */
     Json                     created;           /* the task row */
     Json                     unkept;            /* the result the row lacks */
 
@@ -1354,6 +1394,21 @@ llmgw_tjob_s::after_parse()
 
     submit = Json(json_incref(r));
 
+    /* an immediate result changes them as a poll's result would */
+    task_data = Json(json_incref(json_object_get(r, "taskData")));
+    task_state = Json(json_incref(json_object_get(r, "state")));
+
+    if (immediate) {
+        Json d(result_data(immediate.get(), task_data.get()));
+        if (d) {
+            task_data = std::move(d);
+        }
+        json_t *s = json_object_get(immediate.get(), "state");
+        if (s != nullptr) {
+            task_state = Json(json_incref(s));
+        }
+    }
+
     if (exports_has(manifest, "extractUsageOnSubmit")) {
         json_t *a = json_array();
         json_array_append(a, driver_ctx.get());
@@ -1376,10 +1431,7 @@ llmgw_tjob_s::after_submit_usage()
         json_t *view = json_object();
         json_object_set_new(view, "task_id", jstr(task_id));
         json_object_set_new(view, "status", json_string("SUCCESS"));
-        json_t *data = json_object_get(immediate.get(), "data");
-        if (data == nullptr) {
-            data = json_object_get(submit.get(), "taskData");
-        }
+        json_t *data = task_data.get();
         json_object_set_new(view, "data", data ? json_incref(data)
                                                : json_null());
         json_t *a = json_array();
@@ -1400,22 +1452,14 @@ llmgw_tjob_s::create_task()
     Json t(json_object());
 
     std::string status = "SUBMITTED";
-    json_t *data = json_object_get(r, "taskData");
-    json_t *state = json_object_get(r, "state");
+    json_t *data = task_data.get();
+    json_t *state = task_state.get();
     std::string progress, reason;
 
     if (immediate) {
         status = std::string(json_str(immediate.get(), "status"));
         progress = status == "SUCCESS" ? "100%" : "";
         reason = std::string(json_str(immediate.get(), "reason"));
-        json_t *d = json_object_get(immediate.get(), "data");
-        if (d != nullptr) {
-            data = d;
-        }
-        json_t *s = json_object_get(immediate.get(), "state");
-        if (s != nullptr) {
-            state = s;
-        }
         if (status == "FAILURE" && reason.empty()) {
             reason = "the task failed";
         }
@@ -1950,29 +1994,9 @@ llmgw_tjob_s::poll_result(size_t i, const json_t *r, bool parse_2xx)
         json_object_set_new(u, "progress", json_string(buf));
     }
 
-    /* the result's data: its "data" member, else its other members */
-    json_t *data = json_object_get(r, "data");
-    if (data != nullptr) {
-        json_object_set(u, "data", data);
-    } else {
-        Json rest(json_object());
-        const char *k;
-        json_t *v;
-        json_object_foreach(const_cast<json_t *>(r), k, v) {
-            std::string_view key(k);
-            if (key != "status" && key != "progress" && key != "reason"
-                && key != "state" && key != "taskId")
-            {
-                json_object_set(rest.get(), k, v);
-            }
-        }
-        if (json_object_size(rest.get()) > 0) {
-            json_t *old = json_object_get(tasks[i].row.get(), "data");
-            Json merged(json_is_object(old) ? json_deep_copy(old)
-                                            : json_object());
-            json_object_update(merged.get(), rest.get());
-            json_object_set(u, "data", merged.get());
-        }
+    Json data(result_data(r, json_object_get(tasks[i].row.get(), "data")));
+    if (data) {
+        json_object_set(u, "data", data.get());
     }
 
     /* persisted data and state: at most 1 MiB each, never cut */

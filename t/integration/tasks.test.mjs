@@ -506,7 +506,7 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         await expectUsed(gw, db, env.acct, 0);
     });
 
-    test('immediate SUCCESS: settled at submit, never polled', async () => {
+    test('immediate SUCCESS: settled at submit, never polled; its members join the task data', async () => {
         const env = await setup({ price: 'unit' });
         const up = `up-${hex(4)}`;
         env.vendor.onSubmit = () => ({
@@ -514,6 +514,10 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         });
         const r = assertOk(await submit(env, { model: env.model, duration: 2 }));
         assert.equal(r.json.status, 'SUCCESS', r.text);
+        /* a result without `data` is merged into the taskData, as a poll's is */
+        const merged = { submit_status: 200, seconds: 3, result: 'inline' };
+        assert.deepEqual(r.json.data, merged, r.text);
+        assert.deepEqual((await getTask(gw, env.acct.key, r.json.task_id)).json.data, merged);
         const led = await waitLedger(db, r.json.task_id, ['reserve', 'settle']);
         assert.equal(led.reserve + (led.adjust || 0) + led.settle, 3 * PER_SECOND, JSON.stringify(led));
         await expectUsed(gw, db, env.acct, 3 * PER_SECOND);

@@ -1112,6 +1112,55 @@ test_unretained_immediate_result_is_rendered_not_stored(void **state)
 }
 
 
+/* An immediate result is a TaskResult like a poll's (v1.d.ts): without
+ * "data", its other members are merged into the taskData; with it, "data"
+ * replaces the taskData. */
+static void
+test_immediate_result_members_merge_into_the_task_data(void **state)
+{
+    llmgw_tjob_t *j = submit_job("{'model':'m1'}");
+    json_t       *f, *t;
+
+    (void) state;
+
+    json_decref(submit_to_build(j));
+    hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{}}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    http_reply(j, 200, "application/json", "{}");
+    pass_hook(j, "parseSubmitResponse", "sha-vid",
+              "{'taskId':'up-m','taskData':{'k':1,'url':'old'},"
+              "'state':{'s':1},'immediate':{'status':'SUCCESS',"
+              "'progress':'90%','reason':'','url':'https://cdn.example/v.mp4',"
+              "'result':{'w':2}}}");
+
+    f = expect_hook(j, "extractUsageOnComplete", "sha-vid");
+    assert_json_eq(json_object_get(hook_arg(f, 0), "data"),
+                   "{'k':1,'url':'https://cdn.example/v.mp4',"
+                   "'result':{'w':2}}");
+    assert_json_eq(hook_arg(f, 2), "{'k':1,'url':'https://cdn.example/v.mp4',"
+                                   "'result':{'w':2}}");
+    json_decref(f);
+    hook_ok(j, "null");
+
+    t = expect_create(j);
+    assert_json_eq(json_object_get(t, "data"),
+                   "{'k':1,'url':'https://cdn.example/v.mp4',"
+                   "'result':{'w':2}}");
+    assert_json_eq(json_object_get(t, "state"), "{'s':1}");
+    json_decref(t);
+    llmgw_tjob_free(j);
+
+    j = submit_parsed(NULL, "{'taskId':'up-d','taskData':{'k':1},"
+                            "'immediate':{'status':'SUCCESS','url':'u',"
+                            "'data':{'only':true},'state':{'s':2}}}");
+    t = expect_create(j);
+    assert_json_eq(json_object_get(t, "data"), "{'only':true}");
+    assert_json_eq(json_object_get(t, "state"), "{'s':2}");
+    json_decref(t);
+    llmgw_tjob_free(j);
+}
+
+
 /* A retaining route stores what it renders. */
 static void
 test_retained_immediate_result_is_stored(void **state)
@@ -1694,6 +1743,8 @@ main(void)
         cmocka_unit_test(
             test_unretained_immediate_result_is_rendered_not_stored),
         cmocka_unit_test(test_retained_immediate_result_is_stored),
+        cmocka_unit_test(
+            test_immediate_result_members_merge_into_the_task_data),
         cmocka_unit_test(
             test_sse_submit_reads_events_until_done_then_parses_the_state),
         cmocka_unit_test(test_sse_submit_event_not_done_waits_for_more),
