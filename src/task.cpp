@@ -64,6 +64,14 @@ terminal(std::string_view s)
     return s == "SUCCESS" || s == "FAILURE";
 }
 
+/* A submit answer that the next channel may do better with (contract
+   facts: 429 and 5xx except 504; the vendor did not take the task). */
+bool
+retryable_status(int s)
+{
+    return s == 429 || (s >= 500 && s != 504);
+}
+
 json_t *
 jstr(std::string_view s)
 {
@@ -767,6 +775,9 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *build_submit();
     const llmgw_tstep_t *send(const char *what);
     const llmgw_tstep_t *after_send();
+    bool another_channel(bool retryable) const;
+    const llmgw_tstep_t *next_channel();
+    const llmgw_tstep_t *transport_failed();
     const llmgw_tstep_t *parse_submit(json_t *body);
     const llmgw_tstep_t *after_parse();
     const llmgw_tstep_t *after_submit_usage();
@@ -1270,7 +1281,15 @@ llmgw_tjob_s::send(const char *what)
         sse = true;
         sse_delta = json_has_string(json_object_get(manifest, "requiredCapabilities"),
                            "submit-sse-delta@1");
+        /* each try reads its own stream */
+        if (sse_parser != nullptr) {
+            llmgw_sse_free(sse_parser);
+        }
         sse_parser = llmgw_sse_new(kMaxTaskBody);
+        if (acc != nullptr) {
+            llmgw_sse_acc_free(acc);
+            acc = nullptr;
+        }
         if (sse_delta) {
             acc = llmgw_sse_acc_new();
         }
@@ -1322,18 +1341,61 @@ llmgw_tjob_s::after_send()
     }
 
     if (http_status < 200 || http_status > 299) {
-        bool retryable = http_status == 429
-                         || (http_status >= 500 && http_status != 504);
-
-        if (retryable && current + 1 < nchannels && pinned_channel == 0) {
-            current++;
-            return extract_usage();
+        if (another_channel(retryable_status(http_status))) {
+            return next_channel();
         }
-
         return fail_upstream(http_status, http_body);
     }
 
     return parse_submit(body_value(http_body));
+}
+
+
+/* Whether a try that failed before the vendor accepted the submit goes on
+   to the next channel; a submit that names origin tasks has one. */
+bool
+llmgw_tjob_s::another_channel(bool retryable) const
+{
+    return retryable && current + 1 < nchannels && pinned_channel == 0;
+}
+
+
+/* The next channel's try, a JSON or SSE submit, from a clean slate. */
+const llmgw_tstep_t *
+llmgw_tjob_s::next_channel()
+{
+    current++;
+
+    http_status = 0;
+    http_body.clear();
+    http_headers.reset();
+    transport_error.clear();
+
+    sse = false;
+    stream_ok = false;
+    stream_ended = false;
+    stream_cancelled = false;
+    stream_error.clear();
+    events.clear();
+    sse_state.reset();
+
+    return extract_usage();
+}
+
+
+/* The vendor could not be reached, or did not answer in time. */
+const llmgw_tstep_t *
+llmgw_tjob_s::transport_failed()
+{
+    /* once the vendor may have the submit, trying elsewhere could make a
+       second billed task */
+    if (another_channel(!transport_sent && !transport_timeout)) {
+        return next_channel();
+    }
+
+    return fail(transport_timeout ? 504 : 502, "upstream_error",
+                "do_request_failed",
+                "the task upstream could not be reached: " + transport_error);
 }
 
 
@@ -1610,6 +1672,10 @@ const llmgw_tstep_t *
 llmgw_tjob_s::stream_next()
 {
     if (!stream_error.empty()) {
+        if (http_status == 0) {
+            /* no answer at all: the vendor has not accepted the submit */
+            return transport_failed();
+        }
         return fail(502, "upstream_error", "bad_response_status_code",
                     "the submit event stream failed: " + stream_error);
     }
@@ -1630,6 +1696,9 @@ llmgw_tjob_s::stream_next()
     if (stream_ended) {
         if (!stream_ok) {
             /* a non-2xx answer to an SSE submit: its body is the error */
+            if (another_channel(retryable_status(http_status))) {
+                return next_channel();
+            }
             return fail_upstream(http_status, http_body);
         }
         return fail(502, "upstream_error", "bad_response_status_code",
@@ -1770,19 +1839,7 @@ llmgw_tjob_s::next_request()
 
     case SENT:
         if (!transport_error.empty()) {
-            /* once the vendor may have the submit, trying elsewhere could
-             * make a second billed task */
-            if (!transport_sent && !transport_timeout
-                && current + 1 < nchannels && pinned_channel == 0)
-            {
-                transport_error.clear();
-                current++;
-                return extract_usage();
-            }
-            return fail(transport_timeout ? 504 : 502, "upstream_error",
-                        "do_request_failed",
-                        "the task upstream could not be reached: "
-                        + transport_error);
+            return transport_failed();
         }
         return after_send();
 
@@ -2900,6 +2957,10 @@ llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int flags, int status,
                                               "timeout"
                                             : std::string(err ? err
                                                               : "read failed");
+                /* before any answer: what a JSON submit's failure says */
+                j->transport_error = err ? err : "the request failed";
+                j->transport_timeout = (flags & LLMGW_THTTP_TIMED_OUT) != 0;
+                j->transport_sent = (flags & LLMGW_THTTP_SENT) != 0;
             }
             return;
         }

@@ -750,6 +750,43 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         await expectUsed(gw, db, env.acct, 0);
     });
 
+    test('SSE: a 429 or 5xx (not 504) before the vendor accepted moves to the next channel, as JSON does', async () => {
+        const [v1, v2] = [await newVendor(), await newVendor()];
+        const env = await taskSetup(gw, { fixture: 'task-sse.js', vendors: [v1, v2], models: 1 });
+        const ids = [];
+        for (const status of [429, 502, 504]) {
+            /* the channels share a priority: whichever is tried first refuses */
+            const order = [];
+            const up = `up-${hex(4)}`;
+            const refuseFirst = (v) => () => {
+                order.push(v);
+                return order.length === 1
+                    ? { status, body: { error: { message: `vendor says ${status}` } } }
+                    : { upId: up, sse: [sseFrame({ event: 'accepted', id: '1', data: { id: up } }),
+                                        sseFrame({ event: 'done', id: '2', data: {} })] };
+            };
+            v1.onSubmit = refuseFirst(v1);
+            v2.onSubmit = refuseFirst(v2);
+            const r = await submit(env, { model: env.model });
+            if (status === 504) {
+                assertError(r, 504, { type: 'upstream_error' });
+                assert.match(bareMessage(r), /vendor says 504/);
+                assert.equal(order.length, 1, '504: never tried elsewhere');
+                continue;
+            }
+            assertOk(r, `${status}, then the other channel`);
+            assert.equal(order.length, 2, `${status}: tried twice`);
+            assert.notEqual(order[0], order[1], `${status}: the second try went to the other channel`);
+            assert.equal(r.json.data.stream.id, up, r.text);
+            ids.push(r.json.task_id);
+        }
+        /* the refused tries cost nothing: one reserve per task */
+        for (const id of ids) {
+            const led = await waitLedger(db, id, ['reserve']);
+            assert.equal(led.reserve, PER_TASK, JSON.stringify(led));
+        }
+    });
+
     test('SSE delta limits: 256 changes pass; 257, a bad path, a bad append or a big state fail once', async () => {
         const env = await setup({ fixture: 'task-sse-delta.js', models: 1 });
         const root = (up) => sseFrame({ data: { changes: [{ op: 'set', path: [], value: { id: up, items: [], s: 'x' } }] } });

@@ -1263,6 +1263,116 @@ test_sse_submit_event_not_done_waits_for_more(void **state)
 }
 
 
+/* An SSE submit of m1 sent to channel 1, before any answer. */
+static llmgw_tjob_t *
+sse_submit_sent(void)
+{
+    llmgw_tjob_t *j = submit_job("{'model':'m1'}");
+
+    json_decref(submit_to_build(j));
+    hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{},"
+               "'responseType':'sse'}");
+    assert_int_equal(expect_step(j, LLMGW_TSTEP_HTTP)->out->sse, 1);
+    expect_step(j, LLMGW_TSTEP_WAIT);
+    return j;
+}
+
+
+/* The vendor answers an SSE submit with status and an error body. */
+static void
+sse_refused(llmgw_tjob_t *j, int status)
+{
+    llmgw_str_t        names[] = { LLMGW_STR("content-type") };
+    llmgw_str_t        values[] = { LLMGW_STR("application/json") };
+    static const char  body[] = "{\"error\":{\"message\":\"busy\"}}";
+
+    assert_int_equal(llmgw_tjob_stream_headers(j, status, names, values, 1),
+                     0);
+    assert_int_equal(llmgw_tjob_stream_data(j, body, strlen(body)), 0);
+    llmgw_tjob_http_done(j, 0, 0, status, names, values, 1, NULL, 0, NULL);
+}
+
+
+/* The next step is channel 2's try; its JSON submit goes through. */
+static void
+expect_second_channel_takes_it(llmgw_tjob_t *j)
+{
+    json_t *f = expect_hook(j, "extractUsage", "sha-vid");
+
+    assert_string_equal(jstr_at(hook_arg(f, 0), "baseUrl", NULL),
+                        "https://second.example");
+    json_decref(f);
+    hook_ok(j, "null");
+
+    pass_hook(j, "buildSubmitRequest", "sha-vid",
+              "{'url':'https://second.example/videos','body':{}}");
+    const llmgw_tstep_t *st = expect_step(j, LLMGW_TSTEP_HTTP);
+    assert_int_equal(st->channel_id, 2);
+    assert_int_equal(st->out->sse, 0);
+    http_reply(j, 200, "application/json", "{\"id\":\"up-2\"}");
+    pass_hook(j, "parseSubmitResponse", "sha-vid", "{'taskId':'up-2'}");
+
+    json_t *t = expect_create(j);
+    assert_int_equal(jint(t, "channel_id"), 2);
+    json_decref(t);
+}
+
+
+/* An SSE submit moves on as a JSON one does (contract facts: 429 and 5xx
+ * except 504, or a connection that never carried it) while the vendor has
+ * not accepted it. */
+static void
+test_sse_submit_refused_with_429_or_5xx_moves_to_the_next_channel(
+    void **state)
+{
+    static const int  status[] = { 429, 500, 503 };
+
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(status) / sizeof(status[0]); i++) {
+        llmgw_tjob_t *j = sse_submit_sent();
+
+        sse_refused(j, status[i]);
+        expect_second_channel_takes_it(j);
+        assert_false(llmgw_tjob_charged(j));
+        llmgw_tjob_free(j);
+    }
+
+    llmgw_tjob_t *j = sse_submit_sent();
+    llmgw_tjob_http_done(j, -1, 0, 0, NULL, NULL, 0, NULL, 0,
+                         "could not connect to vendor.example:443");
+    expect_second_channel_takes_it(j);
+    llmgw_tjob_free(j);
+}
+
+
+static void
+test_sse_submit_504_or_a_sent_failure_is_final(void **state)
+{
+    llmgw_tjob_t *j = sse_submit_sent();
+
+    (void) state;
+
+    sse_refused(j, 504);
+    expect_error(j, 504, "upstream_error", "bad_response_status_code",
+                 "busy");
+    llmgw_tjob_free(j);
+
+    j = sse_submit_sent();
+    sse_refused(j, 400);
+    expect_error(j, 400, "upstream_error", "bad_response_status_code",
+                 "busy");
+    llmgw_tjob_free(j);
+
+    j = sse_submit_sent();
+    llmgw_tjob_http_done(j, -1, LLMGW_THTTP_SENT, 0, NULL, NULL, 0, NULL, 0,
+                         "the connection was reset");
+    expect_error(j, 502, "upstream_error", "do_request_failed",
+                 "the connection was reset");
+    llmgw_tjob_free(j);
+}
+
+
 /* ---- polling ---- */
 
 #define ROW_VID(failures, extra)                                             \
@@ -1748,6 +1858,9 @@ main(void)
         cmocka_unit_test(
             test_sse_submit_reads_events_until_done_then_parses_the_state),
         cmocka_unit_test(test_sse_submit_event_not_done_waits_for_more),
+        cmocka_unit_test(
+            test_sse_submit_refused_with_429_or_5xx_moves_to_the_next_channel),
+        cmocka_unit_test(test_sse_submit_504_or_a_sent_failure_is_final),
         cmocka_unit_test(test_poll_404_fails_the_task_without_parsing),
         cmocka_unit_test(test_poll_500_counts_a_failure_and_keeps_the_status),
         cmocka_unit_test(test_poll_failures_reaching_the_limit_fail_the_task),
