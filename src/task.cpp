@@ -64,6 +64,16 @@ terminal(std::string_view s)
     return s == "SUCCESS" || s == "FAILURE";
 }
 
+/* Persisted data and state are at most 1 MiB each, encoded; nothing is
+   cut (spec, Limits).  Any JSON value: a scalar counts as well. */
+bool
+over_task_limit(const json_t *v)
+{
+    return v != nullptr
+           && json_dumpb(v, nullptr, 0, JSON_COMPACT | JSON_ENCODE_ANY)
+              > kMaxTaskBody;
+}
+
 /* A submit answer that the next channel may do better with (contract
    facts: 429 and 5xx except 504; the vendor did not take the task). */
 bool
@@ -776,6 +786,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *send(const char *what);
     const llmgw_tstep_t *after_send();
     bool another_channel(bool retryable) const;
+    bool retains() const;
     const llmgw_tstep_t *next_channel();
     const llmgw_tstep_t *transport_failed();
     const llmgw_tstep_t *parse_submit(json_t *body);
@@ -1351,6 +1362,15 @@ llmgw_tjob_s::after_send()
 }
 
 
+/* Whether the route keeps the results of its tasks (retainResult). */
+bool
+llmgw_tjob_s::retains() const
+{
+    return !json_is_false(route ? json_object_get(route, "retainResult")
+                                : nullptr);
+}
+
+
 /* Whether a try that failed before the vendor accepted the submit goes on
    to the next channel; a submit that names origin tasks has one. */
 bool
@@ -1471,6 +1491,26 @@ llmgw_tjob_s::after_parse()
         }
     }
 
+    /*
+     * What would be stored over the limit is refused as a poll's result
+     * would be; here, after the vendor answered, like any other result the
+     * contract does not allow: nothing is stored or charged.  The data of a
+     * result final at once on a retainResult false route is not stored.
+     */
+    const char *big = nullptr;
+
+    if (over_task_limit(task_data.get()) && (retains() || !immediate)) {
+        big = "data";
+    } else if (over_task_limit(task_state.get())) {
+        big = "state";
+    }
+
+    if (big != nullptr) {
+        return fail(500, "gateway_error", "plugin_error",
+                    std::string("parseSubmitResponse: the task's ") + big
+                    + " is larger than 1 MiB encoded (nothing is cut)");
+    }
+
     if (exports_has(manifest, "extractUsageOnSubmit")) {
         json_t *a = json_array();
         json_array_append(a, driver_ctx.get());
@@ -1543,8 +1583,7 @@ llmgw_tjob_s::create_task()
     json_object_set_new(t.get(), "action", jstr(action));
     json_object_set_new(t.get(), "model", jstr(model));
     json_object_set_new(t.get(), "upstream_model", jstr(upstream_model));
-    bool retain = !json_is_false(route ? json_object_get(route, "retainResult")
-                                       : nullptr);
+    bool retain = retains();
 
     /* retainResult false: a finished task's result reaches the client
        through this submit's answer only; the row keeps no data */
@@ -1577,9 +1616,11 @@ llmgw_tjob_s::create_task()
                         json_integer(conf.poll_interval_ms));
     json_object_set_new(t.get(), "timeout_ms", json_integer(conf.timeout_ms));
 
+    /* data and state are capped (after_parse); this bounds the rest */
     if (json_dumpb(t.get(), nullptr, 0, JSON_COMPACT) > 4 * kMaxTaskBody) {
-        return fail(502, "gateway_error", "task_data_too_large",
-                    "the task data is larger than the host keeps");
+        return fail(500, "gateway_error", "plugin_error",
+                    "the task the plugin's results describe is larger than "
+                    "the host keeps");
     }
 
     param[0] = json_dump_pg(t.get());
@@ -2056,12 +2097,8 @@ llmgw_tjob_s::poll_result(size_t i, const json_t *r, bool parse_2xx)
         json_object_set(u, "data", data.get());
     }
 
-    /* persisted data and state: at most 1 MiB each, never cut */
     for (const char *what : { "data", "state" }) {
-        json_t *v = json_object_get(u, what);
-        if (v != nullptr
-            && json_dumpb(v, nullptr, 0, JSON_COMPACT) > kMaxTaskBody)
-        {
+        if (over_task_limit(json_object_get(u, what))) {
             json_object_del(u, "data");
             json_object_del(u, "state");
             json_object_del(u, "progress");

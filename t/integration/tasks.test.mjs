@@ -564,6 +564,28 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(env.vendor.polls().length, 0);
     });
 
+    test('taskData or state over 1 MiB at submit: 500 plugin_error, nothing stored or charged', async () => {
+        const env = await setup();
+        const big = 'x'.repeat(1536 * 1024);
+        for (const [what, body] of [['data', { data: { big } }], ['state', { state: { big } }]]) {
+            env.vendor.onSubmit = () => ({ body: { id: `up-${hex(4)}`, ...body } });
+            const r = await submit(env, { model: env.model });
+            assertError(r, 500, { code: 'plugin_error' });
+            assert.match(bareMessage(r), new RegExp(`task's ${what} is larger than 1 MiB`));
+        }
+        assert.equal(env.vendor.submits().length, 2);
+        assert.equal(await psql(db.conninfo, `select count(*) from tasks where plugin_key = '${env.key}'`), '0');
+        await expectUsed(gw, db, env.acct, 0);
+
+        /* the result of a retainResult false route is not stored: any size */
+        env.vendor.onSubmit = () => ({
+            body: { id: `up-${hex(4)}`, immediate: { status: 'SUCCESS', data: { big } } },
+        });
+        const r = assertOk(await native(env, 'POST', '/instant', { body: { model: env.model } }));
+        assert.equal(r.json.data?.big?.length, big.length, r.text.slice(0, 300));
+        await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+
     /* ------------------------------------------------------------------ */
     /* originTaskIds                                                       */
     /* ------------------------------------------------------------------ */

@@ -232,10 +232,37 @@ hook_reply(llmgw_tjob_t *j, const char *reply_sq)
 static void
 hook_ok(llmgw_tjob_t *j, const char *result_sq)
 {
-    char buf[4096];
+    size_t  n = strlen(result_sq) + 32;
+    char   *buf = malloc(n);
 
-    snprintf(buf, sizeof(buf), "{'ok':true,'result':%s}", result_sq);
+    assert_non_null(buf);
+    snprintf(buf, n, "{'ok':true,'result':%s}", result_sq);
     hook_reply(j, buf);
+    free(buf);
+}
+
+
+#define MIB  (1024 * 1024)
+
+/* fmt (one %s) with a JSON string of x's that encodes to n bytes in the
+ * place of %s; malloc'ed. */
+static char *
+with_string_of(const char *fmt, size_t n)
+{
+    char   *x = malloc(n + 1);
+    size_t  len = strlen(fmt) + n + 1;
+    char   *out = malloc(len);
+
+    assert_true(n >= 2);
+    assert_non_null(x);
+    assert_non_null(out);
+    memset(x, 'x', n);
+    x[0] = '\'';
+    x[n - 1] = '\'';
+    x[n] = '\0';
+    snprintf(out, len, fmt, x);
+    free(x);
+    return out;
 }
 
 
@@ -1161,6 +1188,71 @@ test_immediate_result_members_merge_into_the_task_data(void **state)
 }
 
 
+/* Persisted data and state are at most 1 MiB each (spec, Limits): a
+ * submit whose taskData, state or immediate data (any JSON value) is
+ * larger fails as a contract violation, before anything is stored or
+ * charged; nothing is cut. */
+static void
+test_submit_task_data_and_state_over_one_mib_are_plugin_error(void **state)
+{
+    static const char *fmts[] = {
+        "{'taskId':'up-b','taskData':%s}",
+        "{'taskId':'up-b','taskData':{'k':1},'state':%s}",
+        "{'taskId':'up-b','immediate':{'status':'FAILURE','data':%s}}",
+        "{'taskId':'up-b','immediate':{'status':'FAILURE','state':[%s]}}",
+    };
+
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(fmts) / sizeof(fmts[0]); i++) {
+        /* [s] encodes to two bytes more than s */
+        size_t  at = i == 3 ? MIB - 2 : MIB;
+        char   *fits = with_string_of(fmts[i], at);
+        char   *over = with_string_of(fmts[i], at + 1);
+
+        llmgw_tjob_t *j = submit_parsed(NULL, fits);
+        json_decref(expect_create(j));
+        llmgw_tjob_free(j);
+
+        j = submit_parsed(NULL, over);
+        expect_error(j, 500, "gateway_error", "plugin_error",
+                     "larger than 1 MiB");
+        assert_false(llmgw_tjob_charged(j));
+        llmgw_tjob_free(j);
+
+        free(fits);
+        free(over);
+    }
+}
+
+
+/* The data of a result final at once on a retainResult false route is not
+ * stored: it goes to the renderer whatever its size. */
+static void
+test_unretained_immediate_data_is_not_capped(void **state)
+{
+    char *big = with_string_of("{'taskId':'up-u','immediate':"
+                               "{'status':'SUCCESS','data':%s}}", 2 * MIB);
+    llmgw_tjob_t *j = submit_parsed("/vid/v1/instant", big);
+    json_t *t = expect_create(j);
+
+    (void) state;
+
+    assert_true(json_is_null(json_object_get(t, "data")));
+    json_decref(t);
+    sql_reply(j, "{'task':{'task_id':'task_u','status':'SUCCESS',"
+                 "'plugin_key':'vid','data':null}}");
+
+    json_t *f = expect_hook(j, "native.renderX", "sha-vid");
+    assert_int_equal(json_string_length(json_object_get(hook_arg(f, 1),
+                                                        "data")),
+                     2 * MIB - 2);
+    json_decref(f);
+    llmgw_tjob_free(j);
+    free(big);
+}
+
+
 /* A retaining route stores what it renders. */
 static void
 test_retained_immediate_result_is_stored(void **state)
@@ -1596,6 +1688,34 @@ test_poll_in_progress_sets_progress_and_clears_failures(void **state)
 }
 
 
+/* The same 1 MiB as at submit, for any JSON value the data may be. */
+static void
+test_poll_data_over_one_mib_is_a_failed_poll(void **state)
+{
+    char   *fits = with_string_of("{'status':'IN_PROGRESS','data':%s}", MIB);
+    char   *over = with_string_of("{'status':'IN_PROGRESS','data':%s}",
+                                  MIB + 1);
+    json_t *u;
+
+    (void) state;
+
+    u = poll_one(ROW_VID("0", ""), 200, "{}", fits, NULL);
+    assert_int_equal(jint(u, "poll_failures"), 0);
+    assert_int_equal(json_string_length(json_object_get(u, "data")),
+                     MIB - 2);
+    json_decref(u);
+
+    u = poll_one(ROW_VID("0", ""), 200, "{}", over, NULL);
+    assert_int_equal(jint(u, "poll_failures"), 1);
+    assert_null(json_object_get(u, "data"));
+    assert_null(json_object_get(u, "status"));
+    json_decref(u);
+
+    free(fits);
+    free(over);
+}
+
+
 static void
 test_poll_unknown_status_counts_a_failure(void **state)
 {
@@ -1854,6 +1974,9 @@ main(void)
             test_unretained_immediate_result_is_rendered_not_stored),
         cmocka_unit_test(test_retained_immediate_result_is_stored),
         cmocka_unit_test(
+            test_submit_task_data_and_state_over_one_mib_are_plugin_error),
+        cmocka_unit_test(test_unretained_immediate_data_is_not_capped),
+        cmocka_unit_test(
             test_immediate_result_members_merge_into_the_task_data),
         cmocka_unit_test(
             test_sse_submit_reads_events_until_done_then_parses_the_state),
@@ -1867,6 +1990,7 @@ main(void)
         cmocka_unit_test(test_poll_runtime_outage_is_not_counted),
         cmocka_unit_test(
             test_poll_in_progress_sets_progress_and_clears_failures),
+        cmocka_unit_test(test_poll_data_over_one_mib_is_a_failed_poll),
         cmocka_unit_test(test_poll_unknown_status_counts_a_failure),
         cmocka_unit_test(
             test_poll_4xx_with_a_non_terminal_parse_counts_a_failure),
