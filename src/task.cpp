@@ -779,6 +779,7 @@ struct llmgw_tjob_s {
 
     /* request helpers */
     const llmgw_tstep_t *start_request();
+    json_t *native_ctx();
     const llmgw_tstep_t *after_intent();
     const llmgw_tstep_t *choose_channel();
     const llmgw_tstep_t *extract_usage();
@@ -959,6 +960,32 @@ llmgw_tjob_s::usage_quota(const json_t *facts, int64_t *quota,
 }
 
 
+/* A native route's NativeDecodeContext (v1.d.ts), its body still none. */
+json_t *
+llmgw_tjob_s::native_ctx()
+{
+    json_t *ctx = json_object();
+
+    json_object_set_new(ctx, "method", jstr(method));
+    json_object_set_new(ctx, "path", jstr(path));
+
+    json_t *params = json_object();
+    path_match(json_str(route, "path"), path, params);
+    json_object_set_new(ctx, "params", params);
+
+    llmgw_buf_t q = llmgw_query_json(str(args));
+    Json qj = json_parse(q.data, q.len);
+    llmgw_buf_free(&q);
+    json_object_set_new(ctx, "query",
+                        qj ? json_incref(qj.get()) : json_object());
+
+    json_t *none = json_object();
+    json_object_set_new(none, "kind", json_string("none"));
+    json_object_set_new(ctx, "body", none);
+    return ctx;
+}
+
+
 const llmgw_tstep_t *
 llmgw_tjob_s::start_request()
 {
@@ -972,6 +999,12 @@ llmgw_tjob_s::start_request()
         param[1] = json_dump_pg(ids.get());
         return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
                    LOOKED_UP_QUERY, 2, 0);
+    }
+
+    if (route_kind == LLMGW_TROUTE_NATIVE) {
+        /* first, so that native.error shapes a refused body too: the
+           body a decoder could not be given is none */
+        decode_ctx = Json(native_ctx());
     }
 
     inbound = llmgw_inbound_parse(str(content_type), body.data(), body.size(),
@@ -1023,21 +1056,9 @@ llmgw_tjob_s::start_request()
     }
 
     /* a native route */
-    decode_ctx = Json(json_object());
-    json_object_set_new(decode_ctx.get(), "method", jstr(method));
-    json_object_set_new(decode_ctx.get(), "path", jstr(path));
-
-    json_t *params = json_object();
-    path_match(json_str(route, "path"), path, params);
-    json_object_set_new(decode_ctx.get(), "params", params);
-
-    llmgw_buf_t q = llmgw_query_json(str(args));
-    Json qj = json_parse(q.data, q.len);
-    llmgw_buf_free(&q);
-    json_object_set_new(decode_ctx.get(), "query",
-                        qj ? json_incref(qj.get()) : json_object());
     json_object_set(decode_ctx.get(), "body", dbody.get());
 
+    json_t *params = json_object_get(decode_ctx.get(), "params");
     std::string_view type = json_str(route, "type");
 
     if (type == "query") {

@@ -440,8 +440,19 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         env.vendor.onSubmit = () => ({ status: 429, body: { error: { message: 'vendor quota hit' } } });
         const e429 = shaped(await native(env, 'POST', '/generate', { body: { model: env.model } }), 429);
         assert.match(e429.message, /vendor quota hit/);
+        /* a body the gateway cannot read, before any decoder ran */
+        for (const [body, type, code] of [['{"model": ', 'application/json', 'invalid_json'],
+            ['x', 'text/plain', 'invalid_request']]) {
+            const e = shaped(await native(env, 'POST', '/generate',
+                { body, headers: { 'Content-Type': type } }), 400);
+            assert.equal(e.code, code, `${type}: ${JSON.stringify(e)}`);
+            assert.equal(e.path, `/${env.key}/v1/generate`);
+        }
+        assert.equal(env.vendor.submits().length, 1);
         /* not the plugin's route: the gateway's contract */
         assertError(await submit(env, { prompt: 'no model' }), 400, { message: 'Model name not specified' });
+        assertError(await gw.req('POST', `/v1/tasks/${env.key}`, { key: env.acct.key, body: '{"model": ',
+            headers: { 'Content-Type': 'application/json' } }), 400, { code: 'invalid_json' });
         assertError(await getTask(gw, env.acct.key, `task_${hex(12)}`), 404, { code: 'task_not_found' });
     });
 

@@ -35,7 +35,8 @@
     "'usageSchema':{'seconds':{'type':'number','unit':'second'}},"           \
     "'exports':['extractUsage','buildSubmitRequest','parseSubmitResponse',"  \
     "'parseSubmitEvent','buildQueryRequest','parseTaskResult',"              \
-    "'extractUsageOnComplete','native.decodeX','native.renderX'],"           \
+    "'extractUsageOnComplete','native.decodeX','native.renderX',"           \
+    "'native.error'],"                                                       \
     "'routes':["                                                             \
     "{'method':'POST','path':'/vid/v1/generate','type':'submit',"            \
     "'decode':'decodeX','render':'renderX'},"                                \
@@ -637,6 +638,46 @@ test_native_query_routes_take_the_id_from_their_parameter(void **state)
         hook_ok(j, "{'id':'abc','state':'queued'}");
         json_t *b = expect_respond(j, 200);
         assert_json_eq(b, "{'id':'abc','state':'queued'}");
+        json_decref(b);
+        llmgw_tjob_free(j);
+    }
+}
+
+
+/* A body the gateway cannot read is refused through the route's
+ * native.error (the plugin's envelope on its routes, contract facts), with
+ * the context there is: the body none. */
+static void
+test_native_route_body_errors_go_through_native_error(void **state)
+{
+    static const struct {
+        const char *ctype, *body, *code;
+    } cases[] = {
+        { "application/json", "{\"model\": ", "invalid_json" },
+        { "text/plain", "x", "invalid_request" },
+    };
+
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        llmgw_tjob_t *j = native_job("/vid/v1/generate", cases[i].ctype,
+                                     cases[i].body);
+        json_t *f = expect_hook(j, "native.error", "sha-vid");
+
+        assert_json_eq(hook_arg(f, 0),
+                       "{'method':'POST','path':'/vid/v1/generate',"
+                       "'params':{},'query':{'v':['1']},"
+                       "'body':{'kind':'none'}}");
+        assert_string_equal(jstr_at(hook_arg(f, 1), "code", NULL),
+                            cases[i].code);
+        assert_int_equal(jint(hook_arg(f, 1), "httpStatus"), 400);
+        assert_true(json_is_false(json_object_get(hook_arg(f, 1),
+                                                  "retryable")));
+        json_decref(f);
+
+        hook_ok(j, "{'vendor_error':'bad body'}");
+        json_t *b = expect_respond(j, 400);
+        assert_json_eq(b, "{'vendor_error':'bad body'}");
         json_decref(b);
         llmgw_tjob_free(j);
     }
@@ -1950,6 +1991,8 @@ main(void)
         cmocka_unit_test(test_get_task_of_another_id_is_not_found),
         cmocka_unit_test(
             test_native_query_routes_take_the_id_from_their_parameter),
+        cmocka_unit_test(
+            test_native_route_body_errors_go_through_native_error),
         cmocka_unit_test(
             test_submit_runs_usage_reserve_build_send_parse_create),
         cmocka_unit_test(test_submit_without_model_is_model_not_specified),
