@@ -298,7 +298,9 @@ read_done(const json_t *result, const std::string &what)
 Json
 parse_result(const char *json, size_t len, const std::string &what)
 {
-    Json root = json_parse(json, len);
+    json_error_t err;
+    /* any value: a string or a number is refused for what it is */
+    Json root(json_loadb(json, len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &err));
 
     if (!root) {
         refuse(what + " is not valid JSON");

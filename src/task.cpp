@@ -1921,8 +1921,10 @@ llmgw_tjob_s::next_request()
                  : llmgw_sse_snapshot_result(r.data(), r.size(), &done,
                                              &state, e, sizeof(e));
         if (rc != 0) {
-            return fail(502, "gateway_error", "plugin_error",
-                        hook_name_ + ": " + e);
+            /* the plugin's result, not the vendor's stream, broke a rule */
+            return fail(500, "gateway_error", "plugin_error",
+                        hook_name_ + " returned a result the contract does "
+                        "not allow: " + e);
         }
         sse_state = json_any(state.data, state.len);
         llmgw_buf_free(&state);

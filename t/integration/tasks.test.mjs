@@ -843,12 +843,29 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
                 assert.equal(r.json.data.stream.items.length, 256);
                 continue;
             }
-            assert.ok(r.status >= 500, `${what}: ${r.status} ${r.text}`);
-            assertErrorShape(r);
+            /* what the plugin returned broke the contract's limits */
+            assertError(r, 500, { code: 'plugin_error' });
+            assert.match(bareMessage(r), /^parseSubmitEventDelta returned a result the contract does not allow: /);
             await sleep(200);
             assert.equal(env.vendor.submits().length, 1, `${what}: never retried`);
         }
         await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+
+    test('SSE: an event result outside the contract is 500 plugin_error saying why; nothing charged', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        for (const [ret, why] of [[{ state: {}, done: 'yes' }, ': "done" is not a boolean'],
+            ['text', ' is not an object with state, done'],
+            [{ state: {} }, ' has no "done" (it needs exactly state, done)']]) {
+            env.vendor.reset();
+            env.vendor.onSubmit = () => ({ upId: `up-${hex(4)}`, sse: [sseFrame({ data: { ret } })] });
+            const r = await submit(env, { model: env.model });
+            assertError(r, 500, { code: 'plugin_error' });
+            assert.equal(bareMessage(r),
+                `parseSubmitEvent returned a result the contract does not allow: submit event result${why}`);
+            assert.equal(env.vendor.submits().length, 1, 'never retried');
+        }
+        await expectUsed(gw, db, env.acct, 0);
     });
 
     test('SSE: an idle stream fails after the idle timeout, once', async () => {

@@ -208,6 +208,8 @@ test_snapshot_result_needs_exactly_state_and_done(void **unused)
                    "unknown member \"extra\"");
     snapshot_fails("{\"state\":1,\"done\":1}", "\"done\" is not a boolean");
     snapshot_fails("[1]", "is not an object");
+    snapshot_fails("\"done\"", "is not an object with state, done");
+    snapshot_fails("null", "is not an object with state, done");
     snapshot_fails("{\"state\":", "not valid JSON");
 }
 

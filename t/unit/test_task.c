@@ -1396,6 +1396,47 @@ test_sse_submit_event_not_done_waits_for_more(void **state)
 }
 
 
+/* What parseSubmitEvent returns outside its contract ({state, done} with
+ * a boolean done) is the plugin's error, as for every hook: 500. */
+static void
+test_sse_event_result_outside_the_contract_is_plugin_error(void **state)
+{
+    static const struct {
+        const char *result, *part;
+    } cases[] = {
+        { "{'state':{},'done':'yes'}",
+          "does not allow: submit event result: \"done\" is not a boolean" },
+        { "'text'",
+          "does not allow: submit event result is not an object with state, "
+          "done" },
+        { "{'state':{},'done':true,'more':1}",
+          "does not allow: submit event result has an unknown member "
+          "\"more\"" },
+    };
+    llmgw_str_t        names[] = { LLMGW_STR("content-type") };
+    llmgw_str_t        values[] = { LLMGW_STR("text/event-stream") };
+    static const char  ev[] = "data: {}\n\n";
+
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        llmgw_tjob_t *j = submit_job("{'model':'m1'}");
+
+        json_decref(submit_to_build(j));
+        hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{},"
+                   "'responseType':'sse'}");
+        expect_step(j, LLMGW_TSTEP_HTTP);
+        llmgw_tjob_stream_headers(j, 200, names, values, 1);
+        assert_int_equal(llmgw_tjob_stream_data(j, ev, strlen(ev)), 1);
+        pass_hook(j, "parseSubmitEvent", "sha-vid", cases[i].result);
+
+        expect_error(j, 500, "gateway_error", "plugin_error", cases[i].part);
+        assert_false(llmgw_tjob_charged(j));
+        llmgw_tjob_free(j);
+    }
+}
+
+
 /* An SSE submit of m1 sent to channel 1, before any answer. */
 static llmgw_tjob_t *
 sse_submit_sent(void)
@@ -2024,6 +2065,8 @@ main(void)
         cmocka_unit_test(
             test_sse_submit_reads_events_until_done_then_parses_the_state),
         cmocka_unit_test(test_sse_submit_event_not_done_waits_for_more),
+        cmocka_unit_test(
+            test_sse_event_result_outside_the_contract_is_plugin_error),
         cmocka_unit_test(
             test_sse_submit_refused_with_429_or_5xx_moves_to_the_next_channel),
         cmocka_unit_test(test_sse_submit_504_or_a_sent_failure_is_final),
