@@ -475,8 +475,8 @@ struct llmgw_tjob_s {
     std::string              http_body;
     Json                     submit;            /* parseSubmitResponse */
     Json                     immediate;
-    Json                     task_data;         /* what the row starts */
-    Json                     task_state;        /* with (none: null) */
+    Json                     task_data;         /* the row's, after */
+    Json                     task_state;        /* an immediate result */
     Json                     created;           /* the task row */
     Json                     unkept;            /* the result the row lacks */
 
@@ -1604,6 +1604,7 @@ llmgw_tjob_s::create_task()
     json_object_set_new(t.get(), "action", jstr(action));
     json_object_set_new(t.get(), "model", jstr(model));
     json_object_set_new(t.get(), "upstream_model", jstr(upstream_model));
+
     bool retain = retains();
 
     /* retainResult false: a finished task's result reaches the client
@@ -3017,10 +3018,13 @@ llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int flags, int status,
                                               "timeout"
                                             : std::string(err ? err
                                                               : "read failed");
-                /* before any answer: what a JSON submit's failure says */
-                j->transport_error = err ? err : "the request failed";
-                j->transport_timeout = (flags & LLMGW_THTTP_TIMED_OUT) != 0;
-                j->transport_sent = (flags & LLMGW_THTTP_SENT) != 0;
+                if (j->http_status == 0) {
+                    /* no answer at all: judged as a JSON submit's is */
+                    j->transport_error = err ? err : "the request failed";
+                    j->transport_timeout =
+                        (flags & LLMGW_THTTP_TIMED_OUT) != 0;
+                    j->transport_sent = (flags & LLMGW_THTTP_SENT) != 0;
+                }
             }
             return;
         }
