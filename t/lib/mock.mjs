@@ -3,6 +3,7 @@
 // OpenAI- and Anthropic-style bodies and streams.
 
 import { randomBytes } from 'node:crypto';
+import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 
@@ -68,11 +69,32 @@ export async function startMock(handler = echo) {
 
 /* A loopback port with nothing listening: connections are refused. */
 export async function startClosedPort() {
-    const s = net.createServer();
-    await new Promise((resolve) => s.listen(0, '127.0.0.1', resolve));
-    const { port } = s.address();
-    await new Promise((resolve) => s.close(resolve));
-    return { url: `http://127.0.0.1:${port}`, port };
+    /*
+     * Below the ephemeral range: a port freed there could be handed to the
+     * next listen(0) of a test running alongside, which would then answer
+     * in its place.  A port in use is passed over.
+     */
+    let low = 32768;
+    try {
+        low = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range',
+                                     'utf8').trim().split(/\s+/)[0]) || low;
+    } catch {
+        /* the usual Linux default */
+    }
+    const from = Math.max(1024, low - 12000);
+    for (let i = 0; i < 200; i++) {
+        const port = from + randomBytes(2).readUInt16BE(0) % (low - from);
+        const s = net.createServer();
+        const ok = await new Promise((resolve) => {
+            s.once('error', () => resolve(false));
+            s.listen(port, '127.0.0.1', () => resolve(true));
+        });
+        if (ok) {
+            await new Promise((resolve) => s.close(resolve));
+            return { url: `http://127.0.0.1:${port}`, port };
+        }
+    }
+    throw new Error('no free port below the ephemeral range');
 }
 
 /* Handler that accepts the request and never answers. */
