@@ -1093,10 +1093,11 @@ test_anthropic_user_id_becomes_openai_user_of_at_most_64(void **state)
           "aaaa_account_00000000-1111-2222-3333-444444444444_session_"
           "55555555-6666-7777-8888-999999999999",
           "4b32c083b8b6689285f87a425a5d81368242b85fd30078b9a985ef452f8e0569" },
-        { "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
-          "9537c5fdf120482f7d58d25e9ed583f52c02b4e304ea814db1633ad565aed7e9" },
-        { "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
-          "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx" },
+        /* the boundary: 65 characters are hashed, 64 go as they are */
+        { "x-65-characters-abcdefghijklmnopqrstuvwxyz-0123456789-ABCDEFGHIJK",
+          "3052667615dea752c6597543458f2638d7d915828e50e834c6450ea1dead2299" },
+        { "x-64-characters-abcdefghijklmnopqrstuvwxyz-0123456789-ABCDEFGHIJ",
+          "x-64-characters-abcdefghijklmnopqrstuvwxyz-0123456789-ABCDEFGHIJ" },
         { "u-42", "u-42" },
     };
     char   body[512];
