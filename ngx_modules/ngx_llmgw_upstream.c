@@ -64,6 +64,8 @@ static ngx_int_t ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 static void ngx_llmgw_abort_request(ngx_http_request_t *r);
 static void ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc);
 static ngx_int_t ngx_llmgw_filter_init(void *data);
+static ngx_int_t ngx_llmgw_answer_out(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_filter(void *data, ssize_t bytes);
 static ngx_int_t ngx_llmgw_peer_init(ngx_http_request_t *r,
     ngx_http_upstream_srv_conf_t *us);
@@ -1765,6 +1767,33 @@ ngx_llmgw_bad_answer(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 }
 
 
+/* A held answer, checked: settled, then it goes out. */
+static ngx_int_t
+ngx_llmgw_answer_out(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t   out;
+
+    ngx_llmgw_gateway_log(r, ctx);
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    b->memory = 1;
+    b->flush = 1;
+    b->pos = ctx->answer.data;
+    b->last = b->pos + ctx->answer.len;
+    ngx_str_null(&ctx->answer);
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
 static ngx_int_t
 ngx_llmgw_filter_init(void *data)
 {
@@ -1777,6 +1806,19 @@ ngx_llmgw_filter_init(void *data)
     ctx = ngx_llmgw_get_ctx(r);
     if (ctx == NULL) {
         return NGX_ERROR;
+    }
+
+    if (ctx->answer.data) {
+        /*
+         * A held answer goes out now, in the same write as its head: nginx
+         * has just queued the head, and the upstream buffer is empty, so
+         * without this the head would be flushed alone and the answer
+         * written after it (two sends, and the client woken twice).
+         */
+        ctx->responded = 1;
+        u->length = 0;
+
+        return ngx_llmgw_answer_out(r, ctx) == NGX_ERROR ? NGX_ERROR : NGX_OK;
     }
 
     if (ctx->status == NGX_HTTP_NO_CONTENT
@@ -2028,24 +2070,9 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
     }
 
     if (ctx->answer.data) {
-        /* a held answer, checked: settled, then it goes out */
-        ngx_llmgw_gateway_log(r, ctx);
-
-        b = ngx_calloc_buf(r->pool);
-        if (b == NULL) {
-            return;
-        }
-
-        b->memory = 1;
-        b->flush = 1;
-        b->pos = ctx->answer.data;
-        b->last = b->pos + ctx->answer.len;
-        ngx_str_null(&ctx->answer);
-
-        out.buf = b;
-        out.next = NULL;
-
-        (void) ngx_http_output_filter(r, &out);
+        /* a held answer whose head went out without it (the client's
+           connection failed first) */
+        (void) ngx_llmgw_answer_out(r, ctx);
         return;
     }
 
