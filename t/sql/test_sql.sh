@@ -629,7 +629,9 @@ expect_eq "apply: an unlimited token's remain_quota stays" "$(bal "$CTU")" "0 43
 echo "== ledger indexes: only what readers need (009)"
 expect_eq "logs indexes" \
     "$(sql "SELECT string_agg(indexname, ' ' ORDER BY indexname) FROM pg_indexes WHERE tablename = 'logs'")" \
-    "logs_pkey logs_request_id_type_key logs_time_brin logs_token_time logs_user_time"
+    "logs_request_id_type_key logs_time_brin logs_token_time logs_user_time"
+expect_eq "rows are identified by (request_id, type) (020)" \
+    "$(sql "SELECT relreplident FROM pg_class WHERE relname = 'logs'")" "i"
 expect_eq "request ids compare byte-wise" \
     "$(sql "SELECT string_agg(coalesce(collation_name, '-'), ' ' ORDER BY column_name) FROM information_schema.columns WHERE table_name = 'logs' AND column_name IN ('request_id', 'type')")" \
     "C C"
