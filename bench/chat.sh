@@ -85,6 +85,7 @@ while [ "$P_GW" = "$P_STATIC" ] || [ "$P_GW" = "$P_BARE" ]; do P_GW=$(free_port)
 start_pg
 start_static "$P_STATIC"
 start_bare "$P_BARE" "$P_STATIC" ""
+BARE_NGINX_PID=$NGINX_PID
 start_gateway "$P_GW"
 GW_NGINX_PID=$NGINX_PID
 GW_URL=http://127.0.0.1:$P_GW
@@ -209,6 +210,36 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
+# System calls per request (not timed: strace slows the workers down):
+# the proxy's workers under strace -c for a short wrk run of each target.
+# Every extra write to a loopback socket is kernel work on both ends.
+SYSCALLS=$OUT/syscalls
+: >"$SYSCALLS"
+if command -v strace >/dev/null 2>&1 && [ "${STRACE:-1}" != 0 ]; then
+    for target in bare gateway; do
+        if [ "$target" = bare ]; then pid=$BARE_NGINX_PID url=$BARE_URL; else pid=$GW_NGINX_PID url=$GW_URL; fi
+        log "system calls per request: $target (strace, 2s)"
+        # shellcheck disable=SC2046
+        timeout -k 2 20 strace -c -f -o "$OUT/strace-$target.txt" \
+            $(bench_children "$pid" | sed 's/^/-p /') >/dev/null 2>&1 &
+        st_pid=$!
+        sleep 0.5
+        BENCH_KEYS_FILE=$KEYS BENCH_MODEL=$MODEL timeout -k 5 30 \
+            wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s "$SCRIPT_DIR/chat.lua" "$url" \
+            >"$OUT/strace-$target-wrk.txt" 2>&1 || true
+        sleep 0.2
+        kill -INT "$st_pid" 2>/dev/null || true
+        wait "$st_pid" 2>/dev/null || true
+        n=$(awk '/ requests in / { print $1 }' "$OUT/strace-$target-wrk.txt")
+        [ -n "$n" ] && [ "$n" -gt 0 ] && [ -s "$OUT/strace-$target.txt" ] || continue
+        awk -v t="$target" -v n="$n" '
+            $NF ~ /^[a-z_0-9]+$/ && $4 ~ /^[0-9]+$/ && $NF != "total" {
+                c = $4 / n; if (c >= 0.01) line = line sprintf(" %s %.2f", $NF, c)
+            }
+            END { printf "%-8s%s\n", t, line }' "$OUT/strace-$target.txt" >>"$SYSCALLS"
+    done
+fi
+
 # Ledger: a row for every gateway request.  Rows are written in batches
 # behind the answers: wait (bounded) until the count stops moving.
 LEDGER1=$(ledger_total)
@@ -274,6 +305,11 @@ awk '{ p[$1] += $2; g[$1] += $3; c[$1]++ }
     END { printf "mean CPU per request: bare nginx %.1f us; gateway %.1f us + PostgreSQL %.1f us (%.1fx bare)\n",
           p["bare"] / c["bare"], p["gateway"] / c["gateway"], g["gateway"] / c["gateway"],
           (p["gateway"] / c["gateway"] + g["gateway"] / c["gateway"]) / (p["bare"] / c["bare"]) }' "$OUT/us-per-request"
+if [ -s "$SYSCALLS" ]; then
+    echo
+    echo "system calls per request (strace -c of the workers during a 2 s run; not timed):"
+    cat "$SYSCALLS"
+fi
 echo
 echo "gateway: $gw_requests requests answered (warm-up and retries included), $gw_non2xx non-2xx, $gw_errors socket errors; bare: $bare_non2xx non-2xx"
 if [ "$retried" -gt 0 ]; then
