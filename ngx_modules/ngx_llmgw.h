@@ -16,7 +16,7 @@
 
 
 #define NGX_LLMGW_MAX_TRIES       10
-#define NGX_LLMGW_REQUEST_ID_LEN  24
+#define NGX_LLMGW_REQUEST_ID_LEN  32
 
 
 typedef struct {

@@ -102,6 +102,26 @@ describe('request log and billing', { timeout: 180000 }, () => {
         assert.equal(row.is_stream, false);
     });
 
+    test('request ids begin with the time in milliseconds, so they sort in time order on every worker', async () => {
+        const { key } = await freshKey();
+        const ids = [];
+        for (let i = 0; i < 6; i++) {
+            const t0 = Date.now();
+            /* one request per connection: nginx hands them to any worker */
+            const r = assertOk(await gw.chat(key, M, { headers: { connection: 'close' } }));
+            const t1 = Date.now();
+            const id = r.headers['x-request-id'];
+            assert.match(id, /^[0-9a-f]{32}$/);
+            const ms = parseInt(id.slice(0, 12), 16);
+            /* nginx's cached clock may lag the request by a few ms */
+            assert.ok(ms >= t0 - 1000 && ms <= t1, `${id}: ${ms} not in [${t0}, ${t1}]`);
+            ids.push(id);
+            await sleep(3);
+        }
+        assert.deepEqual([...ids].sort(), ids, 'ids sort in the order they were made');
+        assert.equal(new Set(ids).size, ids.length);
+    });
+
     test('the charge lands on the key and the user', async () => {
         const { user, token, key } = await freshKey();
         assertOk(await gw.chat(key, M));
