@@ -1459,9 +1459,9 @@ ngx_llmgw_new_resp(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         return NGX_ERROR;
     }
 
-    llmgw_resp_secret(ctx->resp, ctx->channels[ctx->current]->key,
-                      ngx_strlen(ctx->channels[ctx->current]->key),
-                      (char *) ctx->request_id, NGX_LLMGW_REQUEST_ID_LEN);
+    llmgw_resp_secret_channel(ctx->resp, ctx->channels[ctx->current],
+                              (char *) ctx->request_id,
+                              NGX_LLMGW_REQUEST_ID_LEN);
 
     if (ctx->whole_for_stream) {
         llmgw_resp_whole_for_stream(ctx->resp);

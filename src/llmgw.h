@@ -155,6 +155,8 @@ typedef struct {
     const char   *key;          /* the channel credential */
     int64_t       priority;
     int64_t       weight;
+    const void   *key_forms;    /* the spellings of key an answer may carry
+                                   (llmgw_resp_secret_channel) */
 } llmgw_channel_t;
 
 typedef struct {
@@ -400,6 +402,11 @@ void llmgw_resp_free(llmgw_resp_t *r);
    upstream error event or body may quote it); "[credential]" instead.  And
    the request id, which errors written into a converted stream end with. */
 void llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len,
+    const char *request_id, size_t id_len);
+/* The same for a channel of a snapshot, with the spellings of its key the
+   snapshot worked out once: the channel (its snapshot) and request_id must
+   outlive r. */
+void llmgw_resp_secret_channel(llmgw_resp_t *r, const llmgw_channel_t *ch,
     const char *request_id, size_t id_len);
 /* Shorter credentials would be "found" in unrelated text by chance. */
 #define LLMGW_CREDENTIAL_MIN_BYTES  8

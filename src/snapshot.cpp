@@ -23,6 +23,7 @@ struct Channel {
     llmgw_channel_t                               pub {};
     std::string                                   name, host, host_header;
     std::string                                   base_path, key, base_url;
+    std::vector<std::string>                      key_forms;
     Json                                          settings;
     std::unordered_set<std::string>               groups;
     std::unordered_map<std::string, std::string>  mapping;
@@ -248,6 +249,8 @@ parse_channel(const json_t *j, llmgw_snapshot_s &s, std::string &left_out,
     c.pub.host_header = c.host_header.c_str();
     c.pub.base_path = c.base_path.c_str();
     c.pub.key = c.key.c_str();
+    c.key_forms = credential_forms(c.key);
+    c.pub.key_forms = &c.key_forms;
 
     if (!routable) {
         s.poll_by_id[c.pub.id] = &c;

@@ -62,10 +62,15 @@ struct llmgw_resp_s {
     /* the try's channel credential, taken out of everything the client
        gets (an upstream error event can quote it); the end of the last
        output when it may be the start of one, held for the next */
-    std::string                       secret;
-    std::vector<std::string>          secret_forms;
+    std::string_view                  secret;
+    const std::vector<std::string>   *secret_forms = &own_forms;
     std::string                       secret_tail;
-    std::string                       request_id;
+    std::string_view                  request_id;
+    /* a credential given by value (llmgw_resp_secret) and its spellings;
+       a channel's are the snapshot's (llmgw_resp_secret_channel) */
+    std::string                       own_secret;
+    std::vector<std::string>          own_forms;
+    std::string                       own_request_id;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
@@ -606,7 +611,7 @@ int
 masked(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out,
     bool last)
 {
-    if (r->secret_forms.empty()) {
+    if (r->secret_forms->empty()) {
         return 0;
     }
 
@@ -623,7 +628,7 @@ masked(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out,
 
     bool found = false;
 
-    for (const std::string &f : r->secret_forms) {
+    for (const std::string &f : *r->secret_forms) {
         found = found || text.find(f) != std::string_view::npos;
     }
 
@@ -638,7 +643,7 @@ masked(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out,
     size_t hold = 0;
 
     if (!last) {
-        for (const std::string &f : r->secret_forms) {
+        for (const std::string &f : *r->secret_forms) {
             size_t from = text.size() >= f.size() ? text.size() - f.size() + 1
                                                   : 0;
             for (size_t at = from; at < text.size(); at++) {
@@ -711,16 +716,38 @@ llmgw_resp_secret(llmgw_resp_t *r, const char *key, size_t len,
     const char *request_id, size_t id_len)
 {
     try {
-        r->request_id.assign(request_id, id_len);
-        r->secret.assign(key, len);
+        r->own_request_id.assign(request_id, id_len);
+        r->request_id = r->own_request_id;
+        r->own_secret.assign(key, len);
+        r->secret = r->own_secret;
+        r->secret_forms = &r->own_forms;
         /* in answers a short key may be a word of the text ("lm-studio",
            a placeholder of local servers): only a long one is masked */
         if (len >= kSecretInAnswersMinBytes) {
-            r->secret_forms = credential_forms(r->secret);
+            r->own_forms = credential_forms(r->secret);
         }
 
     } catch (...) {
-        r->secret_forms.clear();
+        r->own_forms.clear();
+    }
+}
+
+
+extern "C" void
+llmgw_resp_secret_channel(llmgw_resp_t *r, const llmgw_channel_t *ch,
+    const char *request_id, size_t id_len)
+{
+    /* the channel and the id outlive the response (see llmgw.h) */
+    r->request_id = std::string_view(request_id, id_len);
+    r->secret = ch->key != nullptr ? std::string_view(ch->key)
+                                   : std::string_view();
+    r->secret_forms = &r->own_forms;
+
+    if (r->secret.size() >= kSecretInAnswersMinBytes
+        && ch->key_forms != nullptr)
+    {
+        r->secret_forms = static_cast<const std::vector<std::string> *>(
+                              ch->key_forms);
     }
 }
 
@@ -766,7 +793,7 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
             return -1;
         }
 
-        r->conv->request_id(r->request_id);
+        r->conv->request_id(std::string(r->request_id));
         r->conv->include_usage(json_is_true(json_object_get(
             json_object_get(body, "stream_options"), "include_usage")));
 
@@ -843,7 +870,7 @@ extern "C" int
 llmgw_resp_rewrites(const llmgw_resp_t *r)
 {
     return r->hold_json || r->conv != nullptr || r->usage_injected
-           || !r->secret_forms.empty();
+           || !r->secret_forms->empty();
 }
 
 
