@@ -625,6 +625,24 @@ expect_eq "apply without charges moves nothing" "$(bal "$CT")" "59843 157 99840 
 ANS=$(sql "SELECT llmgw_flush_apply('{$CTU}', '{40}', '{}', '{}')")
 expect_eq "apply: an unlimited token's remain_quota stays" "$(bal "$CTU")" "0 43 99840 160"
 
+echo "== balance revisions (015, 021)"
+trev() { sql "SELECT bal_rev FROM tokens WHERE id = $1"; }
+urev() { sql "SELECT bal_rev FROM users WHERE id = $1"; }
+TR=$(trev "$CT"); TRU=$(trev "$CTU"); UR=$(urev "$CU")
+ANS=$(sql "SELECT llmgw_flush_apply('{$CT,$CTU}', '{5,2}', '{$CU}', '{7}')")
+expect "apply answers each balance with its revision" \
+    ".tokens[\"$CT\"] == 59838 and .token_revs[\"$CT\"] == $((TR + 1)) and .token_revs[\"$CTU\"] == $TRU and .users[\"$CU\"] == 99833 and .user_revs[\"$CU\"] == $((UR + 1))"
+expect_eq "apply: a moved balance goes one revision on" "$(trev "$CT") $(urev "$CU")" "$((TR + 1)) $((UR + 1))"
+expect_eq "apply: an unlimited key's revision stays with its balance" "$(trev "$CTU")" "$TRU"
+sql "UPDATE tokens SET remain_quota = remain_quota + 1 WHERE id = $CT" >/dev/null
+sql "UPDATE users SET quota = quota + 1 WHERE id = $CU" >/dev/null
+expect_eq "another update of a balance goes one revision on" "$(trev "$CT") $(urev "$CU")" "$((TR + 2)) $((UR + 2))"
+sql "UPDATE tokens SET name = name || '' WHERE id = $CT" >/dev/null
+expect_eq "an update that moves no balance keeps the revision" "$(trev "$CT")" "$((TR + 2))"
+sql "UPDATE tokens SET unlimited_quota = NOT unlimited_quota WHERE id = $CTU" >/dev/null
+expect_eq "unlimited switched: a new revision" "$(trev "$CTU")" "$((TRU + 1))"
+sql "UPDATE tokens SET unlimited_quota = NOT unlimited_quota WHERE id = $CTU" >/dev/null
+
 
 echo "== ledger indexes: only what readers need (009)"
 expect_eq "logs indexes" \
