@@ -219,6 +219,11 @@ struct ngx_llmgw_ctx_s {
     unsigned                   sniffed:1;    /* its first bytes were seen */
     unsigned                   interim:1;    /* skipping a 1xx head */
     unsigned                   bad_answer:1; /* a 2xx that was no answer */
+    unsigned                   bad_status:1; /* a status that is no answer
+                                                (304) */
+    unsigned                   next_after:1; /* an error nginx would not
+                                                retry: held, then the next
+                                                channel */
     unsigned                   errpage:1;
     unsigned                   errpage_sent:1;
     unsigned                   waiting:1;

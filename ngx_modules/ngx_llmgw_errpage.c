@@ -33,6 +33,15 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
     case NGX_HTTP_BAD_GATEWAY:
         ctx = ngx_llmgw_get_ctx(r);
 
+        if (ctx != NULL && ctx->bad_status && !ctx->bad_answer
+            && ctx->last_error.len == 0)
+        {
+            llmgw_verdict_set(v, status, "gateway_error",
+                              "bad_response_status_code", "upstream answered "
+                              "with a status that is no answer (304)");
+            return;
+        }
+
         if (ctx != NULL && ctx->bad_answer) {
             llmgw_verdict_set(v, status, "gateway_error",
                               "bad_response_body", "upstream answered "

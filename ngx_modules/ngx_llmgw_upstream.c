@@ -1117,6 +1117,8 @@ ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
     ctx->interim = 0;
     ctx->sniffed = 0;
     ctx->bad_answer = 0;
+    ctx->bad_status = 0;
+    ctx->next_after = 0;
     ctx->upstream_header = 0;
     ctx->error_body = NULL;
     ctx->content_type = NULL;
@@ -1259,11 +1261,22 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
            not that of a kept-alive connection it had closed */
         u->peer.cached = 0;
 
-        /* 5xx the upstream module does not retry by itself, except 504 */
-        if (code >= 500 && code != 500 && code != 502
-            && code != 503 && code != 504
-            && u->peer.tries > 1)
-        {
+        /*
+         * 5xx the upstream module does not retry by itself, except 504:
+         * the next channel, once this one's error is held (it is the
+         * answer should no later channel answer at all).
+         */
+        ctx->next_after = code >= 500 && code != 500 && code != 502
+                          && code != 503 && code != 504
+                          && u->peer.tries > 1;
+
+        /* 304 answers no request of this API, and has no body to hold */
+        if (code == NGX_HTTP_NOT_MODIFIED) {
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "llmgw: upstream answered 304 (channel %L)",
+                          ctx->channels[ctx->current]->id);
+            ctx->bad_status = 1;
+            u->keepalive = 0;
             return NGX_HTTP_UPSTREAM_INVALID_HEADER;
         }
 
@@ -1390,6 +1403,12 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         if (u->headers_in.chunked || ctx->length >= 0) {
             ctx->holding = 1;
             return ngx_llmgw_hold(r, ctx);
+        }
+
+        if (ctx->next_after) {
+            /* an error to its closing cannot be held: the next channel */
+            u->keepalive = 0;
+            return NGX_HTTP_UPSTREAM_INVALID_HEADER;
         }
 
         return NGX_OK;
@@ -1703,6 +1722,13 @@ ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     if (ctx->error_mode) {
         ctx->last_error = ctx->answer;
         ctx->last_error_status = ctx->status;
+
+        if (ctx->next_after) {
+            ngx_str_null(&ctx->answer);
+            ctx->holding = 0;
+            ctx->upstream_header = 0;
+            return NGX_HTTP_UPSTREAM_INVALID_HEADER;
+        }
     }
 
     ctx->holding = 0;
@@ -2070,8 +2096,14 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
     }
 
     if (ctx->answer.data) {
-        /* a held answer whose head went out without it (the client's
-           connection failed first) */
+        /* a held answer whose head went out without nginx's input filter
+           set-up: settled; no body after a head that says there is none */
+        if (r->header_only) {
+            ngx_llmgw_gateway_log(r, ctx);
+            ngx_str_null(&ctx->answer);
+            return;
+        }
+
         (void) ngx_llmgw_answer_out(r, ctx);
         return;
     }

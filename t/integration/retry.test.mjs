@@ -50,7 +50,8 @@ describe('routing and retries', { timeout: 240000 }, () => {
 
         for (const name of ['on500', 'on429', 'onConn', 'on504', 'on400', 'max3',
             'allConn', 'stream', 'tries2', 'prio', 'weight', 'noAddr', 'noAddrOnly',
-            'split', 'cutHeader', 'errThenConn', 'closeGood', 'closeBad']) {
+            'split', 'cutHeader', 'errThenConn', 'closeGood', 'closeBad', 'on529Conn',
+            'on529', 'on304', 'on304Only']) {
             M[name] = uniq(`gpt-${name}`);
         }
         ch.on500 = [await channel(M.on500, failWith(500, 'A exploded'), { priority: 10 }),
@@ -72,6 +73,16 @@ describe('routing and retries', { timeout: 240000 }, () => {
         }
         ch.errThenConn = [await channel(M.errThenConn, failWith(500, 'A broke'), { priority: 10 }),
             await channel(M.errThenConn, null, { priority: 5, base_url: closed.url })];
+        /* 5xx that nginx itself would not retry (Anthropic's 529 overloaded) */
+        ch.on529Conn = [await channel(M.on529Conn, failWith(529, 'A overloaded'), { priority: 10 }),
+            await channel(M.on529Conn, null, { priority: 5, base_url: closed.url })];
+        ch.on529 = [await channel(M.on529, failWith(529, 'A overloaded'), { priority: 10 }),
+            await channel(M.on529, answer('from B'), { priority: 5 })];
+        /* 304 answers no POST of this API */
+        const notModified = (req, res) => { res.writeHead(304, { 'Content-Length': '50' }); res.end(); };
+        ch.on304 = [await channel(M.on304, notModified, { priority: 10 }),
+            await channel(M.on304, answer('from B'), { priority: 5 })];
+        ch.on304Only = [await channel(M.on304Only, notModified)];
         ch.allConn = [await channel(M.allConn, null, { priority: 10, base_url: closed.url }),
             await channel(M.allConn, null, { priority: 5, base_url: closed2.url })];
         ch.stream = [await channel(M.stream, async (req, res) => {
@@ -226,6 +237,52 @@ describe('routing and retries', { timeout: 240000 }, () => {
         assert.equal(m.status, 500, m.text);
         assert.equal(m.json.type, 'error', m.text);
         assert.match(m.json.error.message, /A broke/);
+    });
+
+    test('a 5xx nginx would not retry moves on too, and comes back when no later channel answers', async () => {
+        const ok = await gw.chat(key, M.on529);
+        assert.equal(ok.status, 200, ok.text);
+        assert.equal(ok.json.choices[0].message.content, 'from B');
+        for (const stream of [false, true]) {
+            const r = await gw.chat(key, M.on529Conn, { extra: { stream } });
+            assertError(r, 529, { type: 'upstream_error', message: 'A overloaded' });
+        }
+        const m = await gw.messages(key, M.on529Conn);
+        assert.equal(m.status, 529, m.text);
+        assert.equal(m.json.type, 'error', m.text);
+        assert.match(m.json.error.message, /A overloaded/);
+    });
+
+    test('an upstream 304 is no answer: the next channel, else 502 bad_response_status_code', async () => {
+        const ok = await gw.chat(key, M.on304);
+        assert.equal(ok.status, 200, ok.text);
+        assert.equal(ok.json.choices[0].message.content, 'from B');
+        const r = await gw.chat(key, M.on304Only);
+        assertError(r, 502, { type: 'gateway_error', code: 'bad_response_status_code' });
+
+        /* two requests in one write on one connection: the error is framed
+           (its length, its body), and the next answer follows it */
+        const req = (model, conn) => {
+            const body = JSON.stringify({ model, messages: [{ role: 'user', content: 'hi' }] });
+            return `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n` +
+                `Content-Type: application/json\r\nContent-Length: ${body.length}\r\n` +
+                `Connection: ${conn}\r\n\r\n${body}`;
+        };
+        const raw = await new Promise((resolve, reject) => {
+            const sock = net.connect(gw.port, '127.0.0.1');
+            let out = '';
+            sock.setTimeout(10000, () => { sock.destroy(); reject(new Error(`timeout: ${out}`)); });
+            sock.on('connect', () => sock.write(req(M.on304Only, 'keep-alive') + req(M.on529, 'close')));
+            sock.on('data', (d) => { out += d; });
+            sock.on('end', () => resolve(out));
+            sock.on('error', reject);
+        });
+        const first = raw.match(/^HTTP\/1\.1 502 [^\r]*\r\n([\s\S]*?)\r\n\r\n/);
+        assert.ok(first, raw);
+        const len = Number(first[1].match(/content-length: (\d+)/i)?.[1]);
+        const body = raw.slice(first[0].length, first[0].length + len);
+        assert.equal(JSON.parse(body).error.code, 'bad_response_status_code', raw);
+        assert.match(raw.slice(first[0].length + len), /^HTTP\/1\.1 200 [\s\S]*from B/, raw);
     });
 
     test('every channel unreachable: 502 do_request_failed', async () => {
