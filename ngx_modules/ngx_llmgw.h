@@ -221,6 +221,8 @@ struct ngx_llmgw_ctx_s {
     unsigned                   bad_answer:1; /* a 2xx that was no answer */
     unsigned                   bad_status:1; /* a status that is no answer
                                                 (304) */
+    unsigned                   too_large:1;  /* an answer too large to
+                                                convert */
     unsigned                   next_after:1; /* an error nginx would not
                                                 retry: held, then the next
                                                 channel */

@@ -42,6 +42,15 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
             return;
         }
 
+        if (ctx != NULL && ctx->bad_answer && ctx->too_large) {
+            llmgw_verdict_set(v, status, "gateway_error",
+                              "bad_response_body", "upstream answer is "
+                              "larger than %zu bytes and cannot be "
+                              "converted to this endpoint's format",
+                              llmgw_resp_hold_max());
+            return;
+        }
+
         if (ctx != NULL && ctx->bad_answer) {
             llmgw_verdict_set(v, status, "gateway_error",
                               "bad_response_body", "upstream answered "

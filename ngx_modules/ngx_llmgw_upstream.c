@@ -1119,6 +1119,7 @@ ngx_llmgw_reset_response(ngx_llmgw_ctx_t *ctx)
     ctx->bad_answer = 0;
     ctx->bad_status = 0;
     ctx->next_after = 0;
+    ctx->too_large = 0;
     ctx->upstream_header = 0;
     ctx->error_body = NULL;
     ctx->content_type = NULL;
@@ -1580,6 +1581,16 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         && llmgw_resp_held(ctx->resp) + (size_t) (b->last - b->pos)
            > llmgw_resp_hold_max())
     {
+        if (llmgw_resp_reshapes(ctx->resp)) {
+            /* as it came it would be in the wrong format for the client */
+            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                          "llmgw: upstream answer over %uz bytes cannot be "
+                          "converted (channel %L)", llmgw_resp_hold_max(),
+                          ctx->channels[ctx->current]->id);
+            ctx->too_large = 1;
+            return ngx_llmgw_bad_answer(r, ctx);
+        }
+
         /* too large: what is held goes out first, then these bytes */
         if (llmgw_resp_release(ctx->resp, &out) != 0) {
             return NGX_ERROR;

@@ -449,6 +449,10 @@ int llmgw_resp_holds(const llmgw_resp_t *r);
 size_t llmgw_resp_held(const llmgw_resp_t *r);
 size_t llmgw_resp_hold_max(void);
 int llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out);
+/* Whether the held answer is to be put in another shape (the client's
+   format, or the stream the client asked for): one too large to hold cannot
+   be, and is no answer for the client. */
+int llmgw_resp_reshapes(const llmgw_resp_t *r);
 /* Usage as reported, or estimated from the delivered text. */
 void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
 /* A failure, whatever status its head had: a stream that delivered no

@@ -23,6 +23,128 @@ constexpr size_t kMaxJsonBody = 16 * 1024 * 1024;
 /* The shortest channel key masked in 2xx answers and streams. */
 constexpr size_t kSecretInAnswersMinBytes = 16;
 
+/*
+ * One member of a JSON answer's root object, taken as its text from the
+ * answer's bytes as they pass: for an answer too large to hold, whose usage
+ * is still what the upstream says.  Strings and nesting are followed so that
+ * a member of that name deeper down, or text inside a string, is not taken;
+ * a value that is not an object, or one over 64 KiB, is not taken either.
+ */
+class RootMember {
+public:
+    explicit RootMember(std::string name) : name_(std::move(name)) {}
+
+    void feed(std::string_view bytes)
+    {
+        for (char c : bytes) {
+            step(c);
+        }
+    }
+
+    /* the last whole value of the member ("" when none) */
+    const std::string &value() const { return done_; }
+
+private:
+    static constexpr size_t kMaxValue = 64 * 1024;
+    static constexpr size_t kMaxName = 64;
+
+    void step(char c)
+    {
+        if (capturing_) {
+            if (value_.size() >= kMaxValue) {
+                capturing_ = false;      /* too large: not this one */
+                value_.clear();
+            } else {
+                value_ += c;
+            }
+        }
+
+        if (in_string_) {
+            if (escaped_) {
+                escaped_ = false;
+            } else if (c == '\\') {
+                escaped_ = true;
+            } else if (c == '"') {
+                in_string_ = false;
+                if (reading_name_) {
+                    reading_name_ = false;
+                    matched_ = name_ok_ && name_buf_ == name_;
+                }
+            } else if (reading_name_) {
+                if (name_buf_.size() < kMaxName) {
+                    name_buf_ += c;
+                } else {
+                    name_ok_ = false;
+                }
+            }
+            return;
+        }
+
+        switch (c) {
+        case '"':
+            in_string_ = true;
+            if (depth_ == 1 && expect_name_) {
+                expect_name_ = false;
+                reading_name_ = true;
+                name_ok_ = true;
+                name_buf_.clear();
+            }
+            return;
+        case '{':
+        case '[':
+            if (depth_ == 1 && matched_ && c == '{' && !capturing_) {
+                capturing_ = true;
+                value_.assign(1, c);
+            }
+            matched_ = false;
+            depth_++;
+            if (depth_ == 1) {
+                expect_name_ = c == '{';
+            }
+            return;
+        case '}':
+        case ']':
+            depth_--;
+            if (depth_ == 1 && capturing_) {
+                capturing_ = false;
+                done_ = std::move(value_);
+                value_.clear();
+            }
+            return;
+        case ',':
+            if (depth_ == 1) {
+                expect_name_ = true;
+                matched_ = false;
+            }
+            return;
+        case ':':
+        case ' ':
+        case '\t':
+        case '\r':
+        case '\n':
+            return;
+        default:
+            /* a number, true, false or null */
+            if (depth_ == 1) {
+                matched_ = false;
+            }
+        }
+    }
+
+    std::string  name_;
+    std::string  name_buf_;
+    std::string  value_;
+    std::string  done_;
+    long         depth_ = 0;
+    bool         in_string_ = false;
+    bool         escaped_ = false;
+    bool         expect_name_ = false;
+    bool         reading_name_ = false;
+    bool         name_ok_ = false;
+    bool         matched_ = false;
+    bool         capturing_ = false;
+};
+
 } /* namespace */
 
 struct llmgw_resp_s {
@@ -31,6 +153,8 @@ struct llmgw_resp_s {
     bool              stream = false;
     bool              usage_injected = false;
     bool              overflow = false;
+    /* past the hold limit: the usage member, taken as the bytes pass */
+    std::unique_ptr<RootMember>  overflow_usage;
     std::string       body;             /* JSON responses */
     llmgw_sse_t      *sse = nullptr;
     std::string       out;              /* re-framed SSE when filtering */
@@ -172,6 +296,13 @@ take_usage(Wire w, const JsonView &body, llmgw_usage_t &out)
     default:
         take_openai(body.get("usage"), out);
     }
+}
+
+/* The name of the member that carries usage in a wire's answers. */
+const char *
+usage_member(Wire w)
+{
+    return w == Wire::gemini ? "usageMetadata" : "usage";
 }
 
 void
@@ -370,6 +501,13 @@ void
 finish_json(llmgw_resp_s &r)
 {
     if (r.overflow) {
+        /* too large to hold: the usage member taken on the way, if any */
+        if (r.overflow_usage && !r.overflow_usage->value().empty()) {
+            Wire w = wire_of(r.ep, r.type);
+            std::string one = std::string("{\"") + usage_member(w) + "\":"
+                              + r.overflow_usage->value() + "}";
+            take_usage(w, JsonView::parse(one), r.usage);
+        }
         return;
     }
 
@@ -455,6 +593,20 @@ llmgw_resp_free(llmgw_resp_t *r)
 
 namespace {
 
+/* The body (what was held of it) goes on unheld from here. */
+void
+overflow_begin(llmgw_resp_s &r)
+{
+    r.overflow = true;
+    r.text_bytes += r.body.size();
+
+    if (r.ep != LLMGW_EP_RERANK && !r.stream) {
+        r.overflow_usage = std::make_unique<RootMember>(
+            usage_member(wire_of(r.ep, r.type)));
+        r.overflow_usage->feed(r.body);
+    }
+}
+
 int
 feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
 {
@@ -464,18 +616,21 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
     try {
         if (!r->stream) {
             if (r->overflow) {
-                /* past the JSON limit: passed on, billed by its size */
+                /* past the JSON limit: passed on, billed by its usage
+                   member, else by its size */
                 r->text_bytes += len;
+                if (r->overflow_usage) {
+                    r->overflow_usage->feed(std::string_view(data, len));
+                }
                 return 0;
             }
 
             if (r->body.size() + len > kMaxJsonBody && r->hold_json) {
                 /* too large to hold for conversion: what was held and the
-                   rest go out as they came, billed by their size */
+                   rest go out as they came */
                 r->hold_json = false;
-                r->overflow = true;
-                r->text_bytes += r->body.size() + len;
                 r->body.append(data, len);
+                overflow_begin(*r);
                 *out = make_buf(r->body);
                 r->body.clear();
                 r->body.shrink_to_fit();
@@ -483,8 +638,8 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
             }
 
             if (r->body.size() + len > kMaxJsonBody) {
-                r->overflow = true;
-                r->text_bytes += r->body.size() + len;
+                r->body.append(data, len);
+                overflow_begin(*r);
                 r->body.clear();
                 r->body.shrink_to_fit();
             } else {
@@ -821,6 +976,13 @@ llmgw_resp_holds(const llmgw_resp_t *r)
 }
 
 
+extern "C" int
+llmgw_resp_reshapes(const llmgw_resp_t *r)
+{
+    return r->convert_json || r->whole_for_stream;
+}
+
+
 extern "C" size_t
 llmgw_resp_held(const llmgw_resp_t *r)
 {
@@ -840,8 +1002,7 @@ llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out)
 
         r->hold_json = false;
         r->convert_json = false;
-        r->overflow = true;
-        r->text_bytes += r->body.size();
+        overflow_begin(*r);
         r->body.clear();
         r->body.shrink_to_fit();
         return 0;

@@ -407,6 +407,36 @@ describe('answers and faults', { timeout: 180000 }, () => {
         assert.equal(row.completion_tokens, 750, JSON.stringify(row));
     });
 
+    test('an answer over the 16 MiB hold limit: billed by its usage; not converted but refused', async () => {
+        const audio = 'A'.repeat(17 * 1024 * 1024);
+        bad.handler = (req, res) => sendJson(res, 200, JSON.stringify({
+            candidates: [{ content: { role: 'model', parts: [{ inlineData: {
+                mimeType: 'audio/L16;codec=pcm;rate=24000', data: audio } }] },
+            finishReason: 'STOP', index: 0 }],
+            usageMetadata: { promptTokenCount: 12, candidatesTokenCount: 4000,
+                totalTokenCount: 4012 },
+        }));
+        const model = uniq('ans-long-tts');
+        await makeChannel(gw, { type: 24, base_url: bad.url, models: [model] });
+        await sleep(1100);
+        const { key } = await makeUserKey(gw);
+        const r = await gw.req('POST', `/v1beta/models/${model}:generateContent`, {
+            key, body: { contents: [{ role: 'user', parts: [{ text: 'read a long story' }] }] },
+            timeoutMs: 60000,
+        });
+        assertOk(r);
+        assert.ok(r.text.includes(audio), 'the audio came through whole');
+        const row = await rowOf(r);
+        assert.equal(row.prompt_tokens, 12, JSON.stringify(row));
+        assert.equal(row.completion_tokens, 4000, 'the upstream\'s count, not the size');
+
+        /* a chat call to that Gemini channel would get Gemini's shape: 502 */
+        const c = await gw.chat(key, model, { timeoutMs: 60000 });
+        assertError(c, 502, { code: 'bad_response_body', message: /larger than 16777216 bytes and cannot be converted/ });
+        const crow = await rowOf(c);
+        assert.equal(Number(crow.quota), 0, JSON.stringify(crow));
+    });
+
     test('a whole Anthropic stream still ends with [DONE] for a chat client', async () => {
         bad.handler = (req, res) => anthropicStream(res, ['hello'], {
             usage: { input_tokens: 5, output_tokens: 2 } });

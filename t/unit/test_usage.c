@@ -206,6 +206,73 @@ test_json_over_the_limit_passes_and_is_billed_by_its_size(void **state)
 }
 
 
+/*
+ * A body of `head`, then `pad` bytes of 'a' inside a string, then `tail`,
+ * fed in 1 MiB pieces and a last piece cut inside the tail.
+ */
+static run_t
+run_large(llmgw_endpoint_e ep, int type, const char *head, size_t pad,
+    const char *tail)
+{
+    size_t  hl = strlen(head), tl = strlen(tail), total = hl + pad + tl;
+    char   *body = malloc(total + 1);
+    size_t  cuts[40], n = 0;
+
+    assert_non_null(body);
+    memcpy(body, head, hl);
+    memset(body + hl, 'a', pad);
+    memcpy(body + hl + pad, tail, tl + 1);
+    for (size_t at = 1u << 20; at < total && n < 39; at += 1u << 20) {
+        cuts[n++] = at;
+    }
+    cuts[n++] = total - tl / 2;
+
+    run_t r = run_cuts(ep, type, 0, 0, body, cuts, n);
+
+    assert_int_equal(r.len, total);
+    assert_memory_equal(r.out, body, total);
+    free(body);
+    return r;
+}
+
+
+static void
+test_json_over_the_limit_is_billed_by_its_usage_member(void **state)
+{
+    (void) state;
+
+    /* OpenAI: usage after the text; a "usage" inside a string, and one
+       nested deeper, are not it */
+    run_t r = run_large(LLMGW_EP_CHAT, 1,
+        "{\"id\":\"x\",\"meta\":{\"usage\":{\"prompt_tokens\":7}},"
+        "\"choices\":[{\"message\":{\"content\":\"say \\\"usage\\\":{\\\"prompt_tokens\\\":9} ",
+        17u << 20,
+        "\"}}],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":20,"
+        "\"total_tokens\":30}}");
+    assert_usage(&r.u, 10, 20, 0, 0);
+    free(r.out);
+
+    /* Gemini: usageMetadata last, after 17 MiB of inline audio */
+    r = run_large(LLMGW_EP_GEMINI, 24,
+        "{\"candidates\":[{\"content\":{\"parts\":[{\"inlineData\":"
+        "{\"mimeType\":\"audio/L16;rate=24000\",\"data\":\"",
+        17u << 20,
+        "\"}}]},\"finishReason\":\"STOP\"}],\"usageMetadata\":"
+        "{\"promptTokenCount\":12,\"candidatesTokenCount\":4000,"
+        "\"totalTokenCount\":4012}}");
+    assert_usage(&r.u, 12, 4000, 0, 0);
+    free(r.out);
+
+    /* Anthropic: usage first, before the long text */
+    r = run_large(LLMGW_EP_MESSAGES, 14,
+        "{\"id\":\"m\",\"type\":\"message\",\"usage\":{\"input_tokens\":5,"
+        "\"output_tokens\":6},\"content\":[{\"type\":\"text\",\"text\":\"",
+        17u << 20, "\"}]}");
+    assert_usage(&r.u, 5, 6, 0, 0);
+    free(r.out);
+}
+
+
 static void
 test_gemini_usage_metadata_counts_thoughts_as_completion(void **state)
 {
@@ -691,6 +758,8 @@ main(void)
         cmocka_unit_test(test_usage_counts_are_bounded),
         cmocka_unit_test(
             test_json_over_the_limit_passes_and_is_billed_by_its_size),
+        cmocka_unit_test(
+            test_json_over_the_limit_is_billed_by_its_usage_member),
         cmocka_unit_test(
             test_anthropic_json_usage_reads_cache_read_and_creation),
         cmocka_unit_test(
