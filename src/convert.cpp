@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "convert.h"
+#include "jsonview.h"
 
 namespace llmgw {
 
@@ -3438,24 +3439,19 @@ public:
     void feed(std::string_view text)
     {
         for (char c : text) {
-            if (in_string_) {
-                if (escaped_) {
-                    escaped_ = false;
-                } else if (c == '\\') {
-                    escaped_ = true;
-                } else if (c == '"') {
-                    in_string_ = false;
-                }
+            int64_t before = bytes_.depth();
 
-            } else if (c == '"') {
-                in_string_ = true;
-
-            } else if (c == '{' || c == '[') {
-                depth_++;
+            switch (bytes_.step(c)) {
+            case JsonBytes::Kind::open:
                 whole_ = false;
-
-            } else if ((c == '}' || c == ']') && depth_ > 0) {
-                whole_ = --depth_ == 0;
+                break;
+            case JsonBytes::Kind::close:
+                if (before > 0) {
+                    whole_ = bytes_.depth() == 0;
+                }
+                break;
+            default:
+                break;
             }
         }
     }
@@ -3463,10 +3459,8 @@ public:
     bool whole() const { return whole_; }
 
 private:
-    int64_t  depth_ = 0;
-    bool     in_string_ = false;
-    bool     escaped_ = false;
-    bool     whole_ = false;
+    JsonBytes  bytes_;
+    bool       whole_ = false;
 };
 
 

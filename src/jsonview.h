@@ -139,6 +139,62 @@ private:
     std::string_view raw_;
 };
 
+/*
+ * JSON text followed one byte at a time, for text that arrives in pieces:
+ * whether a byte is inside a string (escapes included), and the nesting
+ * depth of the structure outside strings.  It checks nothing.
+ */
+class JsonBytes {
+public:
+    enum class Kind {
+        string,         /* inside a string, or the quote that ends it */
+        string_start,   /* the quote that begins a string */
+        open,           /* '{' or '[' (depth() is the new depth) */
+        close,          /* '}' or ']' (depth() is the new depth) */
+        other           /* anything else outside strings */
+    };
+
+    Kind step(char c)
+    {
+        if (in_string_) {
+            if (escaped_) {
+                escaped_ = false;
+            } else if (c == '\\') {
+                escaped_ = true;
+            } else if (c == '"') {
+                in_string_ = false;
+            }
+            return Kind::string;
+        }
+
+        switch (c) {
+        case '"':
+            in_string_ = true;
+            return Kind::string_start;
+        case '{':
+        case '[':
+            depth_++;
+            return Kind::open;
+        case '}':
+        case ']':
+            if (depth_ > 0) {
+                depth_--;
+            }
+            return Kind::close;
+        default:
+            return Kind::other;
+        }
+    }
+
+    bool in_string() const { return in_string_; }
+    int64_t depth() const { return depth_; }
+
+private:
+    int64_t  depth_ = 0;
+    bool     in_string_ = false;
+    bool     escaped_ = false;
+};
+
 } /* namespace llmgw */
 
 #endif /* LLMGW_JSONVIEW_H */

@@ -50,6 +50,9 @@ private:
 
     void step(char c)
     {
+        int64_t              before = bytes_.depth();
+        llmgw::JsonBytes::Kind kind = bytes_.step(c);
+
         if (capturing_) {
             if (value_.size() >= kMaxValue) {
                 capturing_ = false;      /* too large: not this one */
@@ -59,90 +62,77 @@ private:
             }
         }
 
-        if (in_string_) {
-            if (escaped_) {
-                escaped_ = false;
-            } else if (c == '\\') {
-                escaped_ = true;
-            } else if (c == '"') {
-                in_string_ = false;
-                if (reading_name_) {
-                    reading_name_ = false;
-                    matched_ = name_ok_ && name_buf_ == name_;
-                }
-            } else if (reading_name_) {
-                if (name_buf_.size() < kMaxName) {
-                    name_buf_ += c;
-                } else {
-                    name_ok_ = false;
-                }
+        switch (kind) {
+        case llmgw::JsonBytes::Kind::string:
+            if (!reading_name_) {
+                return;
+            }
+            if (!bytes_.in_string()) {
+                /* the name's closing quote */
+                reading_name_ = false;
+                matched_ = name_ok_ && name_buf_ == name_;
+            } else if (name_buf_.size() < kMaxName) {
+                name_buf_ += c;
+            } else {
+                name_ok_ = false;
             }
             return;
-        }
 
-        switch (c) {
-        case '"':
-            in_string_ = true;
-            if (depth_ == 1 && expect_name_) {
+        case llmgw::JsonBytes::Kind::string_start:
+            if (before == 1 && expect_name_) {
                 expect_name_ = false;
                 reading_name_ = true;
                 name_ok_ = true;
                 name_buf_.clear();
             }
             return;
-        case '{':
-        case '[':
-            if (depth_ == 1 && matched_ && c == '{' && !capturing_) {
+
+        case llmgw::JsonBytes::Kind::open:
+            if (before == 1 && matched_ && c == '{' && !capturing_) {
                 capturing_ = true;
                 value_.assign(1, c);
             }
             matched_ = false;
-            depth_++;
-            if (depth_ == 1) {
+            if (before == 0) {
                 expect_name_ = c == '{';
             }
             return;
-        case '}':
-        case ']':
-            depth_--;
-            if (depth_ == 1 && capturing_) {
+
+        case llmgw::JsonBytes::Kind::close:
+            if (bytes_.depth() == 1 && capturing_) {
                 capturing_ = false;
                 done_ = std::move(value_);
                 value_.clear();
             }
             return;
-        case ',':
-            if (depth_ == 1) {
+
+        case llmgw::JsonBytes::Kind::other:
+            if (before != 1) {
+                return;
+            }
+            if (c == ',') {
                 expect_name_ = true;
                 matched_ = false;
-            }
-            return;
-        case ':':
-        case ' ':
-        case '\t':
-        case '\r':
-        case '\n':
-            return;
-        default:
-            /* a number, true, false or null */
-            if (depth_ == 1) {
+            } else if (c != ':' && c != ' ' && c != '\t' && c != '\r'
+                       && c != '\n')
+            {
+                /* a number, true, false or null */
                 matched_ = false;
             }
+            return;
         }
     }
 
-    std::string  name_;
-    std::string  name_buf_;
-    std::string  value_;
-    std::string  done_;
-    long         depth_ = 0;
-    bool         in_string_ = false;
-    bool         escaped_ = false;
-    bool         expect_name_ = false;
-    bool         reading_name_ = false;
-    bool         name_ok_ = false;
-    bool         matched_ = false;
-    bool         capturing_ = false;
+    llmgw::JsonBytes  bytes_;
+    std::string       name_;
+    std::string       name_buf_;
+    std::string       value_;
+    std::string       done_;
+    bool              expect_name_ = false;
+    bool              reading_name_ = false;
+    bool              name_ok_ = false;
+    bool              matched_ = false;
+    bool              capturing_ = false;
 };
 
 } /* namespace */
