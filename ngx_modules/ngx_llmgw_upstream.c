@@ -2123,6 +2123,12 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
         /* usage is complete now; a converted answer may still owe bytes */
         rc = llmgw_resp_finish(ctx->resp, &json);
 
+        if (rc == 0 && ctx->end_status == 0 && llmgw_resp_cut(ctx->resp)) {
+            /* ended cleanly by the upstream, but short of its end: the
+               client got an error event, and the row says 502 */
+            ctx->end_status = NGX_HTTP_BAD_GATEWAY;
+        }
+
         if (rc == 0 && !llmgw_resp_valid(ctx->resp)) {
             ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                           "llmgw: upstream answered %ui without a JSON "

@@ -3004,6 +3004,8 @@ public:
 
     bool usage = true;
     std::string request_id;
+    /* the stream ended before the upstream said why (finish() said so) */
+    bool cut = false;
 };
 
 
@@ -3039,6 +3041,7 @@ public:
             /* the upstream's stream ended before it said why: cut short,
                which a [DONE] would hide from the client */
             done_ = true;
+            cut = true;
             send_error(out, "the upstream stream ended before its finish "
                             "reason", "upstream_error", "bad_response_body");
             return;
@@ -3817,6 +3820,7 @@ private:
             put(e.get(), "message",
                 "the upstream stream ended before its finish reason");
             send_error(out, e.get());
+            cut = true;
             return;
         }
 
@@ -3979,6 +3983,13 @@ StreamConverter::finish(std::string &out)
     } catch (...) {
         out.resize(mark);
     }
+}
+
+
+bool
+StreamConverter::cut() const
+{
+    return impl_ != nullptr && impl_->cut;
 }
 
 

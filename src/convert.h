@@ -79,6 +79,10 @@ public:
     /* At upstream end: what must still be sent ([DONE], message_stop). */
     void finish(std::string &out);
 
+    /* Whether finish() found the stream cut short (it ended before the
+       upstream said why) and told the client so. */
+    bool cut() const;
+
 private:
     std::unique_ptr<StreamImpl> impl_;
 };

@@ -453,6 +453,9 @@ int llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out);
    format, or the stream the client asked for): one too large to hold cannot
    be, and is no answer for the client. */
 int llmgw_resp_reshapes(const llmgw_resp_t *r);
+/* After llmgw_resp_finish(): a converted stream that ended before the
+   upstream said why, which the client was told in an error event. */
+int llmgw_resp_cut(const llmgw_resp_t *r);
 /* Usage as reported, or estimated from the delivered text. */
 void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);
 /* A failure, whatever status its head had: a stream that delivered no

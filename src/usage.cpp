@@ -967,6 +967,13 @@ llmgw_resp_holds(const llmgw_resp_t *r)
 
 
 extern "C" int
+llmgw_resp_cut(const llmgw_resp_t *r)
+{
+    return r->conv != nullptr && r->conv->cut();
+}
+
+
+extern "C" int
 llmgw_resp_reshapes(const llmgw_resp_t *r)
 {
     return r->convert_json || r->whole_for_stream;

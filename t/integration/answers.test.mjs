@@ -380,6 +380,55 @@ describe('answers and faults', { timeout: 180000 }, () => {
             assert.equal((await rowOf(c)).completion_tokens, 100);
         });
 
+    test('a converted stream the upstream ends cleanly but short of its end: an error event, and a 502 row', async () => {
+        /* Anthropic, for a chat client: no message_delta, no message_stop */
+        bad.handler = async (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            const ev = (name, data) => res.write(
+                `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`);
+            ev('message_start', { message: { id: 'msg_2', type: 'message',
+                role: 'assistant', model: 'x', content: [],
+                usage: { input_tokens: 30, output_tokens: 1 } } });
+            ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } });
+            ev('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'w'.repeat(80) } });
+            res.end();
+        };
+        const claude = uniq('ans-claude-end');
+        await makeChannel(gw, { type: 14, base_url: bad.url, models: [claude] });
+        /* OpenAI, for a messages client: no finish_reason, no [DONE] */
+        const goodHandler = good.handler;
+        good.handler = (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            res.end(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk',
+                choices: [{ index: 0, delta: { role: 'assistant', content: 'v'.repeat(80) } }] })}\n\n`);
+        };
+        const gpt = uniq('ans-gpt-end');
+        await makeChannel(gw, { base_url: good.url, models: [gpt] });
+        await sleep(1100);
+        const { key } = await makeUserKey(gw);
+
+        const c = await gw.chat(key, claude, { extra: { stream: true } });
+        assert.equal(c.status, 200);
+        const last = JSON.parse(sseEvents(c.text).at(-1).data);
+        assert.match(last.error.message, /ended before its finish reason/);
+        const crow = await rowOf(c);
+        assert.equal(crow.status, 502, JSON.stringify(crow));
+        assert.equal(crow.type, 'consume');
+        assert.equal(crow.completion_tokens, 20, 'what was delivered');
+
+        try {
+            const m = await gw.messages(key, gpt, { extra: { stream: true } });
+            assert.equal(m.status, 200);
+            const mev = sseEvents(m.text).at(-1);
+            assert.equal(mev.event, 'error', m.text);
+            const mrow = await rowOf(m);
+            assert.equal(mrow.status, 502, JSON.stringify(mrow));
+            assert.equal(mrow.completion_tokens, 20);
+        } finally {
+            good.handler = goodHandler;
+        }
+    });
+
     test('a Gemini stream event of 2 MiB (inline audio) is read for its usage', async () => {
         const audio = 'A'.repeat(2 * 1024 * 1024);
         bad.handler = (req, res) => {
