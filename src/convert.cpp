@@ -3006,6 +3006,9 @@ public:
     std::string request_id;
     /* the stream ended before the upstream said why (finish() said so) */
     bool cut = false;
+    /* what the gateway bills when the upstream reported no usage */
+    ChatUsage estimate;
+    bool      estimated = false;
 };
 
 
@@ -3403,6 +3406,10 @@ private:
         }
         if (usage_known_) {
             send_usage(out, usage_);
+        } else if (estimated) {
+            /* no usageMetadata came: the client that asked for usage gets
+               what it is billed */
+            send_usage(out, estimate);
         }
         send_done(out);
     }
@@ -3982,6 +3989,17 @@ StreamConverter::finish(std::string &out)
 
     } catch (...) {
         out.resize(mark);
+    }
+}
+
+
+void
+StreamConverter::estimate(int64_t prompt_tokens, int64_t completion_tokens)
+{
+    if (impl_) {
+        impl_->estimate.prompt = prompt_tokens;
+        impl_->estimate.completion = completion_tokens;
+        impl_->estimated = true;
     }
 }
 

@@ -79,6 +79,10 @@ public:
     /* At upstream end: what must still be sent ([DONE], message_stop). */
     void finish(std::string &out);
 
+    /* Before finish(), when the upstream reported no usage: the counts the
+       gateway bills instead, for a client that asked for usage. */
+    void estimate(int64_t prompt_tokens, int64_t completion_tokens);
+
     /* Whether finish() found the stream cut short (it ended before the
        upstream said why) and told the client so. */
     bool cut() const;

@@ -163,6 +163,8 @@ struct llmgw_resp_s {
     llmgw_endpoint_e                  client = LLMGW_EP_NONE;
     std::string                       client_model;
     const json_t                     *client_req = nullptr;
+    /* the request's prompt estimate (llmgw_req_prompt_estimate) */
+    int64_t                           prompt_estimate = 0;
     /* a JSON answer is held whole: checked, billed and converted (when
        convert_json) before any of it goes out */
     bool                              hold_json = false;
@@ -734,6 +736,11 @@ finish(llmgw_resp_t *r, llmgw_buf_t *out)
 
         } else if (r->conv) {
             std::string tail;
+            if (!r->usage.known) {
+                /* as llmgw_resp_usage() and the ledger count it */
+                r->conv->estimate(r->prompt_estimate,
+                                  static_cast<int64_t>(r->text_bytes / 4));
+            }
             r->conv->finish(tail);
             *out = make_buf(tail);
         }
@@ -916,6 +923,7 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
 
         r->client_req = body;
         r->client_model = json_str(body, "model");
+        r->prompt_estimate = llmgw_req_prompt_estimate(req);
 
         if (r->whole_for_stream) {
             r->hold_json = true;

@@ -429,6 +429,38 @@ describe('answers and faults', { timeout: 180000 }, () => {
         }
     });
 
+    test('a Gemini stream with no usageMetadata: a chat client that asked for usage gets what it is billed', async () => {
+        bad.handler = (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            for (const [text, finish] of [['x'.repeat(40), undefined], ['y'.repeat(40), 'STOP']]) {
+                res.write(`data: ${JSON.stringify({ candidates: [{ index: 0,
+                    content: { role: 'model', parts: [{ text }] },
+                    ...(finish ? { finishReason: finish } : {}) }] })}\r\n\r\n`);
+            }
+            res.end();
+        };
+        const model = uniq('ans-gem-nouse');
+        await makeChannel(gw, { type: 24, base_url: bad.url, models: [model] });
+        await sleep(1100);
+        const { key } = await makeUserKey(gw);
+        const c = await gw.chat(key, model, {
+            extra: { stream: true, stream_options: { include_usage: true } },
+        });
+        assertOk(c);
+        const evs = sseEvents(c.text);
+        assert.equal(evs.at(-1).data, '[DONE]');
+        const usage = JSON.parse(evs.at(-2).data);
+        assert.deepEqual(usage.choices, [], c.text);
+        const row = await rowOf(c);
+        assert.equal(usage.usage.prompt_tokens, row.prompt_tokens, JSON.stringify(row));
+        assert.equal(usage.usage.completion_tokens, row.completion_tokens);
+        assert.equal(row.completion_tokens, 20, '80 bytes of text, 4 to a token');
+
+        /* one that did not ask gets no usage chunk */
+        const plain = await gw.chat(key, model, { extra: { stream: true } });
+        assert.ok(!sseEvents(plain.text).some((e) => e.data.includes('"usage"')), plain.text);
+    });
+
     test('a Gemini stream event of 2 MiB (inline audio) is read for its usage', async () => {
         const audio = 'A'.repeat(2 * 1024 * 1024);
         bad.handler = (req, res) => {
