@@ -1560,6 +1560,48 @@ ngx_llmgw_stream_after_all(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 }
 
 
+/* Whether n more bytes of a held 2xx answer would pass the hold limit. */
+static ngx_uint_t
+ngx_llmgw_too_large(ngx_llmgw_ctx_t *ctx, size_t n)
+{
+    return !ctx->error_mode
+           && llmgw_resp_held(ctx->resp) + n > llmgw_resp_hold_max();
+}
+
+
+/*
+ * An answer too large to hold: what is held goes out first, then the rest
+ * as it comes; or, when it was to be converted, it is no answer.
+ */
+static ngx_int_t
+ngx_llmgw_unheld(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    llmgw_buf_t  out;
+
+    if (llmgw_resp_reshapes(ctx->resp)) {
+        /* as it came it would be in the wrong format for the client */
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "llmgw: upstream answer over %uz bytes cannot be "
+                      "converted (channel %L)", llmgw_resp_hold_max(),
+                      ctx->channels[ctx->current]->id);
+        ctx->too_large = 1;
+        return ngx_llmgw_bad_answer(r, ctx);
+    }
+
+    if (llmgw_resp_release(ctx->resp, &out) != 0) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_llmgw_keep(r, &out, &ctx->pending) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ctx->holding = 0;
+
+    return NGX_OK;
+}
+
+
 /*
  * Reads a held answer's body out of u->buffer (a head already parsed) into
  * the response, until it is whole (then checked) or too large to hold
@@ -1571,38 +1613,16 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     size_t                n;
     ngx_int_t             rc;
     ngx_buf_t            *b;
-    llmgw_buf_t           out;
     ngx_http_upstream_t  *u;
 
     u = r->upstream;
     b = &u->buffer;
 
-    if (!ctx->error_mode
-        && llmgw_resp_held(ctx->resp) + (size_t) (b->last - b->pos)
-           > llmgw_resp_hold_max())
+    /* (a chunked body is measured by its chunks' bytes, below) */
+    if (!u->headers_in.chunked
+        && ngx_llmgw_too_large(ctx, (size_t) (b->last - b->pos)))
     {
-        if (llmgw_resp_reshapes(ctx->resp)) {
-            /* as it came it would be in the wrong format for the client */
-            ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "llmgw: upstream answer over %uz bytes cannot be "
-                          "converted (channel %L)", llmgw_resp_hold_max(),
-                          ctx->channels[ctx->current]->id);
-            ctx->too_large = 1;
-            return ngx_llmgw_bad_answer(r, ctx);
-        }
-
-        /* too large: what is held goes out first, then these bytes */
-        if (llmgw_resp_release(ctx->resp, &out) != 0) {
-            return NGX_ERROR;
-        }
-
-        if (ngx_llmgw_keep(r, &out, &ctx->pending) != NGX_OK) {
-            return NGX_ERROR;
-        }
-
-        ctx->holding = 0;
-
-        return NGX_OK;
+        return ngx_llmgw_unheld(r, ctx);
     }
 
     for ( ;; ) {
@@ -1634,6 +1654,12 @@ ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
         if (rc == NGX_OK) {
             n = ngx_min((off_t) (b->last - b->pos), ctx->chunked.size);
+
+            if (ngx_llmgw_too_large(ctx, n)) {
+                /* the parser stays inside this chunk: the input filter
+                   goes on from here */
+                return ngx_llmgw_unheld(r, ctx);
+            }
 
             if (ngx_llmgw_sniff(ctx, b->pos, n) == 0) {
                 return ngx_llmgw_stream_after_all(r, ctx);

@@ -489,6 +489,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
     });
 
     test('an answer over the 16 MiB hold limit: billed by its usage; not converted but refused', async () => {
+        const echoHandler = good.handler;
         const audio = 'A'.repeat(17 * 1024 * 1024);
         bad.handler = (req, res) => sendJson(res, 200, JSON.stringify({
             candidates: [{ content: { role: 'model', parts: [{ inlineData: {
@@ -510,6 +511,37 @@ describe('answers and faults', { timeout: 180000 }, () => {
         const row = await rowOf(r);
         assert.equal(row.prompt_tokens, 12, JSON.stringify(row));
         assert.equal(row.completion_tokens, 4000, 'the upstream\'s count, not the size');
+
+        /* chunked, in 64 KiB chunks, past the limit inside a chunk: whole,
+           and billed by its usage too; a chunked body of exactly 16 MiB is
+           held (the chunks' framing does not count) */
+        const chatOf = (content) => JSON.stringify(openaiChat({ content,
+            usage: { prompt_tokens: 10, completion_tokens: 20 } }));
+        const frame = chatOf('').length;
+        for (const pad of [17 * 1024 * 1024, 16 * 1024 * 1024 - frame]) {
+            const text = chatOf('q'.repeat(pad));
+            good.handler = (req, res) => {
+                res.writeHead(200, { 'Content-Type': 'application/json' });
+                for (let at = 0; at < text.length; at += 65536) {
+                    res.write(text.slice(at, at + 65536));
+                }
+                res.end();
+            };
+            const gpt = uniq('ans-long-gpt');
+            await makeChannel(gw, { base_url: good.url, models: [gpt] });
+            await sleep(1100);
+            try {
+                const g = await gw.chat(key, gpt, { timeoutMs: 60000 });
+                assertOk(g);
+                assert.equal(g.text, text);
+                assert.equal(g.headers['content-length'] !== undefined, text.length <= 16 * 1024 * 1024,
+                    `${text.length} bytes: held with its length, or passed on`);
+                const grow = await rowOf(g);
+                assert.equal(grow.completion_tokens, 20, JSON.stringify(grow));
+            } finally {
+                good.handler = echoHandler;
+            }
+        }
 
         /* a chat call to that Gemini channel would get Gemini's shape: 502 */
         const c = await gw.chat(key, model, { timeoutMs: 60000 });
