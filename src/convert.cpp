@@ -3006,9 +3006,8 @@ public:
     std::string request_id;
     /* the stream ended before the upstream said why (finish() said so) */
     bool cut = false;
-    /* what the gateway bills when the upstream reported no usage */
-    ChatUsage estimate;
-    bool      estimated = false;
+    /* the counts the gateway bills (StreamConverter::billed_usage) */
+    std::function<llmgw_usage_t()> billed;
 };
 
 
@@ -3058,6 +3057,27 @@ protected:
         : model_(std::move(model)),
           created_(static_cast<int64_t>(std::time(nullptr)))
     {}
+
+    /* The usage chunk's counts: what is billed, when that is known here
+       (the reasoning detail stays the upstream's), else what was reported. */
+    ChatUsage final_usage(const ChatUsage &reported) const
+    {
+        if (!billed) {
+            return reported;
+        }
+
+        llmgw_usage_t u = billed();
+        ChatUsage     c;
+
+        c.prompt = u.cache_in_prompt
+                   ? u.prompt_tokens
+                   : u.prompt_tokens + u.cache_read_tokens
+                     + u.cache_creation_tokens;
+        c.completion = u.completion_tokens;
+        c.cached = u.cache_read_tokens;
+        c.reasoning = reported.reasoning;
+        return c;
+    }
 
     /* Every stream opens with the assistant role, as OpenAI's does. */
     void start(std::string &out, std::string_view id)
@@ -3226,7 +3246,7 @@ public:
             send_finish(out, chat_finish_from_anthropic(
                             json_str(json_object_get(j, "delta"),
                                      "stop_reason")));
-            send_usage(out, chat_usage(usage_));
+            /* the usage chunk goes last, before [DONE] (end) */
 
         } else if (type == "message_stop") {
             end(out);
@@ -3249,7 +3269,7 @@ private:
             return;
         }
         if (started_) {
-            send_usage(out, chat_usage(usage_));
+            send_usage(out, final_usage(chat_usage(usage_)));
         }
         send_done(out);
     }
@@ -3404,12 +3424,9 @@ private:
             /* the error chunk ended it: no [DONE] to say it is whole */
             return;
         }
-        if (usage_known_) {
-            send_usage(out, usage_);
-        } else if (estimated) {
-            /* no usageMetadata came: the client that asked for usage gets
-               what it is billed */
-            send_usage(out, estimate);
+        if (usage_known_ || billed) {
+            /* also when no usageMetadata came: what is billed */
+            send_usage(out, final_usage(usage_));
         }
         send_done(out);
     }
@@ -3994,12 +4011,10 @@ StreamConverter::finish(std::string &out)
 
 
 void
-StreamConverter::estimate(int64_t prompt_tokens, int64_t completion_tokens)
+StreamConverter::billed_usage(std::function<llmgw_usage_t()> source)
 {
     if (impl_) {
-        impl_->estimate.prompt = prompt_tokens;
-        impl_->estimate.completion = completion_tokens;
-        impl_->estimated = true;
+        impl_->billed = std::move(source);
     }
 }
 

@@ -14,6 +14,7 @@
 
 #ifdef __cplusplus
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -79,9 +80,13 @@ public:
     /* At upstream end: what must still be sent ([DONE], message_stop). */
     void finish(std::string &out);
 
-    /* Before finish(), when the upstream reported no usage: the counts the
-       gateway bills instead, for a client that asked for usage. */
-    void estimate(int64_t prompt_tokens, int64_t completion_tokens);
+    /*
+     * Where the counts the gateway bills come from (read when the usage
+     * chunk of a chat client goes out, at the stream's end): that chunk
+     * then says what the ledger row will, also when the upstream reported
+     * nothing or only a partial count.
+     */
+    void billed_usage(std::function<llmgw_usage_t()> source);
 
     /* Whether finish() found the stream cut short (it ended before the
        upstream said why) and told the client so. */

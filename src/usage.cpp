@@ -677,6 +677,22 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
  * say) is no answer: it is marked invalid, and goes to the next channel
  * uncharged like any 2xx that holds no answer.
  */
+/* What the ledger row will say: the usage as llmgw_resp_usage() reads it,
+   the prompt the request's estimate when no usage came. */
+llmgw_usage_t
+billed(const llmgw_resp_s &r)
+{
+    llmgw_usage_t u;
+
+    llmgw_resp_usage(&r, &u);
+
+    if (!u.known && r.ep != LLMGW_EP_RERANK) {
+        u.prompt_tokens = r.prompt_estimate;
+    }
+
+    return u;
+}
+
 std::string
 converted_json(llmgw_resp_s &r)
 {
@@ -693,11 +709,30 @@ converted_json(llmgw_resp_s &r)
         if (same || convert_response(r.type, r.client, in.get(),
                                      r.client_model, out, err))
         {
-            return stream_of_answer(r.client, same ? in.get() : out.get(),
-                                    json_is_true(json_object_get(
-                                        json_object_get(r.client_req,
-                                                        "stream_options"),
-                                        "include_usage")));
+            json_t *a = same ? in.get() : out.get();
+            bool    with_usage = json_is_true(json_object_get(
+                                     json_object_get(r.client_req,
+                                                     "stream_options"),
+                                     "include_usage"));
+
+            if (with_usage && r.client == LLMGW_EP_CHAT
+                && !json_is_object(json_object_get(a, "usage")))
+            {
+                /* none came: the usage chunk says what is billed */
+                llmgw_usage_t u = billed(r);
+                json_t       *j = json_object();
+
+                json_object_set_new(j, "prompt_tokens",
+                                    json_integer(u.prompt_tokens));
+                json_object_set_new(j, "completion_tokens",
+                                    json_integer(u.completion_tokens));
+                json_object_set_new(j, "total_tokens",
+                                    json_integer(u.prompt_tokens
+                                                 + u.completion_tokens));
+                json_object_set_new(a, "usage", j);
+            }
+
+            return stream_of_answer(r.client, a, with_usage);
         }
         r.valid = false;
         return std::string();
@@ -736,11 +771,6 @@ finish(llmgw_resp_t *r, llmgw_buf_t *out)
 
         } else if (r->conv) {
             std::string tail;
-            if (!r->usage.known) {
-                /* as llmgw_resp_usage() and the ledger count it */
-                r->conv->estimate(r->prompt_estimate,
-                                  static_cast<int64_t>(r->text_bytes / 4));
-            }
             r->conv->finish(tail);
             *out = make_buf(tail);
         }
@@ -947,6 +977,7 @@ llmgw_resp_convert(llmgw_resp_t *r, const llmgw_req_t *req)
         }
 
         r->conv->request_id(std::string(r->request_id));
+        r->conv->billed_usage([r] { return billed(*r); });
         r->conv->include_usage(json_is_true(json_object_get(
             json_object_get(body, "stream_options"), "include_usage")));
 

@@ -459,6 +459,38 @@ describe('answers and faults', { timeout: 180000 }, () => {
         /* one that did not ask gets no usage chunk */
         const plain = await gw.chat(key, model, { extra: { stream: true } });
         assert.ok(!sseEvents(plain.text).some((e) => e.data.includes('"usage"')), plain.text);
+
+        /* Anthropic: no usage anywhere, or only message_start's partial 1 */
+        for (const startUsage of [undefined, { input_tokens: 50, output_tokens: 1 }]) {
+            bad.handler = (req, res) => {
+                res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+                const ev = (name, data) => res.write(
+                    `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`);
+                ev('message_start', { message: { id: 'msg_3', type: 'message', role: 'assistant',
+                    model: 'x', content: [], ...(startUsage ? { usage: startUsage } : {}) } });
+                ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } });
+                ev('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'z'.repeat(120) } });
+                ev('content_block_stop', { index: 0 });
+                ev('message_delta', { delta: { stop_reason: 'end_turn' } });
+                ev('message_stop', {});
+                res.end();
+            };
+            const claude = uniq('ans-claude-nouse');
+            await makeChannel(gw, { type: 14, base_url: bad.url, models: [claude] });
+            await sleep(1100);
+            const a = await gw.chat(key, claude, {
+                extra: { stream: true, stream_options: { include_usage: true } },
+            });
+            assertOk(a);
+            const aev = sseEvents(a.text);
+            assert.equal(aev.at(-1).data, '[DONE]');
+            const au = JSON.parse(aev.at(-2).data);
+            const arow = await rowOf(a);
+            assert.equal(au.usage.prompt_tokens, arow.prompt_tokens, a.text);
+            assert.equal(au.usage.completion_tokens, arow.completion_tokens, a.text);
+            assert.equal(arow.completion_tokens, 30, '120 bytes delivered, 4 to a token');
+            assert.equal(aev.filter((e) => e.data.includes('"usage"')).length, 1, a.text);
+        }
     });
 
     test('a Gemini stream event of 2 MiB (inline audio) is read for its usage', async () => {
