@@ -1196,18 +1196,12 @@ ngx_llmgw_push_header(ngx_http_request_t *r, ngx_str_t *key,
 static ngx_uint_t
 ngx_llmgw_quotes_key(ngx_llmgw_ctx_t *ctx, ngx_str_t *value)
 {
-    size_t       len;
-    const char  *key;
-
     if (ctx->current < 0) {
         return 0;
     }
 
-    key = ctx->channels[ctx->current]->key;
-    len = ngx_strlen(key);
-
-    return len >= LLMGW_CREDENTIAL_MIN_BYTES
-           && memmem(value->data, value->len, key, len) != NULL;
+    return llmgw_channel_quotes_key(ctx->channels[ctx->current],
+                                    (char *) value->data, value->len);
 }
 
 

@@ -159,6 +159,12 @@ typedef struct {
                                    (llmgw_resp_secret_channel) */
 } llmgw_channel_t;
 
+/* Whether text holds the channel's key in any spelling an answer may give
+   it (as is, with "\/", percent-encoded); keys under
+   LLMGW_CREDENTIAL_MIN_BYTES are never looked for. */
+int llmgw_channel_quotes_key(const llmgw_channel_t *ch, const char *data,
+    size_t len);
+
 typedef struct {
     int64_t       window_ms;    /* 0: no limit */
     uint32_t      total;        /* 0: no total limit */

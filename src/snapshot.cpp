@@ -1004,3 +1004,25 @@ snap_price_entry(const llmgw_snapshot_t *s, std::string_view name)
 }
 
 } /* namespace llmgw */
+
+
+extern "C" int
+llmgw_channel_quotes_key(const llmgw_channel_t *ch, const char *data,
+    size_t len)
+{
+    if (ch->key_forms == nullptr) {
+        return 0;
+    }
+
+    std::string_view text(data, len);
+
+    for (const std::string &f :
+         *static_cast<const std::vector<std::string> *>(ch->key_forms))
+    {
+        if (text.find(f) != std::string_view::npos) {
+            return 1;
+        }
+    }
+
+    return 0;
+}

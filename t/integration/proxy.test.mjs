@@ -248,6 +248,33 @@ describe('proxy', { timeout: 180000 }, () => {
         }
     });
 
+    test('a header quoting the channel key percent-encoded or with \\/ shows [credential]', async () => {
+        const odd = `sk-Ab/Cd+Ef=${hex(12)}`;
+        const model = uniq('gpt-oddkey');
+        const prev = oa.handler;
+        await makeChannel(gw, { base_url: oa.url, key: odd, models: [model] });
+        await new Promise((r) => setTimeout(r, 1100));
+        oa.handler = (req, res, rec) => {
+            res.writeHead(200, {
+                'Content-Type': 'application/json',
+                'X-Upstream-Url': `https://vendor.example/v1/chat?key=${encodeURIComponent(odd)}`,
+                'X-Lower': `key=${encodeURIComponent(odd).replace(/%[0-9A-F]{2}/g, (m) => m.toLowerCase())}`,
+                'X-Escaped': JSON.stringify(odd).replaceAll('/', '\\/'),
+                'X-Plain': 'nothing to hide',
+            });
+            res.end(JSON.stringify(openaiChat({ model: rec.json.model })));
+        };
+        try {
+            const r = assertOk(await gw.chat(key, model));
+            for (const h of ['x-upstream-url', 'x-lower', 'x-escaped']) {
+                assert.equal(r.headers[h], '[credential]', `${h}: ${JSON.stringify(r.headers)}`);
+            }
+            assert.equal(r.headers['x-plain'], 'nothing to hide');
+        } finally {
+            oa.handler = prev;
+        }
+    });
+
     test('a 2xx answer, stream event or header quoting the channel key shows [credential]', async () => {
         const sent = (rec) => rec.headers.authorization || rec.headers['x-api-key'];
         const head = (rec) => ({
