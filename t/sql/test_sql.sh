@@ -640,6 +640,28 @@ expect_eq "another update of a balance goes one revision on" "$(trev "$CT") $(ur
 sql "UPDATE tokens SET name = name || '' WHERE id = $CT" >/dev/null
 expect_eq "an update that moves no balance keeps the revision" "$(trev "$CT")" "$((TR + 2))"
 sql "UPDATE tokens SET unlimited_quota = NOT unlimited_quota WHERE id = $CTU" >/dev/null
+
+echo "== deleting a user while a ledger write holds its key (022)"
+api POST /user '' '{"username":"del-under-load","quota":1000}'
+DU=$(jq -r '.body.id' <<<"$ANS")
+api POST /token '' "{\"user_id\":$DU,\"remain_quota\":1000}"
+DT=$(jq -r '.body.id' <<<"$ANS")
+# a ledger write's order: the key's row, then (a moment later) the user's
+WERR=$(mktemp)
+psql "$CONN" -X -At -q -v ON_ERROR_STOP=1 >/dev/null 2>"$WERR" <<EOF2 &
+BEGIN;
+SELECT 1 FROM tokens WHERE id = $DT FOR UPDATE;
+SELECT pg_sleep(0.6);
+UPDATE users SET used_quota = used_quota WHERE id = $DU;
+COMMIT;
+EOF2
+writer=$!
+sleep 0.2
+api DELETE "/user/$DU"
+expect "the delete waits for the write, then succeeds" '.status == 200 and .body.deleted == true'
+if wait "$writer"; then ok; else bad "the ledger write failed: $(cat "$WERR")"; fi
+rm -f "$WERR"
+expect_eq "the user's key went with it" "$(sql "SELECT deleted_at IS NOT NULL FROM tokens WHERE id = $DT")" t
 expect_eq "unlimited switched: a new revision" "$(trev "$CTU")" "$((TRU + 1))"
 sql "UPDATE tokens SET unlimited_quota = NOT unlimited_quota WHERE id = $CTU" >/dev/null
 
