@@ -29,6 +29,8 @@ constexpr size_t kSecretInAnswersMinBytes = 16;
  * is still what the upstream says.  Strings and nesting are followed so that
  * a member of that name deeper down, or text inside a string, is not taken;
  * a value that is not an object, or one over 64 KiB, is not taken either.
+ * Names are compared as written (a name spelt with \u escapes is not it);
+ * of two members of the name, the last whole object wins.
  */
 class RootMember {
 public:
@@ -617,9 +619,22 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
                 return 0;
             }
 
+            if (r->body.size() + len > kMaxJsonBody && r->hold_json
+                && (r->convert_json || r->whole_for_stream))
+            {
+                /* too large to put in the client's shape, and its head is
+                   out (only an answer its closing ends is held here): cut
+                   short, no answer, nothing charged */
+                r->hold_json = false;
+                r->valid = false;
+                r->body.clear();
+                r->body.shrink_to_fit();
+                return -1;
+            }
+
             if (r->body.size() + len > kMaxJsonBody && r->hold_json) {
-                /* too large to hold for conversion: what was held and the
-                   rest go out as they came */
+                /* too large to hold: what was held and the rest go out as
+                   they came */
                 r->hold_json = false;
                 r->body.append(data, len);
                 overflow_begin(*r);

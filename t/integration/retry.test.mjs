@@ -51,7 +51,7 @@ describe('routing and retries', { timeout: 240000 }, () => {
         for (const name of ['on500', 'on429', 'onConn', 'on504', 'on400', 'max3',
             'allConn', 'stream', 'tries2', 'prio', 'weight', 'noAddr', 'noAddrOnly',
             'split', 'cutHeader', 'errThenConn', 'closeGood', 'closeBad', 'on529Conn',
-            'on529', 'on304', 'on304Only']) {
+            'on529', 'on304', 'on304Only', 'closeLarge']) {
             M[name] = uniq(`gpt-${name}`);
         }
         ch.on500 = [await channel(M.on500, failWith(500, 'A exploded'), { priority: 10 }),
@@ -143,6 +143,16 @@ describe('routing and retries', { timeout: 240000 }, () => {
         })];
         ch.closeBad = [await channel(M.closeBad, null, {
             base_url: (await closing('<html>maintenance</html>')).url,
+        })];
+        /* a Gemini answer over the 16 MiB hold limit, for a chat client */
+        assertOk(await gw.admin('PUT', '/api/pricing', { [M.closeLarge]: { ratio: 1 } }));
+        ch.closeLarge = [await channel(M.closeLarge, null, {
+            type: 24,
+            base_url: (await closing(JSON.stringify({
+                candidates: [{ content: { role: 'model', parts: [{ text: 'w'.repeat(17 << 20) }] },
+                    finishReason: 'STOP', index: 0 }],
+                usageMetadata: { promptTokenCount: 3, candidatesTokenCount: 5 },
+            }))).url,
         })];
 
         ({ key } = await makeUserKey(gw));
@@ -335,6 +345,21 @@ describe('routing and retries', { timeout: 240000 }, () => {
         assert.equal(Number(b.items[0].quota), 0);
         assert.equal(Number(b.items[0].status ?? b.items[0].code), 502);
         assert.match(gw.errorLog(), /without a JSON answer, ended by its closing/);
+    });
+
+    test('an answer ended by the upstream closing, too large to convert: cut short, nothing charged', async () => {
+        /* none of it in the channel's format reaches the client: the
+           connection is cut (nginx had not written the head yet) */
+        let text = '';
+        try {
+            text = (await gw.chat(key, M.closeLarge, { timeoutMs: 60000 })).text;
+        } catch (e) {
+            assert.match(e.message, /socket hang up|aborted|ECONNRESET/);
+        }
+        assert.ok(!text.includes('candidates'), text.slice(0, 200));
+        const row = (await waitLogs(gw, { model: M.closeLarge }, (items) => items.length === 1)).items[0];
+        assert.equal(Number(row.quota), 0, JSON.stringify(row));
+        assert.equal(Number(row.status), 502, JSON.stringify(row));
     });
 
     test('no retry once a stream has started', async () => {
