@@ -210,7 +210,25 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-# System calls per request (not timed: strace slows the workers down):
+# Ledger: a row for every gateway request.  Rows are written in batches
+# behind the answers: wait (bounded) until the count stops moving.
+LEDGER1=$(ledger_total)
+drained=
+for _ in $(seq 1 30); do
+    sleep 1.2
+    t=$(ledger_total)
+    if [ "$t" -ge $((LEDGER0 + gw_requests)) ] || [ "$t" = "$LEDGER1" ]; then
+        LEDGER1=$t
+        drained=1
+        break
+    fi
+    LEDGER1=$t
+done
+ledger_rows=$((LEDGER1 - LEDGER0))
+lost_rows=$(grep -c 'could not be queued' "$BENCH_RUN/gw/logs/error.log" 2>/dev/null || true)
+
+# System calls per request (not timed: strace slows the workers down), after
+# the ledger count above, which the extra requests would otherwise blur:
 # the proxy's workers under strace -c for a short wrk run of each target.
 # Every extra write to a loopback socket is kernel work on both ends.
 SYSCALLS=$OUT/syscalls
@@ -239,23 +257,6 @@ if command -v strace >/dev/null 2>&1 && [ "${STRACE:-1}" != 0 ]; then
             END { printf "%-8s%s\n", t, line }' "$OUT/strace-$target.txt" >>"$SYSCALLS"
     done
 fi
-
-# Ledger: a row for every gateway request.  Rows are written in batches
-# behind the answers: wait (bounded) until the count stops moving.
-LEDGER1=$(ledger_total)
-drained=
-for _ in $(seq 1 30); do
-    sleep 1.2
-    t=$(ledger_total)
-    if [ "$t" -ge $((LEDGER0 + gw_requests)) ] || [ "$t" = "$LEDGER1" ]; then
-        LEDGER1=$t
-        drained=1
-        break
-    fi
-    LEDGER1=$t
-done
-ledger_rows=$((LEDGER1 - LEDGER0))
-lost_rows=$(grep -c 'could not be queued' "$BENCH_RUN/gw/logs/error.log" 2>/dev/null || true)
 
 BENCH_OK=1
 
