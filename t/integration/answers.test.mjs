@@ -17,6 +17,11 @@ import {
     anthropicStream, hang, openaiChat, sendJson, startMock,
 } from '../lib/mock.mjs';
 
+/* One Anthropic stream event, its type in the data as Anthropic writes it. */
+function anthropicEvent(res, name, data) {
+    res.write(`event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`);
+}
+
 describe('answers and faults', { timeout: 180000 }, () => {
     let db, gw, bad, good, silent;
     const sockets = new Set();
@@ -344,8 +349,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
         async () => {
             bad.handler = async (req, res) => {
                 res.writeHead(200, { 'Content-Type': 'text/event-stream' });
-                const ev = (name, data) => res.write(
-                    `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`);
+                const ev = (name, data) => anthropicEvent(res, name, data);
                 ev('message_start', { message: { id: 'msg_1', type: 'message',
                     role: 'assistant', model: 'x', content: [],
                     usage: { input_tokens: 50, output_tokens: 1 } } });
@@ -384,8 +388,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
         /* Anthropic, for a chat client: no message_delta, no message_stop */
         bad.handler = async (req, res) => {
             res.writeHead(200, { 'Content-Type': 'text/event-stream' });
-            const ev = (name, data) => res.write(
-                `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`);
+            const ev = (name, data) => anthropicEvent(res, name, data);
             ev('message_start', { message: { id: 'msg_2', type: 'message',
                 role: 'assistant', model: 'x', content: [],
                 usage: { input_tokens: 30, output_tokens: 1 } } });
@@ -464,8 +467,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
         for (const startUsage of [undefined, { input_tokens: 50, output_tokens: 1 }]) {
             bad.handler = (req, res) => {
                 res.writeHead(200, { 'Content-Type': 'text/event-stream' });
-                const ev = (name, data) => res.write(
-                    `event: ${name}\ndata: ${JSON.stringify({ type: name, ...data })}\n\n`);
+                const ev = (name, data) => anthropicEvent(res, name, data);
                 ev('message_start', { message: { id: 'msg_3', type: 'message', role: 'assistant',
                     model: 'x', content: [], ...(startUsage ? { usage: startUsage } : {}) } });
                 ev('content_block_start', { index: 0, content_block: { type: 'text', text: '' } });
