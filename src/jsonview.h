@@ -187,6 +187,8 @@ public:
     }
 
     bool in_string() const { return in_string_; }
+    /* inside a string, after a backslash: the next byte is escaped */
+    bool escaped() const { return escaped_; }
     int64_t depth() const { return depth_; }
 
 private:

@@ -5,6 +5,7 @@
  */
 
 #include <algorithm>
+#include <cstring>
 #include <cctype>
 #include <string>
 
@@ -38,8 +39,32 @@ public:
 
     void feed(std::string_view bytes)
     {
-        for (char c : bytes) {
-            step(c);
+        const char *p = bytes.data();
+        const char *end = p + bytes.size();
+        /* the next quote and backslash from here (looked for once each,
+           not again until passed: megabytes of one string cost two
+           memchr, not a step per byte) */
+        const char *quote = nullptr;
+        const char *slash = nullptr;
+
+        while (p < end) {
+            if (bytes_.in_string() && !bytes_.escaped() && !capturing_
+                && !reading_name_)
+            {
+                if (quote == nullptr || quote < p) {
+                    quote = find(p, end, '"');
+                }
+                if (slash == nullptr || slash < p) {
+                    slash = find(p, end, '\\');
+                }
+                /* the bytes before either change nothing */
+                p = std::min(quote, slash);
+                if (p == end) {
+                    break;
+                }
+            }
+
+            step(*p++);
         }
     }
 
@@ -49,6 +74,12 @@ public:
 private:
     static constexpr size_t kMaxValue = 64 * 1024;
     static constexpr size_t kMaxName = 64;
+
+    static const char *find(const char *p, const char *end, char c)
+    {
+        const void *at = std::memchr(p, c, static_cast<size_t>(end - p));
+        return at != nullptr ? static_cast<const char *>(at) : end;
+    }
 
     void step(char c)
     {
