@@ -737,7 +737,10 @@ test('a call whose client hung up before it was served is not run', async (t) =>
     await c2.status();
     await c3.status();
     // c1 keeps the worker busy; c2's call arrives and c2 closes meanwhile
+    // (c1's call is given time to reach the worker first: sent together,
+    // the runtime may read c2's first, and then that one is running)
     const busy = c1.call(p.sha, 'buildSubmitRequest', [{ loop: 1 }]);
+    await new Promise((r) => setTimeout(r, 150));
     c2.sock.write(frame(CALL, 7, { sha: p.sha, hook: 'buildSubmitRequest', args: [{ loop: 1 }] }));
     c2.sock.destroy();
     await new Promise((r) => setTimeout(r, 100));
