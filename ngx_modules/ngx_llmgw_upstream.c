@@ -2127,15 +2127,11 @@ ngx_llmgw_finalize_request(ngx_http_request_t *r, ngx_int_t rc)
     }
 
     if (ctx->answer.data) {
-        /* a held answer whose head went out without nginx's input filter
-           set-up: settled; no body after a head that says there is none */
-        if (r->header_only) {
-            ngx_llmgw_gateway_log(r, ctx);
-            ngx_str_null(&ctx->answer);
-            return;
-        }
-
-        (void) ngx_llmgw_answer_out(r, ctx);
+        /* a held answer not written by the input filter's set-up: nginx
+           skips that only for a head that has no body after it (a HEAD
+           request); settled, and no body follows */
+        ngx_llmgw_gateway_log(r, ctx);
+        ngx_str_null(&ctx->answer);
         return;
     }
 
