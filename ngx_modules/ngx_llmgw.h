@@ -27,6 +27,9 @@ typedef struct {
     ngx_msec_t                 flush_interval;
     ngx_uint_t                 ledger_backlog;
     ngx_msec_t                 ledger_wait;
+    size_t                     offload_size;    /* bodies read in a thread */
+    ngx_str_t                  thread_pool_name;
+    void                      *thread_pool;     /* ngx_thread_pool_t */
     ngx_msec_t                 refresh_interval;
     ngx_uint_t                 key_cache_size;
     ngx_msec_t                 key_cache_ttl;

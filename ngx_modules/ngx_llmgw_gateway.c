@@ -23,8 +23,37 @@ static void ngx_llmgw_admitted(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 static void ngx_llmgw_admit_tick(ngx_event_t *ev);
 static ngx_int_t ngx_llmgw_retry_after(ngx_http_request_t *r,
     ngx_uint_t seconds);
+
+/* What a request needs before its price, touching no nginx state, so that
+   it may run in a thread (ngx_llmgw_prep). */
+typedef struct {
+    ngx_llmgw_ctx_t   *ctx;
+    uint64_t           seed;
+    ngx_uint_t         max_tries;
+    ngx_uint_t         prepare;       /* build the tries' bodies too */
+    ngx_uint_t         refused;       /* v holds the answer */
+    size_t             incompatible;
+    llmgw_verdict_t    v;
+#if (NGX_THREADS)
+    /* a timer that is not cancelable: a worker that is shutting down
+       waits for the task instead of exiting under it */
+    ngx_event_t        hold;
+#endif
+} ngx_llmgw_prep_t;
+
+static void ngx_llmgw_prep(ngx_llmgw_prep_t *p);
+static void ngx_llmgw_prepped(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_llmgw_prep_t *p);
+#if (NGX_THREADS)
+static ngx_int_t ngx_llmgw_offload(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, ngx_thread_pool_t *tp);
+static void ngx_llmgw_offload_thread(void *data, ngx_log_t *log);
+static void ngx_llmgw_offload_done(ngx_event_t *ev);
+static void ngx_llmgw_offload_wait(ngx_http_request_t *r);
+static void ngx_llmgw_offload_hold(ngx_event_t *ev);
+#endif
 static ngx_int_t ngx_llmgw_route(ngx_http_request_t *r,
-    ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
+    ngx_llmgw_ctx_t *ctx, size_t incompatible, llmgw_verdict_t *v);
 static ngx_int_t ngx_llmgw_price(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v);
 static ngx_int_t ngx_llmgw_reserve(ngx_http_request_t *r,
@@ -308,9 +337,13 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 static void
 ngx_llmgw_body_ready(ngx_http_request_t *r)
 {
-    llmgw_str_t       model;
-    llmgw_verdict_t   v;
-    ngx_llmgw_ctx_t  *ctx;
+    llmgw_verdict_t          v;
+    ngx_llmgw_ctx_t         *ctx;
+    ngx_llmgw_prep_t         prep;
+    ngx_llmgw_loc_conf_t    *lcf;
+#if (NGX_THREADS)
+    ngx_llmgw_main_conf_t   *mcf;
+#endif
 
     ctx = ngx_llmgw_get_ctx(r);
     if (ctx == NULL) {
@@ -343,11 +376,44 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
         return;
     }
 
-    ctx->req = llmgw_req_parse(ctx->endpoint.ep, ctx->endpoint.model,
-                               (char *) ctx->body.data, ctx->body.len, &v);
+#if (NGX_THREADS)
+    mcf = ngx_http_get_module_main_conf(r, ngx_http_llmgw_module);
 
+    /* a large body takes milliseconds to read and convert: not in the
+       worker, which serves every other request meanwhile */
+    if (mcf->thread_pool != NULL && ctx->body.len >= mcf->offload_size
+        && ngx_llmgw_offload(r, ctx, mcf->thread_pool) == NGX_OK)
+    {
+        return;
+    }
+#endif
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    ngx_memzero(&prep, sizeof(ngx_llmgw_prep_t));
+    prep.ctx = ctx;
+    prep.seed = ((uint64_t) ngx_random() << 32) ^ (uint64_t) ngx_random();
+    prep.max_tries = lcf->max_tries;
+
+    ngx_llmgw_prep(&prep);
+    ngx_llmgw_prepped(r, ctx, &prep);
+}
+
+
+static void
+ngx_llmgw_prep(ngx_llmgw_prep_t *p)
+{
+    ngx_uint_t        i;
+    llmgw_str_t       model;
+    ngx_llmgw_ctx_t  *ctx;
+
+    ctx = p->ctx;
+
+    ctx->req = llmgw_req_parse(ctx->endpoint.ep, ctx->endpoint.model,
+                               (char *) ctx->body.data, ctx->body.len,
+                               &p->v);
     if (ctx->req == NULL) {
-        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+        p->refused = 1;
         return;
     }
 
@@ -355,20 +421,159 @@ ngx_llmgw_body_ready(ngx_http_request_t *r)
     ctx->model.data = (u_char *) model.data;
     ctx->model.len = model.len;
 
-    if (llmgw_token_check_model(ctx->token, model, &v) != 0) {
-        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+    if (llmgw_token_check_model(ctx->token, model, &p->v) != 0) {
+        p->refused = 1;
         return;
     }
 
-    if (ngx_llmgw_route(r, ctx, &v) != NGX_OK
-        || ngx_llmgw_price(r, ctx, &v) != NGX_OK)
-    {
+    ctx->nchannels = llmgw_route(ctx->snapshot, ctx->endpoint.ep, model,
+        (llmgw_str_t) { (char *) ctx->group.data, ctx->group.len },
+        p->seed, ctx->channels, p->max_tries, &p->incompatible, ctx->req,
+        &p->v);
+
+    /* the body of every try: once per channel type and model sent */
+    for (i = 0; p->prepare && i < ctx->nchannels; i++) {
+        llmgw_req_prepare(ctx->req, ctx->channels[i],
+                          llmgw_channel_map_model(ctx->snapshot,
+                                                  ctx->channels[i], model));
+    }
+}
+
+
+static void
+ngx_llmgw_prepped(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_llmgw_prep_t *p)
+{
+    llmgw_verdict_t  v;
+
+    if (p->refused) {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &p->v));
+        return;
+    }
+
+    if (ngx_llmgw_route(r, ctx, p->incompatible, &p->v) != NGX_OK) {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &p->v));
+        return;
+    }
+
+    if (ngx_llmgw_price(r, ctx, &v) != NGX_OK) {
         ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
         return;
     }
 
     ngx_llmgw_admit(r, ctx);
 }
+
+
+#if (NGX_THREADS)
+
+/*
+ * ngx_llmgw_prep in a thread of the pool.  The request is blocked
+ * meanwhile (nginx frees nothing of it, and a client that leaves is seen
+ * when the task is done); the thread reads the request's body, key and
+ * snapshot, which nothing changes until then, and writes only the
+ * request's own ctx.
+ */
+static ngx_int_t
+ngx_llmgw_offload(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    ngx_thread_pool_t *tp)
+{
+    ngx_llmgw_prep_t      *p;
+    ngx_thread_task_t     *task;
+    ngx_llmgw_loc_conf_t  *lcf;
+
+    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+
+    task = ngx_thread_task_alloc(r->pool, sizeof(ngx_llmgw_prep_t));
+    if (task == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = task->ctx;
+    p->ctx = ctx;
+    p->seed = ((uint64_t) ngx_random() << 32) ^ (uint64_t) ngx_random();
+    p->max_tries = lcf->max_tries;
+    p->prepare = 1;
+
+    task->handler = ngx_llmgw_offload_thread;
+    task->event.handler = ngx_llmgw_offload_done;
+    task->event.data = task;
+    task->event.log = r->connection->log;
+
+    /* all set before the thread may see the task */
+    p->hold.handler = ngx_llmgw_offload_hold;
+    p->hold.data = task;
+    p->hold.log = r->connection->log;
+
+    if (ngx_thread_task_post(tp, task) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    /* the task's end is an event of this worker: not before this returns */
+    ngx_add_timer(&p->hold, 3600 * 1000);
+
+    r->main->blocked++;
+    r->aio = 1;
+    r->write_event_handler = ngx_llmgw_offload_wait;
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_offload_hold(ngx_event_t *ev)
+{
+    ngx_add_timer(ev, 3600 * 1000);
+}
+
+
+static void
+ngx_llmgw_offload_thread(void *data, ngx_log_t *log)
+{
+    ngx_llmgw_prep(data);
+}
+
+
+/* Write events while the thread works: nothing to write yet. */
+static void
+ngx_llmgw_offload_wait(ngx_http_request_t *r)
+{
+}
+
+
+static void
+ngx_llmgw_offload_done(ngx_event_t *ev)
+{
+    ngx_connection_t    *c;
+    ngx_llmgw_prep_t    *p;
+    ngx_thread_task_t   *task;
+    ngx_http_request_t  *r;
+
+    task = ev->data;
+    p = task->ctx;
+    r = p->ctx->request;
+    c = r->connection;
+
+    if (p->hold.timer_set) {
+        ngx_del_timer(&p->hold);
+    }
+
+    r->main->blocked--;
+    r->aio = 0;
+
+    if (r->write_event_handler != ngx_llmgw_offload_wait) {
+        /* ended meanwhile (nginx set its finalizer) */
+        r->write_event_handler(r);
+
+    } else {
+        r->write_event_handler = ngx_http_request_empty_handler;
+        ngx_llmgw_prepped(r, p->ctx, p);
+    }
+
+    ngx_http_run_posted_requests(c);
+}
+
+#endif
 
 
 /*
@@ -516,23 +721,13 @@ ngx_llmgw_retry_after(ngx_http_request_t *r, ngx_uint_t seconds)
 }
 
 
-/* NGX_OK with the channels to try, or NGX_DECLINED and why in v. */
+/* NGX_OK with the channels llmgw_route() found, or NGX_DECLINED and why
+   in v (when llmgw_route() did not say why). */
 static ngx_int_t
 ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
-    llmgw_verdict_t *v)
+    size_t incompatible, llmgw_verdict_t *v)
 {
-    size_t                  incompatible;
-    uint64_t                seed;
-    ngx_llmgw_loc_conf_t   *lcf;
-
-    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
-
-    seed = ((uint64_t) ngx_random() << 32) ^ (uint64_t) ngx_random();
-
-    ctx->nchannels = llmgw_route(ctx->snapshot, ctx->endpoint.ep,
-        (llmgw_str_t) { (char *) ctx->model.data, ctx->model.len },
-        (llmgw_str_t) { (char *) ctx->group.data, ctx->group.len },
-        seed, ctx->channels, lcf->max_tries, &incompatible, ctx->req, v);
+    char  shown[LLMGW_SHOWN_SIZE];
 
     if (ctx->nchannels > 0) {
         return NGX_OK;
@@ -543,20 +738,18 @@ ngx_llmgw_route(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         return NGX_DECLINED;
     }
 
+    llmgw_shown((char *) ctx->model.data, ctx->model.len, shown);
+
     if (incompatible > 0) {
         llmgw_verdict_set(v, NGX_HTTP_INTERNAL_SERVER_ERROR, "gateway_error",
-                          "convert_request_failed", "model %.*s is not "
-                          "available through %.*s",
-                          (int) ngx_min(ctx->model.len, 200),
-                          ctx->model.data, (int) ngx_min(r->uri.len, 128),
-                          r->uri.data);
+                          "convert_request_failed", "model %s is not "
+                          "available through %.*s", shown,
+                          (int) ngx_min(r->uri.len, 128), r->uri.data);
     } else {
         llmgw_verdict_set(v, NGX_HTTP_SERVICE_UNAVAILABLE, "gateway_error",
                           "model_not_found", "no available channel for "
-                          "model %.*s in group %.*s",
-                          (int) ngx_min(ctx->model.len, 200),
-                          ctx->model.data, (int) ctx->group.len,
-                          ctx->group.data);
+                          "model %s in group %.*s", shown,
+                          (int) ctx->group.len, ctx->group.data);
     }
 
     return NGX_DECLINED;
@@ -589,6 +782,8 @@ static ngx_int_t
 ngx_llmgw_price(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     llmgw_verdict_t *v)
 {
+    char  shown[LLMGW_SHOWN_SIZE];
+
     if (llmgw_snapshot_price(ctx->snapshot,
             (llmgw_str_t) { (char *) ctx->model.data, ctx->model.len },
             &ctx->price)
@@ -599,24 +794,28 @@ ngx_llmgw_price(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     }
 
     llmgw_verdict_set(v, NGX_HTTP_BAD_REQUEST, "gateway_error",
-                      "model_price_error", "model %.*s has no price; an "
+                      "model_price_error", "model %s has no price; an "
                       "administrator sets one with PUT /api/pricing (a "
                       "ratio or price of 0 makes it free)",
-                      (int) ngx_min(ctx->model.len, 200), ctx->model.data);
+                      llmgw_shown((char *) ctx->model.data, ctx->model.len,
+                                  shown));
 
     return NGX_DECLINED;
 }
 
 
 /*
- * The reservation: the prompt estimate plus max_tokens (or
- * llmgw_reserve_tokens when the client set none), priced like the answer.
+ * The reservation: the prompt estimate plus max_tokens (or, when the
+ * client set none, llmgw_reserve_tokens, or what a conversion for one of
+ * the channels sends when more) for each answer asked for, priced like
+ * the answer.
  */
 static ngx_int_t
 ngx_llmgw_reserve(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     llmgw_verdict_t *v)
 {
     int64_t                max;
+    ngx_uint_t             i;
     llmgw_usage_t          est;
     ngx_llmgw_loc_conf_t  *lcf;
 
@@ -626,8 +825,21 @@ ngx_llmgw_reserve(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
     max = llmgw_req_max_tokens(ctx->req);
 
+    if (max < 0) {
+        max = (int64_t) lcf->reserve_tokens;    /* at most 10,000,000 */
+
+        /* a channel that will be sent a limit of the gateway's own */
+        for (i = 0; i < ctx->nchannels; i++) {
+            if (ctx->endpoint.ep == LLMGW_EP_CHAT
+                && ctx->channels[i]->type == 14)
+            {
+                max = ngx_max(max, LLMGW_CONVERTED_MAX_TOKENS);
+            }
+        }
+    }
+
     est.prompt_tokens = llmgw_req_prompt_estimate(ctx->req);
-    est.completion_tokens = max >= 0 ? max : (int64_t) lcf->reserve_tokens;
+    est.completion_tokens = max * llmgw_req_choices(ctx->req);
 
     return ngx_llmgw_billing_reserve(ctx,
                llmgw_quota(&ctx->price, ctx->group_ratio, &est), v);

@@ -40,6 +40,8 @@ static char *ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data);
 static char *ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_llmgw_check_ca_file(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_set_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 
 
 static ngx_conf_num_bounds_t  ngx_llmgw_tries_bounds = {
@@ -52,6 +54,14 @@ static ngx_conf_num_bounds_t  ngx_llmgw_pool_bounds = {
 
 static ngx_conf_num_bounds_t  ngx_llmgw_count_bounds = {
     ngx_llmgw_check_bounds, 1, 100000
+};
+
+static ngx_conf_num_bounds_t  ngx_llmgw_keepalive_bounds = {
+    ngx_llmgw_check_bounds, 0, 10000
+};
+
+static ngx_conf_num_bounds_t  ngx_llmgw_reserve_bounds = {
+    ngx_llmgw_check_bounds, 0, 10000000
 };
 
 static ngx_conf_num_bounds_t  ngx_llmgw_backlog_bounds = {
@@ -139,6 +149,20 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       offsetof(ngx_llmgw_main_conf_t, ledger_wait),
       NULL },
 
+    { ngx_string("llmgw_offload_size"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, offload_size),
+      NULL },
+
+    { ngx_string("llmgw_thread_pool"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_llmgw_set_thread_pool,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("llmgw_refresh_interval"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
@@ -172,7 +196,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_num_slot,
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, keepalive),
-      NULL },
+      &ngx_llmgw_keepalive_bounds },
 
     { ngx_string("llmgw_keepalive_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -347,7 +371,7 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       ngx_conf_set_num_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_llmgw_loc_conf_t, reserve_tokens),
-      NULL },
+      &ngx_llmgw_reserve_bounds },
 
     { ngx_string("llmgw_request_id_header"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -1042,6 +1066,7 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->flush_interval = NGX_CONF_UNSET_MSEC;
     mcf->ledger_backlog = NGX_CONF_UNSET_UINT;
     mcf->ledger_wait = NGX_CONF_UNSET_MSEC;
+    mcf->offload_size = NGX_CONF_UNSET_SIZE;
     mcf->refresh_interval = NGX_CONF_UNSET_MSEC;
     mcf->key_cache_size = NGX_CONF_UNSET_UINT;
     mcf->key_cache_ttl = NGX_CONF_UNSET_MSEC;
@@ -1070,6 +1095,40 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
 }
 
 
+/* llmgw_thread_pool: the pool is looked up where the directive stands, so
+   that an unknown name is reported at this line. */
+static char *
+ngx_llmgw_set_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_llmgw_main_conf_t *mcf = conf;
+
+    ngx_str_t  *value;
+
+    if (mcf->thread_pool_name.data != NULL) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_thread_pool\" needs a pool name");
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->thread_pool_name = value[1];
+
+#if (NGX_THREADS)
+    mcf->thread_pool = ngx_thread_pool_add(cf, &value[1]);
+    if (mcf->thread_pool == NULL) {
+        return NGX_CONF_ERROR;
+    }
+#endif
+
+    return NGX_CONF_OK;
+}
+
+
 static char *
 ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
 {
@@ -1091,6 +1150,7 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_msec_value(mcf->flush_interval, 1000);
     ngx_conf_init_uint_value(mcf->ledger_backlog, 30000);
     ngx_conf_init_msec_value(mcf->ledger_wait, 2000);
+    ngx_conf_init_size_value(mcf->offload_size, 128 * 1024);
     ngx_conf_init_msec_value(mcf->refresh_interval, 1000);
     ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
     ngx_conf_init_msec_value(mcf->key_cache_ttl, 10000);
@@ -1116,6 +1176,22 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_size_value(mcf->task_max_file_size, 64 * 1024 * 1024);
     ngx_conf_init_size_value(mcf->task_max_files_total, 64 * 1024 * 1024);
     ngx_conf_init_value(mcf->task_ssl_verify, 1);
+
+    /* large request bodies are read and converted in a thread pool (the
+       default pool unless llmgw_thread_pool named another) */
+#if (NGX_THREADS)
+    if (mcf->offload_size == 0 || !mcf->needs_database) {
+        mcf->thread_pool = NULL;
+
+    } else if (mcf->thread_pool == NULL) {
+        mcf->thread_pool = ngx_thread_pool_add(cf, NULL);
+        if (mcf->thread_pool == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+#else
+    mcf->offload_size = 0;
+#endif
 
     mcf->shm_zone = ngx_shared_memory_add(cf, &zone_name, mcf->shm_size,
                                           &ngx_http_llmgw_module);

@@ -952,7 +952,8 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ngx_uint_t    stream;
     ngx_buf_t    *b;
     ngx_str_t     path, version, beta, model;
-    llmgw_str_t   upstream_model;
+    ngx_uint_t    owned;
+    llmgw_str_t   upstream_model, view;
     llmgw_buf_t   body;
     ngx_chain_t  *cl;
 
@@ -968,10 +969,21 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ngx_memcpy(model.data, upstream_model.data, model.len);
     ctx->upstream_model = model;
 
-    body = llmgw_req_upstream_body(ctx->req, ch, upstream_model,
-                                   &ctx->usage_injected);
-    if (body.data == NULL) {
-        return NGX_ERROR;
+    /* built ahead in the thread pool for a large body, else now */
+    owned = llmgw_req_prepared_body(ctx->req, ch, upstream_model, &view,
+                                    &ctx->usage_injected) != 0;
+
+    if (owned) {
+        body = llmgw_req_upstream_body(ctx->req, ch, upstream_model,
+                                       &ctx->usage_injected);
+        if (body.data == NULL) {
+            return NGX_ERROR;
+        }
+
+    } else {
+        /* only read, and not freed (!owned) */
+        body.data = (char *) view.data;
+        body.len = view.len;
     }
 
     stream = llmgw_req_stream(ctx->req) || ctx->endpoint.stream;
@@ -993,7 +1005,9 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
                                    NGX_ESCAPE_URI_COMPONENT);
         path.data = ngx_pnalloc(r->pool, len);
         if (path.data == NULL) {
-            llmgw_buf_free(&body);
+            if (owned) {
+                llmgw_buf_free(&body);
+            }
             return NGX_ERROR;
         }
         p = ngx_cpymem(path.data, "/v1beta/models/",
@@ -1032,7 +1046,9 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
     b = ngx_create_temp_buf(r->pool, len);
     if (b == NULL) {
-        llmgw_buf_free(&body);
+        if (owned) {
+            llmgw_buf_free(&body);
+        }
         return NGX_ERROR;
     }
 
@@ -1072,7 +1088,9 @@ ngx_llmgw_build_request(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     *p++ = CR; *p++ = LF;
 
     p = ngx_cpymem(p, body.data, body.len);
-    llmgw_buf_free(&body);
+    if (owned) {
+        llmgw_buf_free(&body);
+    }
 
     b->last = p;
 

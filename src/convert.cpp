@@ -25,7 +25,7 @@ namespace {
 
 /* Anthropic refuses a request without max_tokens; OpenAI clients often
  * leave it out. */
-constexpr int64_t kDefaultMaxTokens = 4096;
+constexpr int64_t kDefaultMaxTokens = LLMGW_CONVERTED_MAX_TOKENS;
 
 /* Gemini 3 refuses replayed function calls that lack the signature it
  * made; history written by another vendor has none, and Google documents
@@ -848,8 +848,10 @@ one_plain_choice(const json_t *in, std::string &err)
         return false;
     }
 
+    const json_t *top = json_object_get(in, "top_logprobs");
+
     if (json_is_true(json_object_get(in, "logprobs"))
-        || json_is_integer(json_object_get(in, "top_logprobs")))
+        || (json_is_integer(top) && json_integer_value(top) > 0))
     {
         err = "logprobs: log probabilities cannot be sent to this channel";
         return false;
@@ -874,6 +876,21 @@ anthropic_can_answer(const json_t *in, std::string &err)
         err = "response_format \"" + std::string(type)
               + "\" cannot be sent to this channel";
         return false;
+    }
+
+    /* Anthropic refuses a stop sequence of whitespace alone ("\n") */
+    Json stop(stop_list(json_object_get(in, "stop")));
+    size_t  i;
+    json_t *e;
+
+    json_array_foreach(stop.get(), i, e) {
+        std::string_view v(json_string_value(e), json_string_length(e));
+
+        if (v.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos) {
+            err = "stop: a stop sequence of whitespace alone cannot be sent "
+                  "to this channel";
+            return false;
+        }
     }
 
     return true;
@@ -904,6 +921,29 @@ chat_to_anthropic(const json_t *in, std::string_view model, Json &out,
         if (!anthropic_message(m, i, b, err)) {
             return false;
         }
+    }
+
+    /* a conversation that ends with the client's turn must end so here: an
+       empty last message left out would leave the assistant's turn last,
+       which Anthropic continues as a prefill instead of answering */
+    for (size_t k = json_array_size(msgs); k-- > 0;) {
+        std::string_view role = json_str(json_array_get(msgs, k), "role");
+
+        if (role == "system" || role == "developer") {
+            continue;
+        }
+
+        size_t n = json_array_size(messages.get());
+        const json_t *last = json_array_get(messages.get(), n - 1);
+
+        if ((role == "user" || role == "tool")
+            && (n == 0 || json_str(last, "role") != "user"))
+        {
+            err = at("messages", k) + ": an empty message cannot end the "
+                  "conversation on this channel";
+            return false;
+        }
+        break;
     }
 
     tool_results_first(messages.get());
@@ -2067,10 +2107,16 @@ chat_document_part(const json_t *block)
     json_t *file = json_object();
     json_t *p = json_object();
 
+    /* OpenAI requires a filename with file_data; Anthropic's title is
+       optional */
+    std::string_view title = json_str(block, "title");
+    std::string_view media = json_str(source, "media_type");
+
     put(file, "file_data", source_url(source));
-    if (!json_str(block, "title").empty()) {
-        put(file, "filename", json_str(block, "title"));
-    }
+    put(file, "filename", !title.empty() ? std::string(title)
+                          : media == "application/pdf" ? "document.pdf"
+                          : media == "text/plain" ? "document.txt"
+                          : "document");
     put(p, "type", "file");
     put(p, "file", file);
 
@@ -2104,10 +2150,17 @@ chat_user_block(const json_t *block, const std::string &where,
             err = where + ".tool_use_id is required";
             return false;
         }
-        /* OpenAI tool messages carry text only: a result's images go in
-           the user message that follows the tool messages */
+        /* OpenAI tool messages carry text only: a result's images and
+           documents go in the user message that follows the tool messages;
+           a failed tool says so in its text, as is_error has no place */
         const json_t *content = json_object_get(block, "content");
-        json_t *m = chat_message("tool", jstr(anthropic_text(content)));
+        std::string text = anthropic_text(content);
+
+        if (json_is_true(json_object_get(block, "is_error"))) {
+            text = "Error: " + text;
+        }
+
+        json_t *m = chat_message("tool", jstr(text));
         put(m, "tool_call_id", id);
         append(messages, m);
 
@@ -2115,19 +2168,28 @@ chat_user_block(const json_t *block, const std::string &where,
         json_t *inner;
 
         json_array_foreach(content, k, inner) {
-            if (json_str(inner, "type") != "image") {
+            std::string_view inner_type = json_str(inner, "type");
+            json_t *part = nullptr;
+
+            if (inner_type == "image") {
+                std::string url = source_url(json_object_get(inner,
+                                                             "source"));
+                part = url.empty() ? nullptr : chat_image_part(url);
+
+            } else if (inner_type == "document") {
+                part = chat_document_part(inner);
+
+            } else {
                 continue;
             }
 
-            std::string url = source_url(json_object_get(inner, "source"));
-
-            if (url.empty()) {
+            if (part == nullptr) {
                 err = at(where + ".content", k)
                       + ": its source type cannot be sent to this channel";
                 return false;
             }
 
-            append(parts, chat_image_part(url));
+            append(parts, part);
         }
 
         return true;
@@ -2497,6 +2559,21 @@ chat_finish_from_gemini(std::string_view reason, bool tool_calls)
         }
     }
 
+    /* the model failed: said in its own words, which clients tell apart
+       from a finished answer (the SDKs read an unknown reason as "other") */
+    static const std::pair<const char *, const char *> failed[] = {
+        { "MALFORMED_FUNCTION_CALL", "malformed_function_call" },
+        { "UNEXPECTED_TOOL_CALL", "unexpected_tool_call" },
+        { "TOO_MANY_TOOL_CALLS", "too_many_tool_calls" },
+        { "OTHER", "other" },
+    };
+
+    for (const auto &f : failed) {
+        if (reason == f.first) {
+            return f.second;
+        }
+    }
+
     /* Gemini ends a function call turn with STOP */
     return tool_calls ? "tool_calls" : "stop";
 }
@@ -2710,6 +2787,30 @@ anthropic_to_chat_answer(const json_t *in, std::string_view model, Json &out,
 }
 
 
+/* A Gemini part's inline image as an entry of a chat message's "images"
+   (the shape OpenRouter and others give generated images), or nullptr. */
+json_t *
+chat_image_of(const json_t *part)
+{
+    const json_t *inline_data = json_object_get(part, "inlineData");
+    std::string_view mime = json_str(inline_data, "mimeType");
+
+    if (!json_is_object(inline_data) || mime.substr(0, 6) != "image/") {
+        return nullptr;
+    }
+
+    json_t *url = json_object();
+    json_t *image = json_object();
+
+    put(url, "url", "data:" + std::string(mime) + ";base64,"
+                    + std::string(json_str(inline_data, "data")));
+    put(image, "type", "image_url");
+    put(image, "image_url", url);
+
+    return image;
+}
+
+
 bool
 gemini_to_chat_answer(const json_t *in, std::string_view model, Json &out,
     std::string &err)
@@ -2717,6 +2818,7 @@ gemini_to_chat_answer(const json_t *in, std::string_view model, Json &out,
     const json_t *cand = json_array_get(json_object_get(in, "candidates"), 0);
     std::string text, reasoning;
     Json calls(json_array());
+    Json images(json_array());
     size_t  i;
     json_t *part;
 
@@ -2735,6 +2837,8 @@ gemini_to_chat_answer(const json_t *in, std::string_view model, Json &out,
             append(calls.get(), chat_function_call(
                        "call_" + random_hex(12), json_str(fc, "name"),
                        arguments_text(json_object_get(fc, "args"))));
+        } else if (json_t *image = chat_image_of(part)) {
+            append(images.get(), image);
         } else if (json_is_true(json_object_get(part, "thought"))) {
             reasoning += json_str(part, "text");
         } else {
@@ -2750,11 +2854,15 @@ gemini_to_chat_answer(const json_t *in, std::string_view model, Json &out,
     std::string_view id = json_str(in, "responseId");
     const json_t *meta = json_object_get(in, "usageMetadata");
 
+    json_t *message = assistant_message(text, reasoning, std::move(calls));
+
+    if (json_array_size(images.get()) > 0) {
+        put(message, "images", images.release());
+    }
+
     out.reset(chat_completion(id.empty() ? "chatcmpl-" + random_hex(12)
                                          : std::string(id),
-                              model,
-                              assistant_message(text, reasoning,
-                                                std::move(calls)),
+                              model, message,
                               finish,
                               json_is_object(meta)
                               ? gemini_usage(meta).to_json() : nullptr));
@@ -3443,6 +3551,14 @@ private:
             put_int(call, "index", tools_++);
             send_tool(out, call);
 
+        } else if (json_t *image = chat_image_of(part)) {
+            json_t *delta = json_object();
+            json_t *images = json_array();
+
+            append(images, image);
+            put(delta, "images", images);
+            send_delta(out, delta, nullptr);
+
         } else if (json_is_true(json_object_get(part, "thought"))) {
             send_text(out, "reasoning_content", json_str(part, "text"));
 
@@ -3789,6 +3905,19 @@ private:
         }
 
         delta_sent_ = true;
+
+        /* the counts the gateway bills: also when the upstream reported
+           none, or a part */
+        if (billed) {
+            llmgw_usage_t b = billed();
+
+            prompt_ = b.cache_in_prompt
+                      ? b.prompt_tokens
+                      : b.prompt_tokens + b.cache_read_tokens
+                        + b.cache_creation_tokens;
+            completion_ = b.completion_tokens;
+            cached_ = b.cache_read_tokens;
+        }
 
         Json ev(json_object());
         json_t *d = json_object();

@@ -547,6 +547,33 @@ llmgw_buf_free(llmgw_buf_t *b)
 }
 
 
+extern "C" const char *
+llmgw_shown(const char *data, size_t len, char buf[LLMGW_SHOWN_SIZE])
+{
+    size_t n = std::min<size_t>(len, 200), o = 0;
+
+    /* not into a UTF-8 character cut at the end */
+    if (n < len) {
+        while (n > 0 && (static_cast<unsigned char>(data[n]) & 0xc0) == 0x80) {
+            n--;
+        }
+    }
+
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = static_cast<unsigned char>(data[i]);
+
+        if (c < 0x20 || c == 0x7f) {
+            o += static_cast<size_t>(std::snprintf(buf + o, 7, "\\u%04x", c));
+        } else {
+            buf[o++] = static_cast<char>(c);
+        }
+    }
+
+    buf[o] = '\0';
+    return buf;
+}
+
+
 extern "C" void
 llmgw_verdict_set(llmgw_verdict_t *v, int status, const char *type,
     const char *code, const char *fmt, ...)

@@ -49,6 +49,14 @@ void llmgw_verdict_set(llmgw_verdict_t *v, int status, const char *type,
     const char *code, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* A name as an error message shows it, NUL-terminated in buf: its first 200
+   bytes (whole UTF-8 characters), control characters (NUL among them) as
+   a backslash, "u" and four hex digits, so a message names exactly what
+   was asked for. */
+#define LLMGW_SHOWN_SIZE  1201
+const char *llmgw_shown(const char *data, size_t len,
+    char buf[LLMGW_SHOWN_SIZE]);
+
 /* A client request, parsed (request.cpp). */
 typedef struct llmgw_req_s  llmgw_req_t;
 
@@ -215,6 +223,9 @@ typedef struct {
 } llmgw_price_t;
 
 #define LLMGW_QUOTA_PER_USD  500000
+/* The most one request, call or task is charged (2,000,000,000 USD): the
+   1,000 rows of a ledger batch still sum inside int64. */
+#define LLMGW_QUOTA_MAX      1000000000000000LL
 
 /* 0 and *p, or -1 when the model has no price. */
 int llmgw_snapshot_price(const llmgw_snapshot_t *s, llmgw_str_t model,
@@ -359,8 +370,14 @@ void llmgw_req_free(llmgw_req_t *r);
 
 llmgw_str_t llmgw_req_model(const llmgw_req_t *r);
 int llmgw_req_stream(const llmgw_req_t *r);
-/* The client's explicit max_tokens (or equivalent), or -1. */
+/* The most output tokens the client allowed an answer (max_tokens or an
+   equivalent above 0; of two given, the larger), or -1. */
 int64_t llmgw_req_max_tokens(const llmgw_req_t *r);
+/* How many answers the request asks for (n, candidateCount): 1 to 128. */
+int64_t llmgw_req_choices(const llmgw_req_t *r);
+/* The max_tokens a chat request that set none is sent with when converted
+   for an Anthropic channel, which requires one. */
+#define LLMGW_CONVERTED_MAX_TOKENS  4096
 /* A token estimate of the prompt (text length based). */
 int64_t llmgw_req_prompt_estimate(const llmgw_req_t *r);
 
@@ -373,6 +390,18 @@ int64_t llmgw_req_prompt_estimate(const llmgw_req_t *r);
 llmgw_buf_t llmgw_req_upstream_body(const llmgw_req_t *r,
     const llmgw_channel_t *c, llmgw_str_t upstream_model,
     int *usage_injected);
+
+/*
+ * Builds the body llmgw_req_upstream_body() gives for this channel and
+ * model ahead of time (in a thread: a large converted body takes a
+ * while) and keeps it in the request, once per channel type and model.
+ * Nothing else may use the request meanwhile.
+ */
+void llmgw_req_prepare(const llmgw_req_t *r, const llmgw_channel_t *c,
+    llmgw_str_t upstream_model);
+/* 0 and that body (valid while the request is), or -1 when none was. */
+int llmgw_req_prepared_body(const llmgw_req_t *r, const llmgw_channel_t *c,
+    llmgw_str_t upstream_model, llmgw_str_t *body, int *usage_injected);
 
 /*
  * Whether the request can be sent to a channel of this type (a conversion
@@ -459,8 +488,8 @@ int llmgw_resp_release(llmgw_resp_t *r, llmgw_buf_t *out);
    format, or the stream the client asked for): one too large to hold cannot
    be, and is no answer for the client. */
 int llmgw_resp_reshapes(const llmgw_resp_t *r);
-/* After llmgw_resp_finish(): a converted stream that ended before the
-   upstream said why, which the client was told in an error event. */
+/* After llmgw_resp_finish(): a stream that ended before the upstream said
+   it was done (a converted one told the client so in an error event). */
 int llmgw_resp_cut(const llmgw_resp_t *r);
 /* Usage as reported, or estimated from the delivered text. */
 void llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u);

@@ -3,6 +3,8 @@
  * for the channel that serves them.
  */
 
+#include <algorithm>
+#include <cctype>
 #include <string>
 #include <utility>
 
@@ -18,14 +20,21 @@ namespace {
 enum Field {
     F_MODEL, F_STREAM, F_STREAM_OPTIONS, F_MAX_TOKENS,
     F_MAX_COMPLETION_TOKENS, F_MESSAGES, F_CONTENTS, F_GENERATION_CONFIG,
-    F_QUERY, F_DOCUMENTS, F_COUNT
+    F_GENERATION_CONFIG_SNAKE, F_QUERY, F_DOCUMENTS, F_N, F_COUNT
 };
 
 constexpr std::string_view kFieldNames[F_COUNT] = {
     "model", "stream", "stream_options", "max_tokens",
     "max_completion_tokens", "messages", "contents", "generationConfig",
-    "query", "documents"
+    "generation_config", "query", "documents", "n"
 };
+
+/* The most answers one request is reserved for (OpenAI's n allows 128). */
+constexpr int64_t kMaxChoices = 128;
+
+/* The longest model name served (cloud resource names run to a few
+   hundred bytes). */
+constexpr size_t kMaxModelName = 1024;
 
 } /* namespace */
 
@@ -38,6 +47,16 @@ struct llmgw_req_s {
     std::string       model;
     bool              stream = false;
     int64_t           max_tokens = -1;
+    int64_t           choices = 1;
+    /* upstream bodies built ahead (llmgw_req_prepare): a body depends on
+       the channel's type and the model sent, nothing else */
+    struct Prepared {
+        int          type;
+        std::string  model;
+        std::string  body;
+        int          usage_injected;
+    };
+    mutable std::vector<Prepared>  prepared;
     int64_t           prompt_estimate = 0;
 
     /* the tree: only conversions and rerank need one */
@@ -53,9 +72,40 @@ struct llmgw_req_s {
 namespace {
 
 /*
- * Bytes of prompt text: the decoded string values at most 32 levels deep,
- * not those under a "data" or "image_url" member (inline media).  A rough
- * token count is bytes / 4.
+ * Whether a string is base64 alone, as inline media is (an image, audio or
+ * PDF under Gemini's inlineData.data, Anthropic's source.data, OpenAI's
+ * input_audio.data or file.file_data): long, in base64's alphabet, with
+ * upper and lower case letters and digits (a run of one letter, or hex, is
+ * text).
+ */
+bool
+base64_run(std::string_view t)
+{
+    if (t.size() < 256) {
+        return false;
+    }
+
+    bool upper = false, lower = false, digit = false;
+
+    for (unsigned char c : t) {
+        upper = upper || std::isupper(c);
+        lower = lower || std::islower(c);
+        digit = digit || std::isdigit(c);
+
+        if (!(std::isalnum(c) || c == '+' || c == '/' || c == '='
+              || c == '-' || c == '_'))
+        {
+            return false;
+        }
+    }
+
+    return upper && lower && digit;
+}
+
+/*
+ * Bytes of prompt text: the decoded string values, not inline media (data
+ * URLs, base64 under a "data" or "file_data" member, anything under an
+ * "image_url" member).  A rough token count is bytes / 4.
  */
 class PromptText : public JsonVisitor {
 public:
@@ -63,10 +113,11 @@ public:
 
     void open(bool) override
     {
-        if (media_next_) {
+        if (image_next_) {
             skip_at_ = depth_;
-            media_next_ = false;
         }
+        image_next_ = false;
+        media_next_ = false;
         depth_++;
     }
 
@@ -83,27 +134,72 @@ public:
         std::string scratch;
         std::string_view n = name.text(scratch);
 
-        media_next_ = skip_at_ < 0 && (n == "data" || n == "image_url");
+        image_next_ = skip_at_ < 0 && n == "image_url";
+        media_next_ = n == "data" || n == "file_data";
     }
 
     void value(const JsonView &v) override
     {
-        if (!media_next_ && skip_at_ < 0 && depth_ <= 32) {
-            bytes += v.string_length();
+        if (skip_at_ < 0 && !image_next_ && v.is_string()) {
+            std::string scratch;
+            std::string_view t = v.text(scratch);
+            bool media = (t.substr(0, 5) == "data:"
+                          && t.find(";base64,") != std::string_view::npos)
+                         || (media_next_ && base64_run(t));
+
+            if (!media) {
+                bytes += t.size();
+            }
         }
+        image_next_ = false;
         media_next_ = false;
     }
 
 private:
     int   depth_ = 0;
-    int   skip_at_ = -1;        /* the depth a media member's value opened */
+    int   skip_at_ = -1;        /* the depth an image_url's value opened */
+    bool  image_next_ = false;
     bool  media_next_ = false;
 };
 
-/* One pass over the body's members: the fields, the last of a name as a
- * tree keeps it. */
+/*
+ * A member name as Go's encoding/json matches it to a field: letters
+ * without case (Unicode simple folding: ASCII, and U+017F "long s" and
+ * U+212A "Kelvin sign", which fold to s and k).
+ */
+std::string
+fold_name(std::string_view n)
+{
+    std::string out;
+
+    out.reserve(n.size());
+
+    for (size_t i = 0; i < n.size(); i++) {
+        if (n.compare(i, 2, "\xC5\xBF") == 0) {
+            out += 's';
+            i += 1;
+        } else if (n.compare(i, 3, "\xE2\x84\xAA") == 0) {
+            out += 'k';
+            i += 2;
+        } else {
+            out += static_cast<char>(
+                std::tolower(static_cast<unsigned char>(n[i])));
+        }
+    }
+
+    return out;
+}
+
+/*
+ * One pass over the body's members: the fields, the last of a name as a
+ * tree keeps it.  A member that is not one of them but matches one without
+ * letter case ("Model") is put in lookalike: an upstream written in Go
+ * reads it as that field (the last one wins there), so what the gateway
+ * checked and billed would not be what ran.
+ */
 void
-read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT])
+read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT],
+    std::string &lookalike)
 {
     body.each_member([&](const JsonView &k, const JsonView &v) {
         std::string scratch;
@@ -113,7 +209,20 @@ read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT])
             if (name == kFieldNames[i]) {
                 field[i] = v;
                 seen[i]++;
-                break;
+                return;
+            }
+        }
+
+        if (!lookalike.empty() || name.size() > 64) {
+            return;
+        }
+
+        std::string folded = fold_name(name);
+
+        for (std::string_view f : kFieldNames) {
+            if (folded == fold_name(f)) {
+                lookalike = std::string(name);
+                return;
             }
         }
     });
@@ -138,21 +247,67 @@ required_field(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
     }
 }
 
+/* A count given as a number above 0 (bounded), else -1. */
+int64_t
+positive(const JsonView &v)
+{
+    int64_t n = v.integer(-1);
+
+    return n > 0 ? std::min<int64_t>(n, int64_t(1) << 40) : -1;
+}
+
+/* The larger of a Gemini generation config member in either spelling
+   (Google reads protobuf JSON: camelCase and snake_case alike), in both
+   spellings of the config. */
+int64_t
+gemini_config(const JsonView field[F_COUNT], std::string_view camel,
+    std::string_view snake)
+{
+    int64_t n = -1;
+
+    for (int f : { F_GENERATION_CONFIG, F_GENERATION_CONFIG_SNAKE }) {
+        n = std::max({ n, positive(field[f].get(camel)),
+                       positive(field[f].get(snake)) });
+    }
+
+    return n;
+}
+
+/*
+ * The most output tokens the client allowed one answer, or -1: the larger
+ * of max_completion_tokens and max_tokens when both are given (upstreams
+ * differ in which one wins, and many read 0 as not given).
+ */
 int64_t
 max_tokens_of(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
 {
     switch (ep) {
-    case LLMGW_EP_CHAT: {
-        int64_t n = field[F_MAX_COMPLETION_TOKENS].integer(-1);
-        return n >= 0 ? n : field[F_MAX_TOKENS].integer(-1);
-    }
+    case LLMGW_EP_CHAT:
+        return std::max(positive(field[F_MAX_COMPLETION_TOKENS]),
+                        positive(field[F_MAX_TOKENS]));
     case LLMGW_EP_MESSAGES:
-        return field[F_MAX_TOKENS].integer(-1);
+        return positive(field[F_MAX_TOKENS]);
     case LLMGW_EP_GEMINI:
-        return field[F_GENERATION_CONFIG].get("maxOutputTokens").integer(-1);
+        return gemini_config(field, "maxOutputTokens", "max_output_tokens");
     default:
         return -1;
     }
+}
+
+/* How many answers the request asks for: OpenAI's n, Gemini's
+   candidateCount. */
+int64_t
+choices_of(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
+{
+    int64_t n = -1;
+
+    if (ep == LLMGW_EP_CHAT) {
+        n = positive(field[F_N]);
+    } else if (ep == LLMGW_EP_GEMINI) {
+        n = gemini_config(field, "candidateCount", "candidate_count");
+    }
+
+    return std::clamp<int64_t>(n, 1, kMaxChoices);
 }
 
 /*
@@ -256,7 +411,20 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
 
         PromptText text;
 
-        read_fields(root, r->field, r->seen);
+        std::string lookalike;
+
+        read_fields(root, r->field, r->seen, lookalike);
+
+        if (!lookalike.empty()) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "member \"%.*s\" differs from a field of "
+                              "the request only by letter case; upstreams "
+                              "that ignore case would read it as that field",
+                              (int) std::min<size_t>(lookalike.size(), 64),
+                              lookalike.data());
+            return nullptr;
+        }
+
         root.visit(text);
 
         if (ep == LLMGW_EP_GEMINI) {
@@ -268,6 +436,14 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
         if (r->model.empty()) {
             llmgw_verdict_set(v, 400, "gateway_error", "model_not_specified",
                               "Model name not specified");
+            return nullptr;
+        }
+
+        /* it goes into the ledger, the logs and the shared zone */
+        if (r->model.size() > kMaxModelName) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "model: a model name has at most %zu bytes",
+                              kMaxModelName);
             return nullptr;
         }
 
@@ -303,8 +479,12 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             return nullptr;
         }
 
-        r->stream = stream.is_true();
+        /* the other endpoints have no such member (Gemini streams by its
+           path) */
+        r->stream = (ep == LLMGW_EP_CHAT || ep == LLMGW_EP_MESSAGES)
+                    && stream.is_true();
         r->max_tokens = max_tokens_of(ep, r->field);
+        r->choices = choices_of(ep, r->field);
         r->prompt_estimate = static_cast<int64_t>(text.bytes / 4) + 4;
 
         return r.release();
@@ -346,14 +526,23 @@ llmgw_req_max_tokens(const llmgw_req_t *r)
 
 
 extern "C" int64_t
+llmgw_req_choices(const llmgw_req_t *r)
+{
+    return r->choices;
+}
+
+
+extern "C" int64_t
 llmgw_req_prompt_estimate(const llmgw_req_t *r)
 {
     return r->prompt_estimate;
 }
 
 
-extern "C" llmgw_buf_t
-llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
+namespace {
+
+llmgw_buf_t
+build_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
     llmgw_str_t upstream_model, int *usage_injected)
 {
     *usage_injected = 0;
@@ -430,6 +619,60 @@ llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
     } catch (...) {
         return llmgw_buf_t { nullptr, 0 };
     }
+}
+
+}   // namespace
+
+
+extern "C" llmgw_buf_t
+llmgw_req_upstream_body(const llmgw_req_t *r, const llmgw_channel_t *c,
+    llmgw_str_t upstream_model, int *usage_injected)
+{
+    return build_upstream_body(r, c, upstream_model, usage_injected);
+}
+
+
+extern "C" void
+llmgw_req_prepare(const llmgw_req_t *r, const llmgw_channel_t *c,
+    llmgw_str_t upstream_model)
+{
+    try {
+        for (const auto &p : r->prepared) {
+            if (p.type == c->type && p.model == sv(upstream_model)) {
+                return;
+            }
+        }
+
+        int usage = 0;
+        llmgw_buf_t b = build_upstream_body(r, c, upstream_model, &usage);
+
+        if (b.data == nullptr) {
+            return;
+        }
+
+        r->prepared.push_back({ c->type, std::string(sv(upstream_model)),
+                                std::string(b.data, b.len), usage });
+        llmgw_buf_free(&b);
+
+    } catch (...) {
+        /* built again when needed */
+    }
+}
+
+
+extern "C" int
+llmgw_req_prepared_body(const llmgw_req_t *r, const llmgw_channel_t *c,
+    llmgw_str_t upstream_model, llmgw_str_t *body, int *usage_injected)
+{
+    for (const auto &p : r->prepared) {
+        if (p.type == c->type && p.model == sv(upstream_model)) {
+            *body = str(p.body);
+            *usage_injected = p.usage_injected;
+            return 0;
+        }
+    }
+
+    return -1;
 }
 
 

@@ -746,12 +746,12 @@ llmgw_quota(const llmgw_price_t *p, double group_ratio,
             * p->ratio * group_ratio;
     }
 
-    /* never a credit; bounded where a quota still fits (about 18 billion
-       USD), whatever the prices and counts */
+    /* never a credit; bounded whatever the prices and counts */
     if (!(q > 0)) {
         return 0;
     }
-    return static_cast<int64_t>(std::llround(std::min(q, 9.0e18)));
+    return static_cast<int64_t>(std::llround(
+        std::min(q, static_cast<double>(LLMGW_QUOTA_MAX))));
 }
 
 

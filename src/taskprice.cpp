@@ -17,8 +17,7 @@ namespace {
 
 constexpr double kQuotaPerUsd = LLMGW_QUOTA_PER_USD;
 
-/* Beyond this a double no longer converts to int64 safely. */
-constexpr double kQuotaMax = 9.0e18;
+constexpr double kQuotaMax = static_cast<double>(LLMGW_QUOTA_MAX);
 
 
 /* A failure with its message; the C entry points copy it into err. */

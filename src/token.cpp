@@ -82,8 +82,13 @@ llmgw_token_parse(const char *json, size_t len)
                                         sizeof(err));
             if (t->ips == nullptr) {
                 /* an unreadable list admits nobody rather than everybody */
-                t->ips = llmgw_iplist_parse("[\"0.0.0.0/32\"]", 13, err,
+                static constexpr std::string_view nobody = "[\"0.0.0.0/32\"]";
+
+                t->ips = llmgw_iplist_parse(nobody.data(), nobody.size(), err,
                                             sizeof(err));
+                if (t->ips == nullptr) {
+                    return nullptr;
+                }
             }
         }
 
@@ -241,10 +246,11 @@ llmgw_token_check_model(const llmgw_token_t *t, llmgw_str_t model,
     }
 
     if (t->models.count(std::string(sv(model))) == 0) {
+        char shown[LLMGW_SHOWN_SIZE];
+
         llmgw_verdict_set(v, 403, "gateway_error", "model_not_allowed",
-                          "no access to model %.*s",
-                          (int) (model.len > 200 ? 200 : model.len),
-                          model.data);
+                          "no access to model %s",
+                          llmgw_shown(model.data, model.len, shown));
         return -1;
     }
 

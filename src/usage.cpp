@@ -191,6 +191,10 @@ struct llmgw_resp_s {
     bool              error_first = false;
     /* a stream's events with data (not counting [DONE]) */
     size_t            events = 0;
+    /* a stream's end was said: [DONE], a finish reason, Anthropic's
+       message_delta or message_stop; a stream that ends cleanly without
+       one was cut short */
+    bool              end_said = false;
 
     /* the client's format when it is not the channel's */
     llmgw_endpoint_e                  client = LLMGW_EP_NONE;
@@ -433,6 +437,33 @@ scan_text(std::string_view data)
 }
 
 
+/* Whether a chunk gives a finish reason ("finish_reason" or Gemini's
+   "finishReason" as a string: OpenAI's chunks carry "finish_reason":null
+   until the last), found without parsing it. */
+bool
+says_finish(std::string_view data, std::string_view key)
+{
+    for (size_t at = data.find(key); at != std::string_view::npos;
+         at = data.find(key, at + 1))
+    {
+        size_t i = at + key.size();
+
+        while (i < data.size()
+               && (data[i] == ':' || data[i] == ' ' || data[i] == '\t'
+                   || data[i] == '\r' || data[i] == '\n'))
+        {
+            i++;
+        }
+
+        if (i < data.size() && data[i] == '"') {
+            return true;
+        }
+    }
+
+    return false;
+}
+
+
 void
 on_event(void *arg, const llmgw_sse_event_t *ev)
 {
@@ -449,7 +480,10 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
 
     bool drop = false;
 
-    if (!data.empty() && data != "[DONE]") {
+    if (data == "[DONE]") {
+        r->end_said = true;
+
+    } else if (!data.empty()) {
         r->events++;
     }
 
@@ -488,6 +522,28 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
         } else if (j.get("type").string_equals("message_delta")) {
             take_anthropic(j.get("usage"), r->usage);
             r->final_usage = true;
+        }
+    }
+
+    if (!r->end_said) {
+        switch (wire_of(r->ep, r->type)) {
+        case Wire::openai:
+            r->end_said = says_finish(data, "\"finish_reason\"");
+            break;
+        case Wire::gemini:
+            /* a finish reason, or the prompt's block reason (no candidate
+               follows) */
+            r->end_said = says_finish(data, "\"finishReason\"")
+                          || says_finish(data, "\"blockReason\"");
+            break;
+        case Wire::anthropic:
+            r->end_said = sv(ev->event) == "message_stop"
+                          || sv(ev->event) == "message_delta"
+                          || data.find("\"type\":\"message_stop\"")
+                             != std::string_view::npos
+                          || data.find("\"type\":\"message_delta\"")
+                             != std::string_view::npos;
+            break;
         }
     }
 
@@ -1054,7 +1110,14 @@ llmgw_resp_holds(const llmgw_resp_t *r)
 extern "C" int
 llmgw_resp_cut(const llmgw_resp_t *r)
 {
-    return r->conv != nullptr && r->conv->cut();
+    if (r->conv != nullptr) {
+        return r->conv->cut();
+    }
+
+    /* passed on as it came: events went out, and the upstream ended the
+       stream without saying it was done (also after an error event that
+       came after text; one that came first makes the answer a failure) */
+    return r->stream && r->events > 0 && !r->error_first && !r->end_said;
 }
 
 

@@ -432,6 +432,68 @@ describe('answers and faults', { timeout: 180000 }, () => {
         }
     });
 
+    test('a stream passed on as it came, ended cleanly but short of its end: a 502 row; one that said its end: 200',
+        async () => {
+            const chunk = (obj) => `data: ${JSON.stringify(obj)}\n\n`;
+            const oaChunk = (content, finish = null) => chunk({ id: 'c', object: 'chat.completion.chunk',
+                choices: [{ index: 0, delta: { content }, finish_reason: finish }] });
+            /* what each mock answers, by the model the gateway sent */
+            const streams = {
+                'oa-short': [oaChunk('v'.repeat(80))],
+                /* a finish reason and no [DONE]: complete */
+                'oa-finished': [oaChunk('v'.repeat(80)), oaChunk('', 'stop')],
+                'claude-short': [
+                    `event: message_start\n${chunk({ type: 'message_start', message: { id: 'm',
+                        type: 'message', role: 'assistant', content: [],
+                        usage: { input_tokens: 30, output_tokens: 1 } } })}`,
+                    `event: content_block_delta\n${chunk({ type: 'content_block_delta', index: 0,
+                        delta: { type: 'text_delta', text: 'w'.repeat(80) } })}`,
+                ],
+                'gemini-short': [chunk({ candidates: [{ index: 0,
+                    content: { role: 'model', parts: [{ text: 'g'.repeat(80) }] } }] })],
+                'gemini-finished': [chunk({ candidates: [{ index: 0, finishReason: 'STOP',
+                    content: { role: 'model', parts: [{ text: 'g'.repeat(80) }] } }] })],
+            };
+            const handler = good.handler;
+            good.handler = (req, res, rec) => {
+                const which = Object.keys(streams).find((k) => req.url.includes(k)
+                    || rec.json?.model?.includes(k));
+                res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+                res.end(streams[which].join(''));
+            };
+            try {
+                const m = Object.fromEntries(Object.keys(streams).map((k) => [k, uniq(k)]));
+                await makeChannel(gw, { base_url: good.url, models: [m['oa-short'], m['oa-finished']] });
+                await makeChannel(gw, { type: 14, base_url: good.url, models: [m['claude-short']] });
+                await makeChannel(gw, { type: 24, base_url: good.url,
+                    models: [m['gemini-short'], m['gemini-finished']] });
+                await sleep(1100);
+                const { key } = await makeUserKey(gw);
+                const gemini = (model) => gw.req('POST',
+                    `/v1beta/models/${model}:streamGenerateContent?alt=sse`,
+                    { key, body: { contents: [{ role: 'user', parts: [{ text: 'hi' }] }] } });
+
+                const calls = {
+                    'oa-short': [() => gw.chat(key, m['oa-short'], { extra: { stream: true } }), 502],
+                    'oa-finished': [() => gw.chat(key, m['oa-finished'], { extra: { stream: true } }), 200],
+                    'claude-short': [() => gw.messages(key, m['claude-short'], { extra: { stream: true } }), 502],
+                    'gemini-short': [() => gemini(m['gemini-short']), 502],
+                    'gemini-finished': [() => gemini(m['gemini-finished']), 200],
+                };
+                for (const [name, [call, status]] of Object.entries(calls)) {
+                    const r = await call();
+                    assert.equal(r.status, 200, `${name}: ${r.text}`);
+                    assert.ok(/([vwg])\1{79}/.test(r.text), `${name}: the text came through`);
+                    const row = await rowOf(r);
+                    assert.equal(row.status, status, `${name}: ${JSON.stringify(row)}`);
+                    assert.equal(row.type, 'consume', name);
+                    assert.equal(row.completion_tokens, 20, `${name}: what was delivered`);
+                }
+            } finally {
+                good.handler = handler;
+            }
+        });
+
     test('a Gemini stream with no usageMetadata: a chat client that asked for usage gets what it is billed', async () => {
         bad.handler = (req, res) => {
             res.writeHead(200, { 'Content-Type': 'text/event-stream' });
@@ -493,6 +555,29 @@ describe('answers and faults', { timeout: 180000 }, () => {
             assert.equal(arow.completion_tokens, 30, '120 bytes delivered, 4 to a token');
             assert.equal(aev.filter((e) => e.data.includes('"usage"')).length, 1, a.text);
         }
+
+        /* a Messages client of an OpenAI channel that reports no usage: its
+           message_delta says what is billed */
+        bad.handler = (req, res) => {
+            res.writeHead(200, { 'Content-Type': 'text/event-stream' });
+            for (const [content, finish] of [['q'.repeat(60), null], ['', 'stop']]) {
+                res.write(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk',
+                    choices: [{ index: 0, delta: { content }, finish_reason: finish }] })}\n\n`);
+            }
+            res.end('data: [DONE]\n\n');
+        };
+        const gpt = uniq('ans-gpt-nouse');
+        await makeChannel(gw, { base_url: bad.url, models: [gpt] });
+        await sleep(1100);
+        const m = await gw.messages(key, gpt, { extra: { stream: true } });
+        assertOk(m);
+        const delta = sseEvents(m.text).find((e) => e.event === 'message_delta');
+        assert.ok(delta, m.text);
+        const mrow = await rowOf(m);
+        const du = JSON.parse(delta.data).usage;
+        assert.equal(du.output_tokens, mrow.completion_tokens, m.text);
+        assert.equal(du.input_tokens + du.cache_read_input_tokens, mrow.prompt_tokens, m.text);
+        assert.equal(mrow.completion_tokens, 15, '60 bytes delivered, 4 to a token');
     });
 
     test('a Gemini stream event of 2 MiB (inline audio) is read for its usage', async () => {

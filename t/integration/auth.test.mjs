@@ -6,7 +6,7 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, eventually, hex, makeChannel, makeKey,
-    makeUser, makeUserKey, settle, startGateway, tearDown, uniq, PROPAGATION_MS,
+    makeUser, makeUserKey, psql, settle, startGateway, tearDown, uniq, PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -166,6 +166,20 @@ describe('authentication', { timeout: 180000 }, () => {
         assertOk(await gw.chat(k.ipLocalNet, M), '127.0.0.0/8 listed');
         const r = await gw.chat(k.ipOther, M);
         assertError(r, 403, { code: 'access_denied' });
+    });
+
+    test('an allow list the gateway cannot read admits nobody', async () => {
+        /* the API refuses short IPv4 forms ("10/8"); a list stored before
+           it did, or by hand, is one the gateway cannot read */
+        const user = await makeUser(gw);
+        const t = await makeKey(gw, user.id, { allow_ips: ['127.0.0.1'] });
+        await psql(db.conninfo, `UPDATE tokens SET allow_ips = '["10/8", "127.0.0.0/8"]'
+                                  WHERE id = ${t.id}; SELECT llmgw_bump('token', ${t.id})`);
+        await eventually(async () => assertError(await gw.chat(t.key, M), 403,
+            { code: 'access_denied' }));
+        const r = await gw.admin('POST', '/api/token', { user_id: user.id, allow_ips: ['10/8'] });
+        assertError(r, 400, { code: 'invalid_request',
+            message: 'allow_ips[0]: "10/8" is not an IP address or CIDR' });
     });
 
     test('IP allow lists follow realip X-Forwarded-For (v4 and v6)', async () => {

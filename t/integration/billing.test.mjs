@@ -603,6 +603,41 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         oaUsage = { prompt_tokens: 123, completion_tokens: 45 };
     });
 
+    test('the reservation covers what the upstream is allowed: the larger limit, every choice, text documents', async () => {
+        const a = await account(gw, { remain: 2000, quota: 1000000 });
+        const before = oa.requests.length;
+        /* max_completion_tokens 0 is "not given" to many upstreams, which
+           then take max_tokens */
+        let r = await gw.chat(a.key, M.cheap,
+            { extra: { max_completion_tokens: 0, max_tokens: 50000 } });
+        assertError(r, 403, { code: 'pre_consume_token_quota_failed' });
+        /* eight answers of 500 each */
+        r = await gw.chat(a.key, M.cheap, { extra: { max_tokens: 500, n: 8 } });
+        assertError(r, 403, { code: 'pre_consume_token_quota_failed' });
+        /* a long text document is prompt text */
+        r = await gw.req('POST', '/v1/chat/completions', { key: a.key, body: {
+            model: M.cheap, max_tokens: 10, messages: [{ role: 'user', content: [
+                { type: 'text', text: 'summarise' },
+                { type: 'file', file: { filename: 'a.txt', file_data: 'data:text/plain;base64,AAAA' } },
+            ] }, { role: 'user', content: 'lorem ipsum '.repeat(1000) }] } });
+        assertError(r, 403, { code: 'pre_consume_token_quota_failed' });
+        /* a member only a case-blind upstream would read as "model" */
+        r = await gw.req('POST', '/v1/chat/completions', { key: a.key, body: {
+            model: M.cheap, Model: 'gpt-4-32k', max_tokens: 1,
+            messages: [{ role: 'user', content: 'hi' }] } });
+        assertError(r, 400, { code: 'invalid_request', message: 'member "Model" differs' });
+        assert.equal(oa.requests.length, before, 'the upstream was not called');
+        await sleep(1200);
+        await expectCharged(gw, a, 0);
+
+        /* no limit, converted for Anthropic: sent max_tokens 4096, so that
+           much is reserved (4096 x 4 x 1.5 = 24576), not 1024's 6144 */
+        const b = await account(gw, { remain: 10000, quota: 1000000 });
+        const anBefore = an.requests.length;
+        assertError(await gw.chat(b.key, M.an), 403, { code: 'pre_consume_token_quota_failed' });
+        assert.equal(an.requests.length, anBefore);
+    });
+
     test('403 insufficient_user_quota when the user cannot cover the estimate', async () => {
         const a = await account(gw, { quota: 100 });
         const before = oa.requests.length;

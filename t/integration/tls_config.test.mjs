@@ -173,6 +173,10 @@ describe('nginx -t names the directive of a bad value and its line', () => {
         ['llmgw_task_max_response 0;', /must be at least 64k/],
         ['llmgw_task_max_file_size 0;', /must be at least 1k/],
         ['llmgw_task_max_files_total 1023;', /must be at least 1k/],
+        ['llmgw_keepalive 100000000;', /must be between 0 and 10000/],
+        ['llmgw_reserve_tokens 9223372036854775807;', /invalid value|must be between 0 and 10000000/],
+        ['llmgw_reserve_tokens 10000001;', /must be between 0 and 10000000/],
+        ['llmgw_thread_pool "";', /needs a pool name/],
     ];
 
     for (const [line, re] of cases) {
@@ -186,6 +190,12 @@ describe('nginx -t names the directive of a bad value and its line', () => {
             assert.ok(r.stderr.includes(r.where), r.stderr);
         });
     }
+
+    test('llmgw_thread_pool naming no pool: nginx -t fails at its line', () => {
+        const r = nginxTest('llmgw_thread_pool nosuchpool;');
+        assert.notEqual(r.status, 0);
+        assert.ok(r.stderr.includes(`unknown thread pool "nosuchpool" ${r.where}`), r.stderr);
+    });
 
     for (const [line, message] of [
         ['llmgw_request_id_header "";', 'must not be empty'],

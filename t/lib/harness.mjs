@@ -830,13 +830,13 @@ export async function makeKey(gw, userId, opts = {}) {
 }
 
 /* An OpenAI-type channel by default; pass {base_url, models, ...}. */
-export async function makeChannel(gw, opts = {}) {
+export async function makeChannel(gw, { free, ...opts } = {}) {
     const r = await gw.admin('POST', '/api/channel', {
         name: uniq('ch'), type: 1, key: `upstream-${hex(8)}`,
         groups: ['default'], priority: 0, weight: 1, ...opts,
     });
     const ch = expectOk(r, 'POST /api/channel');
-    if (opts.free !== false) {
+    if (free !== false) {
         await makeFree(gw, ch.models || []);
     }
     return ch;

@@ -167,7 +167,11 @@ U1=alice_$RUN
 api GET /user 'page_size=1000'
 users_before=$(jq .body.total <<<"$ANS")
 r0=$(rev)
-api POST /user '' "{\"username\":\"$U1\",\"quota\":100000,\"group\":\"vip\",\"ignored\":1}"
+api POST /user '' "{\"username\":\"$U1\",\"quota\":100000,\"group\":\"vip\",\"qouta\":1}"
+expect_err "a misspelt field is refused, not dropped" 400 invalid_request "qouta: unknown field (known: username, quota, group, status)"
+api POST /user '' "{\"username\":\"$U1\",\"quota\":100000,\"group\":\"vip\",\"used_quota\":0}"
+expect_err "a read-only field is refused" 400 invalid_request "used_quota: is read-only"
+api POST /user '' "{\"username\":\"$U1\",\"quota\":100000,\"group\":\"vip\"}"
 expect "create user" ".status == 200 and .body.username == \"$U1\" and .body.quota == 100000 and .body.used_quota == 0 and .body.group == \"vip\" and .body.status == \"enabled\""
 expect "user created_at is unix seconds" '(.body.created_at | type) == "number" and .body.created_at > 1600000000'
 expect "user has exactly the documented fields" '(.body | keys) == ["created_at","group","id","quota","status","used_quota","username"]'
@@ -221,7 +225,9 @@ expect "page past the end is empty" '.status == 200 and .body.items == []'
 api GET "/user/$UID1"
 expect "get user" ".status == 200 and .body.id == $UID1 and .body.username == \"$U1\""
 r0=$(rev)
-api PATCH "/user/$UID1" '' '{"quota":5000,"status":"disabled","group":"default","used_quota":7}'
+api PATCH "/user/$UID1" '' '{"quota":5000,"used_quota":7}'
+expect_err "used_quota follows the ledger: read-only" 400 invalid_request "used_quota: is read-only"
+api PATCH "/user/$UID1" '' '{"quota":5000,"status":"disabled","group":"default"}'
 expect "patch user" '.status == 200 and .body.quota == 5000 and .body.status == "disabled" and .body.group == "default" and .body.used_quota == 0'
 expect_eq "PATCH /user bumps" "$(rev)" $((r0 + 1))
 api PATCH "/user/$UID1" '' "{\"username\":\"b_$RUN\"}"
@@ -294,6 +300,17 @@ api POST /token '' "{\"user_id\":$UID1,\"expired_time\":0}"
 expect_err "expired_time 0" 400 invalid_request 'expired_time: must be -1 (never expires) or a positive unix time in seconds'
 api POST /token '' "{\"user_id\":$UID1,\"expired_time\":-5}"
 expect "expired_time -5" '.status == 400 and (.message | startswith("expired_time:"))'
+api POST /token '' "{\"user_id\":$UID1,\"expired_time\":1795000000000}"
+expect_err "expired_time in milliseconds" 400 invalid_request 'expired_time: must be -1 (never expires) or a positive unix time in seconds (this looks like milliseconds)'
+for short in 10/8 10.0/16 1.2.3/24 ffff::1.2.3 10; do
+    api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\"10.0.0.0/8\",\"$short\"]}"
+    expect_err "short IPv4 form $short" 400 invalid_request "allow_ips[1]: \"$short\" is not an IP address or CIDR"
+done
+api POST /token '' "{\"user_id\":$UID1,\"allow_ips\":[\"::ffff:1.2.3.4/120\",\"0.0.0.0/0\",\"::\"]}"
+expect "IPv4 inside IPv6, and every address" '.status == 200 and (.body.allow_ips | length) == 3'
+api DELETE "/token/$(jq .body.id <<<"$ANS")"
+api POST /token '' "{\"user_id\":$UID1,\"group\":\"a\\tb\"}"
+expect_err "a key group with a control character" 400 invalid_request "group: group names must not contain control characters"
 api POST /token '' "{\"user_id\":$UID1,\"unlimited_quota\":1}"
 expect_err "unlimited_quota type" 400 invalid_request 'unlimited_quota: must be true or false'
 api POST /token '' "{\"user_id\":$UID1,\"remain_quota\":-3}"
@@ -315,7 +332,13 @@ api GET /token
 expect "list all tokens" '.status == 200 and .body.total >= 3'
 
 r0=$(rev)
-api PATCH "/token/$TID1" '' '{"name":"renamed","remain_quota":60000,"models":null,"allow_ips":["127.0.0.1"],"status":"disabled","key":"sk-evil","user_id":1}'
+api PATCH "/token/$TID1" '' '{"name":"renamed","key":"sk-evil"}'
+expect_err "a key's secret cannot be set" 400 invalid_request "key: is read-only"
+api PATCH "/token/$TID1" '' '{"name":"renamed","user_id":1}'
+expect_err "a key cannot move to another user" 400 invalid_request "user_id: is read-only"
+api PATCH "/token/$TID1" '' '{"name":"renamed","remain_qouta":1}'
+expect_err "a misspelt key field" 400 invalid_request "remain_qouta: unknown field (known: name, remain_quota, unlimited_quota, expired_time, models, allow_ips, group, status)"
+api PATCH "/token/$TID1" '' '{"name":"renamed","remain_quota":60000,"models":null,"allow_ips":["127.0.0.1"],"status":"disabled"}'
 expect "patch token" ".status == 200 and .body.name == \"renamed\" and .body.remain_quota == 60000 and .body.models == null and .body.allow_ips == [\"127.0.0.1\"] and .body.status == \"disabled\" and .body.user_id == $UID1"
 expect_eq "PATCH /token bumps" "$(rev)" $((r0 + 1))
 expect_eq "patch cannot change the key" "$(sql "SELECT key_hash FROM tokens WHERE id = $TID1")" "$HASH1"
@@ -368,7 +391,17 @@ expect_err "models entries" 400 invalid_request "models[0]: must be a non-empty 
 api POST /channel '' '{"type":1,"base_url":"https://x","models":{"a":1}}'
 expect_err "models type" 400 invalid_request "models: must be an array of strings or a comma-separated string"
 api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"weight":-1}'
-expect_err "weight negative" 400 invalid_request "weight: must be an integer >= 0"
+expect_err "weight negative" 400 invalid_request "weight: must be an integer between 0 and 1000000"
+api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"weight":3000000}'
+expect_err "weight above what routing shares out" 400 invalid_request "weight: must be an integer between 0 and 1000000"
+api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"model_maping":{"a":"b"}}'
+expect_err "a misspelt channel field" 400 invalid_request "model_maping: unknown field (known: name, type, base_url, key, models, groups, priority, weight, model_mapping, status, settings)"
+api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"key_set":true}'
+expect_err "key_set is read-only" 400 invalid_request "key_set: is read-only"
+api POST /channel '' '{"type":1,"base_url":"https://x/a\u0001b","models":["a"]}'
+expect_err "a control character in base_url" 400 invalid_request "base_url: must be printable ASCII (percent-encode other characters)"
+api POST /channel '' '{"type":1,"base_url":"https://x/caf\u00e9","models":["a"]}'
+expect_err "non-ASCII in base_url" 400 invalid_request "base_url: must be printable ASCII (percent-encode other characters)"
 api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"model_mapping":"{bad"}'
 expect_err "mapping not JSON" 400 invalid_request "model_mapping: must be a JSON object (or a string holding one)"
 api POST /channel '' '{"type":1,"base_url":"https://x","models":["a"],"model_mapping":{"a":5}}'
@@ -451,6 +484,8 @@ api PUT /pricing '' '{"gpt-4o":{"ratio":1,"completion_ratio":-2}}'
 expect_err "pricing completion_ratio" 400 invalid_request "pricing.gpt-4o.completion_ratio: must be a number >= 0"
 api PUT /pricing '' '{"gpt-4o":{"price":-0.1}}'
 expect_err "pricing price" 400 invalid_request "pricing.gpt-4o.price: must be a number >= 0"
+api PUT /pricing '' '{"gpt-4o":{"ratio":1e300}}'
+expect_err "pricing ratio out of bounds" 400 invalid_request "pricing.gpt-4o.ratio: must be at most 1000000000"
 api PUT /pricing '' '{"gpt-4o":{"ratio":1,"price":1}}'
 expect_err "pricing both" 400 invalid_request "pricing.gpt-4o: give either ratio or price, not both"
 api PUT /pricing '' '{"gpt-4o":{"ratio":1,"completion_rate":4}}'
@@ -480,6 +515,14 @@ api PUT /group '' '{"x":-1}'
 expect_err "group ratio" 400 invalid_request "group.x: must be a number >= 0"
 api PUT /group '' '{"x":{"ratio":-1}}'
 expect_err "group object ratio" 400 invalid_request "group.x.ratio: must be a number >= 0"
+api PUT /group '' '{"x":{"ratoi":0.5}}'
+expect_err "a misspelt group member" 400 invalid_request "group.x.ratoi: unknown field (known: ratio, deprecated)"
+api PUT /group '' '{"x":1e300}'
+expect_err "a group ratio out of bounds" 400 invalid_request "group.x: must be at most 1000000000"
+api PUT /group '' "{\"$(printf 'g%.0s' $(seq 65))\":1}"
+expect_err "a group name too long" 400 invalid_request "group: group names must be at most 64 characters"
+api PUT /group '' "{\"$(printf 'g%.0s' $(seq 65))\":null}"
+expect "removing a group is not checked for its name (one stored before the rule)" '.status == 200'
 api PUT /group '' '{"x":{"deprecated":"yes"}}'
 expect_err "group deprecated" 400 invalid_request "group.x.deprecated: must be true or false"
 api PUT /group '' '{"x":"2"}'
@@ -497,7 +540,7 @@ api PUT /group '' '{"default":{"ratio":1}}'
 
 echo "== /rate_limit"
 r0=$(rev)
-api PUT /rate_limit '' '{"default":{"duration_minutes":1,"total":60,"success":30},"groups":{"vip":{"duration_minutes":5,"total":1000},"free":{"duration_minutes":0,"total":0,"success":0}},"x":1}'
+api PUT /rate_limit '' '{"default":{"duration_minutes":1,"total":60,"success":30},"groups":{"vip":{"duration_minutes":5,"total":1000},"free":{"duration_minutes":0,"total":0,"success":0}}}'
 expect "put rate_limit" '.status == 200 and .body == {"default":{"duration_minutes":1,"total":60,"success":30},"groups":{"vip":{"duration_minutes":5,"total":1000,"success":0},"free":{"duration_minutes":0,"total":0,"success":0}}}'
 expect_eq "PUT /rate_limit bumps" "$(rev)" $((r0 + 1))
 api PUT /rate_limit '' '{"default":{"total":5}}'
@@ -512,6 +555,14 @@ api PUT /rate_limit '' '{"groups":[1]}'
 expect_err "groups type" 400 invalid_request "rate_limit.groups: must be an object of group name to limit"
 api PUT /rate_limit '' '{"default":5}'
 expect_err "default type" 400 invalid_request "rate_limit.default: must be an object {duration_minutes, total, success}"
+api PUT /rate_limit '' '{"defualt":{"duration_minutes":1,"total":60}}'
+expect_err "a misspelt part is refused (PUT replaces both)" 400 invalid_request "rate_limit.defualt: unknown field (known: default, groups)"
+api PUT /rate_limit '' '{"default":{"duration_minutes":1,"totals":60}}'
+expect_err "a misspelt limit member" 400 invalid_request "rate_limit.default.totals: unknown field (known: duration_minutes, total, success)"
+api PUT /rate_limit '' '{"groups":{"vip":{"duration_minutes":1,"sucess":2}}}'
+expect_err "a misspelt group limit member" 400 invalid_request "rate_limit.groups.vip.sucess: unknown field (known: duration_minutes, total, success)"
+api PUT /rate_limit '' '{"groups":{"a\tb":{"duration_minutes":1,"total":2}}}'
+expect_err "a group name with a control character" 400 invalid_request "rate_limit.groups: group names must not contain control characters"
 api GET /rate_limit
 expect "failed PUT kept the value" '.status == 200 and .body.default.total == 60 and .body.groups.vip.total == 1000'
 ANS=$(sql "SELECT llmgw_snapshot()")
@@ -575,6 +626,28 @@ expect_eq "user_id taken from the token when absent" \
     "$(sql "SELECT user_id FROM logs WHERE request_id = 'r4-$RUN'")" "$UID1"
 ANS=$(sql "SELECT llmgw_token_lookup('$HASH1')")
 expect "lookup sees flushed balances" '.remain_quota == 58600 and .used_quota == 1400 and .user.quota == 97900 and .user.used_quota == 2100'
+
+# Balances saturate rather than fail the batch (and every batch after it).
+# A row is at most LLMGW_QUOTA_MAX (1e15), so a batch's sum fits; what
+# its balances already hold may not.
+api POST /user '' "{\"username\":\"rich_$RUN\",\"quota\":9223372036854775807}"
+RU=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$RU,\"unlimited_quota\":true}"
+RT=$(jq .body.id <<<"$ANS")
+api POST /user '' "{\"username\":\"other_$RUN\",\"quota\":100}"
+OU=$(jq .body.id <<<"$ANS")
+api POST /token '' "{\"user_id\":$OU,\"remain_quota\":50}"
+OT=$(jq .body.id <<<"$ANS")
+for i in 1 2; do
+    ANS=$(flush "[{\"request_id\":\"big$i-$RUN\",\"type\":\"consume\",\"token_id\":$RT,\"quota\":5000000000000000000},
+                  {\"request_id\":\"small$i-$RUN\",\"type\":\"consume\",\"token_id\":$OT,\"quota\":1}]" 2>&1)
+    expect "an overflowing balance does not fail the batch ($i)" '.inserted == 2'
+done
+expect_eq "the used quota saturates, the quota does not go past its range" \
+    "$(bal "$RT")" "0 9223372036854775807 -776627963145224193 9223372036854775807"
+expect_eq "the other rows of the batch moved their balances" "$(bal "$OT")" "48 2 98 2"
+api DELETE "/user/$RU"
+api DELETE "/user/$OU"
 
 
 echo "== ledger COPY: the writer's two ways"
@@ -1333,8 +1406,16 @@ if sql "CREATE DATABASE $UPDB" >/dev/null; then
             'key', E'  sk-padded\\n')::text)::jsonb -> 'body' ->> 'id')")
     expect_eq "the key is stored padded before 014" \
         "$(psql "$UPCONN" -X -At -c "SELECT key = E'  sk-padded\\n' FROM channels WHERE id = $up_id")" t
+    up_user=$(psql "$UPCONN" -X -At -q -v ON_ERROR_STOP=1 -c \
+        "SELECT (llmgw_api('POST', '/user', '', '{\"username\":\"short-ip\"}')::jsonb -> 'body' ->> 'id')")
+    up_tok=$(psql "$UPCONN" -X -At -q -v ON_ERROR_STOP=1 -c \
+        "SELECT (llmgw_api('POST', '/token', '', json_build_object('user_id', $up_user,
+            'allow_ips', json_build_array('127/8', '10.1/16', '::1', '192.168.0.7'))::text)::jsonb -> 'body' ->> 'id')")
     rev0=$(psql "$UPCONN" -X -At -c "SELECT rev FROM config_revision WHERE id = 1")
     if sh "$ROOT/sql/migrate.sh" "$UPCONN" >/dev/null 2>&1; then ok; else bad "migrating 013 -> latest"; fi
+    expect_eq "short IPv4 allow-list forms are written out in full (024)" \
+        "$(psql "$UPCONN" -X -At -c "SELECT allow_ips::text FROM tokens WHERE id = $up_tok")" \
+        '["127.0.0.0/8", "10.1.0.0/16", "::1", "192.168.0.7"]'
     expect_eq "the stored key is trimmed by 014" \
         "$(psql "$UPCONN" -X -At -c "SELECT key FROM channels WHERE id = $up_id")" sk-padded
     expect_eq "and the change is announced (config revision)" \

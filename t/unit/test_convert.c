@@ -785,10 +785,20 @@ test_what_a_gemini_answer_cannot_give_is_refused(void **state)
     request_error(LLMGW_EP_CHAT, 24,
         "{'model':'m','top_logprobs':2,'messages':[{'role':'user','content':'a'}]}",
         "logprobs: log probabilities cannot be sent to this channel");
+    /* an empty last turn left out would make the assistant's a prefill */
+    request_error(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':[{'role':'user','content':'hi'},"
+        "{'role':'assistant','content':'Hello, how'},"
+        "{'role':'user','content':''}]}",
+        "messages[2]: an empty message cannot end the conversation on this channel");
+    /* what Anthropic refuses: a stop sequence of whitespace alone */
+    request_error(LLMGW_EP_CHAT, 14,
+        "{'model':'m','stop':['END','\\n'],'messages':[{'role':'user','content':'a'}]}",
+        "stop: a stop sequence of whitespace alone cannot be sent to this channel");
 
     /* what changes nothing is fine, and JSON mode Gemini has */
     json_t *j = request(LLMGW_EP_CHAT, 24,
-        "{'model':'m','n':1,'logprobs':false,"
+        "{'model':'m','n':1,'logprobs':false,'top_logprobs':0,"
         "'response_format':{'type':'json_object'},"
         "'messages':[{'role':'user','content':'a'}]}");
     assert_string_equal(str_at(j, "generationConfig/responseMimeType"),
@@ -1059,6 +1069,42 @@ test_tool_result_images_follow_as_a_user_message(void **state)
                         "data:image/png;base64,iVBORw0KGgo=");
     assert_string_equal(str_at(j, "messages/3/content/1/text"),
                         "what is on it?");
+    json_decref(j);
+}
+
+
+/* A failed tool says so; a result's documents follow like its images, and
+   a document without a title gets the filename OpenAI requires. */
+static void
+test_tool_result_errors_and_documents(void **state)
+{
+    json_t *j = request(LLMGW_EP_MESSAGES, 1,
+        "{'model':'claude','max_tokens':30,'messages':["
+        "{'role':'user','content':'read'},"
+        "{'role':'assistant','content':[{'type':'tool_use','id':'tu_1',"
+        "'name':'open','input':{}},{'type':'tool_use','id':'tu_2',"
+        "'name':'open','input':{}}]},"
+        "{'role':'user','content':[{'type':'tool_result','tool_use_id':'tu_1',"
+        "'is_error':true,'content':'ENOENT'},"
+        "{'type':'tool_result','tool_use_id':'tu_2','content':["
+        "{'type':'document','source':{'type':'base64',"
+        "'media_type':'application/pdf','data':'JVBERi0='}}]},"
+        "{'type':'document','source':{'type':'base64',"
+        "'media_type':'application/pdf','data':'JVBERi0='},'title':'q.pdf'}]}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "messages/2/role"), "tool");
+    assert_string_equal(str_at(j, "messages/2/content"), "Error: ENOENT");
+    assert_string_equal(str_at(j, "messages/3/role"), "tool");
+    assert_string_equal(str_at(j, "messages/3/tool_call_id"), "tu_2");
+    assert_string_equal(str_at(j, "messages/4/role"), "user");
+    assert_string_equal(str_at(j, "messages/4/content/0/type"), "file");
+    assert_string_equal(str_at(j, "messages/4/content/0/file/file_data"),
+                        "data:application/pdf;base64,JVBERi0=");
+    assert_string_equal(str_at(j, "messages/4/content/0/file/filename"),
+                        "document.pdf");
+    assert_string_equal(str_at(j, "messages/4/content/1/file/filename"),
+                        "q.pdf");
     json_decref(j);
 }
 
@@ -1450,6 +1496,52 @@ test_gemini_answer_becomes_chat_completion(void **state)
     assert_int_equal(int_at(j, "usage/completion_tokens"), 7);
     assert_int_equal(int_at(j, "usage/total_tokens"), 14);
     json_decref(j);
+}
+
+
+/* Generated images come as the message's "images", whole or in chunks. */
+static void
+test_gemini_images_become_message_images(void **state)
+{
+    evs_t   evs;
+    json_t *j = response(24, LLMGW_EP_CHAT,
+        "{'candidates':[{'content':{'role':'model','parts':["
+        "{'text':'Here'},{'inlineData':{'mimeType':'image/png','data':'iVBO'}}]},"
+        "'finishReason':'STOP'}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "choices/0/message/content"), "Here");
+    assert_string_equal(str_at(j, "choices/0/message/images/0/type"),
+                        "image_url");
+    assert_string_equal(str_at(j, "choices/0/message/images/0/image_url/url"),
+                        "data:image/png;base64,iVBO");
+    json_decref(j);
+
+    /* a failed turn is not told as a finished one */
+    j = response(24, LLMGW_EP_CHAT,
+        "{'candidates':[{'content':{'role':'model','parts':[]},"
+        "'finishReason':'MALFORMED_FUNCTION_CALL'}]}");
+    assert_string_equal(str_at(j, "choices/0/finish_reason"),
+                        "malformed_function_call");
+    json_decref(j);
+
+    stream(24, LLMGW_EP_CHAT,
+        "data: {'candidates':[{'content':{'role':'model','parts':"
+        "[{'inlineData':{'mimeType':'image/jpeg','data':'/9j/'}}]},"
+        "'finishReason':'STOP'}]}\n\n", &evs);
+    int found = 0;
+    for (int i = 0; i < evs.n; i++) {
+        if (evs.ev[i].data != NULL
+            && at(evs.ev[i].data, "choices/0/delta/images") != NULL)
+        {
+            assert_string_equal(str_at(evs.ev[i].data,
+                                    "choices/0/delta/images/0/image_url/url"),
+                                "data:image/jpeg;base64,/9j/");
+            found++;
+        }
+    }
+    assert_int_equal(found, 1);
+    evs_free(&evs);
 }
 
 
@@ -2736,9 +2828,11 @@ main(void)
         cmocka_unit_test(test_anthropic_answer_becomes_chat_completion),
         cmocka_unit_test(test_what_an_anthropic_answer_cannot_give_is_refused),
         cmocka_unit_test(test_tool_result_images_follow_as_a_user_message),
+        cmocka_unit_test(test_tool_result_errors_and_documents),
         cmocka_unit_test(test_anthropic_stop_reasons_map_to_finish_reasons),
         cmocka_unit_test(test_tool_call_round_trip),
         cmocka_unit_test(test_gemini_answer_becomes_chat_completion),
+        cmocka_unit_test(test_gemini_images_become_message_images),
         cmocka_unit_test(test_gemini_function_call_answer_becomes_tool_calls),
         cmocka_unit_test(test_gemini_finish_reasons_map_to_finish_reasons),
         cmocka_unit_test(test_openai_answer_becomes_anthropic_message),

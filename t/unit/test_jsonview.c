@@ -398,9 +398,10 @@ test_fields_are_read_as_jansson_reads_them(void **state)
     assert_int_equal(llmgw_req_max_tokens(r), -1);
     llmgw_req_free(r);
 
+    /* 0 and below are not given (many upstreams read 0 as not given) */
     r = parse(LLMGW_EP_CHAT, "{\"model\":\"a\",\"messages\":[],"
                              "\"max_tokens\":-9223372036854775808}");
-    assert_true(llmgw_req_max_tokens(r) == INT64_MIN);
+    assert_int_equal(llmgw_req_max_tokens(r), -1);
     llmgw_req_free(r);
 
     /* nested: Gemini's generationConfig */
@@ -422,6 +423,21 @@ test_fields_are_read_as_jansson_reads_them(void **state)
                                "\"documents\":[\"d\"],\"stream\":1}");
     assert_int_equal(llmgw_req_stream(r), 0);
     llmgw_req_free(r);
+
+    /* a model name of more than 1024 bytes is refused */
+    {
+        llmgw_verdict_t v = { 0 };
+        char b[1200];
+
+        snprintf(b, sizeof(b), "{\"model\":\"%01025d\",\"messages\":[]}", 7);
+        assert_null(llmgw_req_parse(LLMGW_EP_CHAT, no_path_model, b,
+                                    strlen(b), &v));
+        assert_int_equal(v.status, 400);
+        assert_string_equal(v.message, "model: a model name has at most 1024 bytes");
+
+        snprintf(b, sizeof(b), "{\"model\":\"%01024d\",\"messages\":[]}", 7);
+        llmgw_req_free(parse(LLMGW_EP_CHAT, b));
+    }
 
     /* a model that is not a string is no model */
     {
@@ -464,14 +480,14 @@ test_prompt_estimate_counts_decoded_text(void **state)
 }
 
 
-/* Prompt text counts strings at most 32 levels deep, in one pass. */
+/* Prompt text counts strings at any depth, in one pass. */
 static void
-test_prompt_estimate_stops_at_depth_32(void **state)
+test_prompt_estimate_counts_every_depth(void **state)
 {
     (void) state;
 
-    for (int k = 30; k <= 34; k++) {
-        char body[512];
+    for (int k = 30; k <= 300; k += 30) {
+        char body[1024];
         size_t len = 0;
         llmgw_req_t *r;
 
@@ -488,38 +504,175 @@ test_prompt_estimate_stops_at_depth_32(void **state)
         body[len] = '\0';
 
         r = parse(LLMGW_EP_CHAT, body);
-        /* the string sits k + 1 levels deep: "m" (1 byte) always counts */
-        assert_int_equal(llmgw_req_prompt_estimate(r),
-                         (k + 1 <= 32 ? 9 : 1) / 4 + 4);
+        /* "m" and "abcdefgh" */
+        assert_int_equal(llmgw_req_prompt_estimate(r), 9 / 4 + 4);
         llmgw_req_free(r);
     }
+}
 
-    /* a large body nested to jansson's limit is read (in linear time) */
+
+/* Text under "data" counts (an Anthropic text document); base64 and data
+   URLs do not, wherever they are. */
+static void
+test_prompt_estimate_counts_text_documents_not_base64(void **state)
+{
+    (void) state;
+
+    char         text[1200], b64[1200], body[4096];
+    llmgw_req_t *r;
+
+    for (int i = 0; i < 1000; i++) {
+        text[i] = i % 10 == 9 ? ' ' : 'a';
+        b64[i] = "QUJDa9+/"[i % 8];
+    }
+    text[1000] = b64[1000] = '\0';
+
+    snprintf(body, sizeof(body),
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "[{\"type\":\"document\",\"source\":{\"type\":\"text\","
+             "\"data\":\"%s\"}}]}]}", text);
+    r = parse(LLMGW_EP_MESSAGES, body);
+    /* "m", "user", "document", "text" and the text: 1017 bytes */
+    assert_int_equal(llmgw_req_prompt_estimate(r), 1017 / 4 + 4);
+    llmgw_req_free(r);
+
+    snprintf(body, sizeof(body),
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "[{\"type\":\"file\",\"file\":{\"file_data\":"
+             "\"data:application/pdf;base64,%s\"}},"
+             "{\"type\":\"input_audio\",\"input_audio\":{\"data\":\"%s\"}}]}]}",
+             b64, b64);
+    r = parse(LLMGW_EP_CHAT, body);
+    /* "m", "user", "file", "input_audio" */
+    assert_int_equal(llmgw_req_prompt_estimate(r), 20 / 4 + 4);
+    llmgw_req_free(r);
+
+    /* text written with \\u escapes (as Python's json.dumps writes CJK)
+       counts decoded; base64 counts where it is no media member */
     {
-        size_t n = 2048 - 2, big = 4 << 20, len = 0;
-        char *body = malloc(big + 2 * n + 64);
-        llmgw_req_t *r;
+        char esc[2000];
+        size_t o = 0;
 
-        len += (size_t) sprintf(body, "{\"model\":\"m\",\"messages\":[],"
-                                      "\"x\":");
-        for (size_t i = 0; i < n; i++) {
-            body[len++] = '[';
+        for (int i = 0; i < 300; i++) {
+            o += (size_t) sprintf(esc + o, "\\u4f60");
         }
-        body[len++] = '"';
-        memset(body + len, 'a', big);
-        len += big;
-        body[len++] = '"';
-        for (size_t i = 0; i < n; i++) {
-            body[len++] = ']';
-        }
-        body[len++] = '}';
-        body[len] = '\0';
-
+        snprintf(body, sizeof(body),
+                 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+                 "\"%s\"},{\"role\":\"user\",\"content\":\"%s\"}]}", esc, b64);
         r = parse(LLMGW_EP_CHAT, body);
-        assert_int_equal(llmgw_req_prompt_estimate(r), 1 / 4 + 4);
+        /* "m", "user" twice, 900 bytes of text, 1000 of base64 */
+        assert_int_equal(llmgw_req_prompt_estimate(r), 1909 / 4 + 4);
         llmgw_req_free(r);
-        free(body);
     }
+
+    /* a long run of one letter, or of hex digits, is text */
+    memset(text, 'p', 1000);
+    snprintf(body, sizeof(body),
+             "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"%s\"}]}", text);
+    r = parse(LLMGW_EP_CHAT, body);
+    assert_int_equal(llmgw_req_prompt_estimate(r), 1005 / 4 + 4);
+    llmgw_req_free(r);
+}
+
+
+/* The output limit and the number of answers a reservation is made for. */
+static void
+test_max_tokens_and_choices(void **state)
+{
+    (void) state;
+
+    llmgw_req_t *r;
+
+    /* max_completion_tokens 0 does not hide max_tokens */
+    r = parse(LLMGW_EP_CHAT, "{\"model\":\"a\",\"messages\":[],"
+              "\"max_completion_tokens\":0,\"max_tokens\":50000}");
+    assert_int_equal(llmgw_req_max_tokens(r), 50000);
+    assert_int_equal(llmgw_req_choices(r), 1);
+    llmgw_req_free(r);
+
+    /* both given: the larger, as upstreams differ in which wins */
+    r = parse(LLMGW_EP_CHAT, "{\"model\":\"a\",\"messages\":[],"
+              "\"max_completion_tokens\":300,\"max_tokens\":20,\"n\":8}");
+    assert_int_equal(llmgw_req_max_tokens(r), 300);
+    assert_int_equal(llmgw_req_choices(r), 8);
+    llmgw_req_free(r);
+
+    r = parse(LLMGW_EP_CHAT, "{\"model\":\"a\",\"messages\":[],"
+              "\"max_tokens\":0,\"n\":100000}");
+    assert_int_equal(llmgw_req_max_tokens(r), -1);
+    assert_int_equal(llmgw_req_choices(r), 128);
+    llmgw_req_free(r);
+
+    r = parse(LLMGW_EP_MESSAGES, "{\"model\":\"a\",\"messages\":[],"
+              "\"max_tokens\":1e30,\"n\":4}");
+    assert_int_equal(llmgw_req_max_tokens(r), (int64_t) 1 << 40);
+    assert_int_equal(llmgw_req_choices(r), 1);
+    llmgw_req_free(r);
+
+    /* Gemini: either spelling of the config and of its members */
+    {
+        llmgw_verdict_t v = { 0 };
+        const char *b = "{\"contents\":[],\"generationConfig\":"
+                        "{\"maxOutputTokens\":64,\"candidate_count\":3},"
+                        "\"generation_config\":{\"max_output_tokens\":900}}";
+        llmgw_str_t pm = { "gemini-x", 8 };
+
+        r = llmgw_req_parse(LLMGW_EP_GEMINI, pm, b, strlen(b), &v);
+        assert_non_null(r);
+        assert_int_equal(llmgw_req_max_tokens(r), 900);
+        assert_int_equal(llmgw_req_choices(r), 3);
+        /* and "stream" is no member of Gemini's (its path streams) */
+        llmgw_req_free(r);
+
+        b = "{\"contents\":[],\"stream\":true}";
+        r = llmgw_req_parse(LLMGW_EP_GEMINI, pm, b, strlen(b), &v);
+        assert_non_null(r);
+        assert_int_equal(llmgw_req_stream(r), 0);
+        llmgw_req_free(r);
+    }
+}
+
+
+/* A member an upstream that ignores case would read as a field. */
+static void
+test_fields_in_another_case_are_refused(void **state)
+{
+    (void) state;
+
+    static const char *bodies[] = {
+        "{\"model\":\"a\",\"Model\":\"b\",\"messages\":[]}",
+        "{\"model\":\"a\",\"messages\":[],\"STREAM\":true}",
+        /* U+017F folds to s, U+212A to k, in Go's matching */
+        "{\"model\":\"a\",\"messages\":[],\"\xc5\xbftream\":true}",
+        "{\"model\":\"a\",\"messages\":[],\"max_to\xe2\x84\xaa" "ens\":9}",
+        "{\"model\":\"a\",\"messages\":[],\"N\":9}",
+    };
+
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        llmgw_verdict_t v = { 0 };
+
+        assert_null(llmgw_req_parse(LLMGW_EP_CHAT, no_path_model, bodies[i],
+                                    strlen(bodies[i]), &v));
+        assert_int_equal(v.status, 400);
+        assert_string_equal(v.code, "invalid_request");
+        assert_non_null(strstr(v.message, "only by letter case"));
+    }
+
+    /* names with capitals of their own match folded too */
+    {
+        llmgw_verdict_t v = { 0 };
+        const char *b = "{\"contents\":[],\"generationConfig\":{},"
+                        "\"GenerationConfig\":{\"maxOutputTokens\":9}}";
+        llmgw_str_t pm = { "gemini-x", 8 };
+
+        assert_null(llmgw_req_parse(LLMGW_EP_GEMINI, pm, b, strlen(b), &v));
+        assert_int_equal(v.status, 400);
+    }
+
+    /* other members are the upstream's business */
+    llmgw_req_free(parse(LLMGW_EP_CHAT, "{\"model\":\"a\",\"messages\":[],"
+                                        "\"Temperature\":1,\"modelx\":2}"));
 }
 
 
@@ -532,7 +685,11 @@ main(void)
         cmocka_unit_test(test_mutations_match_jansson),
         cmocka_unit_test(test_fields_are_read_as_jansson_reads_them),
         cmocka_unit_test(test_prompt_estimate_counts_decoded_text),
-        cmocka_unit_test(test_prompt_estimate_stops_at_depth_32),
+        cmocka_unit_test(test_prompt_estimate_counts_every_depth),
+        cmocka_unit_test(
+            test_prompt_estimate_counts_text_documents_not_base64),
+        cmocka_unit_test(test_max_tokens_and_choices),
+        cmocka_unit_test(test_fields_in_another_case_are_refused),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

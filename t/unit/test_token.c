@@ -341,6 +341,22 @@ test_check_ip_allow_list_v4_v6_and_cidr(void **state)
 
 
 static void
+test_check_ip_unreadable_list_admits_nobody(void **state)
+{
+    (void) state;
+
+    /* short IPv4 forms some parsers take ("10/8"), one among good ones */
+    llmgw_token_t *t = tok("'allow_ips':['10/8','10.0.0.0/8']");
+
+    assert_non_null(t);
+    assert_ip_denied(t, "10.1.2.3");
+    assert_ip_denied(t, "127.0.0.1");
+    assert_ip_denied(t, "::1");
+    llmgw_token_free(t);
+}
+
+
+static void
 test_check_ip_null_or_empty_list_admits_any_address(void **state)
 {
     (void) state;
@@ -408,6 +424,21 @@ test_check_model_missing_is_no_access_to_model_x(void **state)
     memset(&v, 0, sizeof(v));
     assert_int_equal(llmgw_token_check_model(t, S("gpt-4o "), &v), -1);
     assert_string_equal(v.message, "no access to model gpt-4o ");
+
+    /* a NUL or another control character does not end the name shown */
+    memset(&v, 0, sizeof(v));
+    llmgw_str_t nul = { "gpt-4o\0evil\n", 12 };
+    assert_int_equal(llmgw_token_check_model(t, nul, &v), -1);
+    assert_string_equal(v.message, "no access to model gpt-4o\\u0000evil\\u000a");
+
+    /* 200 bytes at most, not into a character */
+    char long_name[300];
+    memset(long_name, 'a', sizeof(long_name));
+    memcpy(long_name + 199, "\xc3\xa9", 2);
+    memset(&v, 0, sizeof(v));
+    llmgw_str_t lm = { long_name, sizeof(long_name) };
+    assert_int_equal(llmgw_token_check_model(t, lm, &v), -1);
+    assert_int_equal(strlen(v.message), strlen("no access to model ") + 199);
     llmgw_token_free(t);
 }
 
@@ -433,6 +464,7 @@ main(void)
             test_token_check_unlimited_with_zero_remaining_passes),
         cmocka_unit_test(test_check_ip_allow_list_v4_v6_and_cidr),
         cmocka_unit_test(test_check_ip_null_or_empty_list_admits_any_address),
+        cmocka_unit_test(test_check_ip_unreadable_list_admits_nobody),
         cmocka_unit_test(test_check_model_null_allows_every_model),
         cmocka_unit_test(
             test_check_model_empty_list_is_no_access_to_any_model),

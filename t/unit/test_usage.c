@@ -681,6 +681,67 @@ test_stream_without_usage_estimates_completion_from_text(void **state)
 }
 
 
+/* Whether a passed-on stream that ends after body was cut short. */
+static int
+cut_of(llmgw_endpoint_e ep, int type, const char *body)
+{
+    llmgw_resp_t  *resp = llmgw_resp_new(ep, type, 1, 0);
+    llmgw_buf_t    out;
+    int            cut;
+
+    assert_non_null(resp);
+    assert_int_equal(llmgw_resp_feed(resp, body, strlen(body), &out), 0);
+    llmgw_buf_free(&out);
+    assert_int_equal(llmgw_resp_finish(resp, &out), 0);
+    llmgw_buf_free(&out);
+    cut = llmgw_resp_cut(resp);
+    llmgw_resp_free(resp);
+    return cut;
+}
+
+
+static void
+test_a_stream_ended_without_its_end_marker_was_cut(void **state)
+{
+    (void) state;
+
+    /* OpenAI: [DONE] or a finish reason ends it; quoted in the text, no */
+    assert_int_equal(cut_of(LLMGW_EP_CHAT, 1,
+        "data: {\"choices\":[{\"delta\":{\"content\":"
+        "\"say \\\"finish_reason\\\":\\\"stop\\\"\"},"
+        "\"finish_reason\":null}]}\n\n"), 1);
+    assert_int_equal(cut_of(LLMGW_EP_CHAT, 1,
+        "data: {\"choices\":[{\"delta\":{},"
+        "\"finish_reason\" : \"stop\"}]}\n\n"), 0);
+    assert_int_equal(cut_of(LLMGW_EP_CHAT, 1,
+        "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
+        "data: [DONE]\n\n"), 0);
+
+    /* Anthropic: message_delta or message_stop */
+    assert_int_equal(cut_of(LLMGW_EP_MESSAGES, 14,
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\","
+        "\"delta\":{\"type\":\"text_delta\","
+        "\"text\":\"{\\\"type\\\":\\\"message_stop\\\"}\"}}\n\n"), 1);
+    assert_int_equal(cut_of(LLMGW_EP_MESSAGES, 14,
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"), 0);
+    assert_int_equal(cut_of(LLMGW_EP_MESSAGES, 14,
+        "data: {\"type\":\"message_delta\",\"delta\":"
+        "{\"stop_reason\":\"end_turn\"}}\n\n"), 0);
+
+    /* Gemini: a candidate's finishReason */
+    assert_int_equal(cut_of(LLMGW_EP_GEMINI, 24,
+        "data: {\"candidates\":[{\"content\":{\"parts\":"
+        "[{\"text\":\"x\"}]}}]}\r\n\r\n"), 1);
+    assert_int_equal(cut_of(LLMGW_EP_GEMINI, 24,
+        "data: {\"candidates\":[{\"finishReason\":\"STOP\"}]}\r\n\r\n"), 0);
+    assert_int_equal(cut_of(LLMGW_EP_GEMINI, 24,
+        "data: {\"promptFeedback\":{\"blockReason\":\"SAFETY\"}}\r\n\r\n"), 0);
+
+    /* no event at all is a failed answer, not a cut one */
+    assert_int_equal(cut_of(LLMGW_EP_CHAT, 1, ""), 0);
+}
+
+
 static void
 test_json_without_usage_estimates_completion_from_text(void **state)
 {
@@ -776,6 +837,7 @@ main(void)
             test_anthropic_stream_usage_from_message_start_and_delta),
         cmocka_unit_test(test_gemini_stream_takes_the_last_usage_metadata),
         cmocka_unit_test(test_stream_split_at_any_byte_gives_the_same_result),
+        cmocka_unit_test(test_a_stream_ended_without_its_end_marker_was_cut),
         cmocka_unit_test(test_json_split_at_any_byte_gives_the_same_usage),
         cmocka_unit_test(
             test_stream_without_usage_estimates_completion_from_text),
