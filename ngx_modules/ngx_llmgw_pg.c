@@ -66,6 +66,7 @@ static void ngx_llmgw_pg_finish_query(ngx_llmgw_pg_query_t *q, PGresult *res,
     const char *err);
 static void ngx_llmgw_pg_query_timeout(ngx_event_t *ev);
 static void ngx_llmgw_pg_retry(ngx_event_t *ev);
+static ngx_uint_t ngx_llmgw_pg_may_retry(void);
 static ngx_int_t ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc,
     ngx_uint_t on);
 static ngx_int_t ngx_llmgw_pg_flush(ngx_llmgw_pg_conn_t *pc);
@@ -364,6 +365,9 @@ ngx_llmgw_pg_watch(ngx_llmgw_pg_conn_t *pc, ngx_socket_t fd)
         return NGX_ERROR;
     }
 
+    /* the statements waiting for it have timers of their own: a connection
+       being made keeps no stopping worker alive by itself */
+    c->read->cancelable = 1;
     ngx_add_timer(c->read, NGX_LLMGW_PG_CONNECT_TIMEOUT);
 
     return NGX_OK;
@@ -795,7 +799,7 @@ ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
         ngx_llmgw_pg_finish_query(q, NULL, "the database connection failed");
     }
 
-    if (!ngx_exiting && !ngx_terminate && !pc->retry.timer_set) {
+    if (ngx_llmgw_pg_may_retry() && !pc->retry.timer_set) {
         ngx_add_timer(&pc->retry, pc->backoff);
         pc->backoff = ngx_min(pc->backoff * 2, 2000);
     }
@@ -869,9 +873,21 @@ ngx_llmgw_pg_retry(ngx_event_t *ev)
 {
     ngx_llmgw_pg_conn_t  *pc = ev->data;
 
-    if (ngx_exiting || ngx_terminate) {
+    if (!ngx_llmgw_pg_may_retry()) {
         return;
     }
 
     ngx_llmgw_pg_connect(pc);
+}
+
+
+/*
+ * A stopping worker still connects while statements wait: their timers
+ * keep it from exiting, and a request waiting on a key lookup is answered
+ * rather than left to time out.  With nothing waiting it stops trying.
+ */
+static ngx_uint_t
+ngx_llmgw_pg_may_retry(void)
+{
+    return !ngx_terminate && (!ngx_exiting || ngx_llmgw_pg_npending > 0);
 }

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertOk, conninfoFor, createDb, makeChannel, makeUserKey, psql,
+    assertError, assertOk, conninfoFor, createDb, hex, makeChannel, makeUserKey, psql,
     settle, sleep, startGateway, stopAll, tearDown, uniq,
 } from '../lib/harness.mjs';
 import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
@@ -95,6 +95,37 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
             await psql(conninfoFor('postgres'), 'select pg_terminate_backend(pid) ' +
                 `from pg_stat_activity where datname = '${db.name}'`);
             assertOk(await gw.chat(key, M), `try ${i}`);
+        }
+    });
+
+    test('a stopping worker still connects for the statements it waits on', async () => {
+        /* its connections down long enough to wait 2 s between tries */
+        const g = await startGateway({
+            db, workers: 1, rootToken: gw.rootToken,
+            http: 'llmgw_flush_interval 1s; llmgw_pg_timeout 8s;',
+        });
+        try {
+            const admin = conninfoFor('postgres');
+            await psql(admin, `ALTER DATABASE ${db.name} ALLOW_CONNECTIONS false`);
+            let lookup;
+            try {
+                await psql(admin, 'select pg_terminate_backend(pid) from pg_stat_activity ' +
+                    `where datname = '${db.name}'`);
+                await sleep(3500);
+                /* an unknown key: its lookup waits for a connection */
+                lookup = g.chat(`sk-${hex(48)}`, M, { timeoutMs: 20000 });
+                await sleep(200);
+            } finally {
+                await psql(admin, `ALTER DATABASE ${db.name} ALLOW_CONNECTIONS true`);
+            }
+            const t0 = Date.now();
+            await g.stop();
+            const took = Date.now() - t0;
+            assertError(await lookup, 401, { message: /Invalid token/ });
+            assert.equal(g.killed, false);
+            assert.ok(took < 4500, `quit took ${took} ms`);
+        } finally {
+            await stopAll(g);
         }
     });
 
