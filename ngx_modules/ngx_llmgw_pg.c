@@ -67,6 +67,7 @@ static void ngx_llmgw_pg_finish_query(ngx_llmgw_pg_query_t *q, PGresult *res,
 static void ngx_llmgw_pg_query_timeout(ngx_event_t *ev);
 static void ngx_llmgw_pg_retry(ngx_event_t *ev);
 static ngx_uint_t ngx_llmgw_pg_may_retry(void);
+static ngx_uint_t ngx_llmgw_pg_all_down(void);
 static ngx_int_t ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc,
     ngx_uint_t on);
 static ngx_int_t ngx_llmgw_pg_flush(ngx_llmgw_pg_conn_t *pc);
@@ -785,6 +786,7 @@ ngx_llmgw_pg_query_timeout(ngx_event_t *ev)
 static void
 ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
 {
+    ngx_queue_t            failed;
     ngx_llmgw_pg_query_t  *q;
 
     ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
@@ -799,10 +801,48 @@ ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
         ngx_llmgw_pg_finish_query(q, NULL, "the database connection failed");
     }
 
+    if (ngx_exiting && ngx_llmgw_pg_all_down()) {
+        /* a stopping worker waits for no database that refuses it: what
+           waits is answered now (the ledger writes its rows at exit) */
+        ngx_queue_init(&failed);
+
+        if (!ngx_queue_empty(&ngx_llmgw_pg_pending)) {
+            /* the ones queued now: a handler may queue another */
+            ngx_queue_add(&failed, &ngx_llmgw_pg_pending);
+            ngx_queue_init(&ngx_llmgw_pg_pending);
+            ngx_llmgw_pg_npending = 0;
+        }
+
+        while (!ngx_queue_empty(&failed)) {
+            q = ngx_queue_data(ngx_queue_head(&failed), ngx_llmgw_pg_query_t,
+                               queue);
+            ngx_queue_remove(&q->queue);
+            q->queued = 0;
+            ngx_llmgw_pg_finish_query(q, NULL, "the database connection "
+                                      "failed");
+        }
+    }
+
     if (ngx_llmgw_pg_may_retry() && !pc->retry.timer_set) {
         ngx_add_timer(&pc->retry, pc->backoff);
         pc->backoff = ngx_min(pc->backoff * 2, 2000);
     }
+}
+
+
+/* no connection of the pool is up or on its way up */
+static ngx_uint_t
+ngx_llmgw_pg_all_down(void)
+{
+    ngx_uint_t  i;
+
+    for (i = 1; i < ngx_llmgw_pg_nconns; i++) {
+        if (ngx_llmgw_pg_conns[i].state != NGX_LLMGW_PG_DOWN) {
+            return 0;
+        }
+    }
+
+    return 1;
 }
 
 

@@ -72,6 +72,7 @@ static u_char                  ngx_llmgw_poll_owner[128];
 static ngx_queue_t             ngx_llmgw_poll_waiting;
 static ngx_queue_t             ngx_llmgw_poll_active;
 static ngx_uint_t              ngx_llmgw_poll_running;
+static ngx_uint_t              ngx_llmgw_poll_abandoned;
 static ngx_uint_t              ngx_llmgw_poll_claimed;
 static ngx_uint_t              ngx_llmgw_poll_claiming;
 static ngx_uint_t              ngx_llmgw_poll_go_on;     /* right away */
@@ -133,7 +134,7 @@ ngx_llmgw_task_exit_process(ngx_cycle_t *cycle)
     }
 
     /* tasks claimed but not finished are due again at once elsewhere */
-    if (ngx_llmgw_poll_running > 0
+    if (ngx_llmgw_poll_running > 0 || ngx_llmgw_poll_abandoned
         || (ngx_llmgw_poll_waiting.next != NULL
             && !ngx_queue_empty(&ngx_llmgw_poll_waiting)))
     {
@@ -1055,6 +1056,15 @@ ngx_llmgw_poll_start_more(void)
         {
             next = ngx_queue_next(q);
             rn = ngx_queue_data(q, ngx_llmgw_runner_t, queue);
+
+            /* a stopping worker starts no poll: its claims are released
+               at exit, for another worker or node to take at once */
+            if (ngx_exiting || ngx_terminate || ngx_quit) {
+                ngx_queue_remove(q);
+                ngx_llmgw_runner_free(rn);
+                ngx_llmgw_poll_abandoned = 1;
+                continue;
+            }
 
             /*
              * A job that waited through most of its lease is left alone:

@@ -219,7 +219,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
         const t0 = Date.now();
         const r = await gw.chat(key, slow.model);
         assertOk(r);
-        assert.ok(Date.now() - t0 < 1400, `took ${Date.now() - t0} ms`);
+        assert.ok(Date.now() - t0 < 2500, `took ${Date.now() - t0} ms`);
         assert.deepEqual((await rowOf(r)).channels_tried, [slow.primary.id, slow.second.id]);
 
         bad.handler = hang;

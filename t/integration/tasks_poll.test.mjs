@@ -479,21 +479,23 @@ describe('disabling a channel or a plugin', { timeout: 120000 }, () => {
 });
 
 describe('a pass larger than its lease', { timeout: 120000 }, () => {
-    /* one poll at a time per channel, each 400 ms, a 1 s lease */
+    /* one poll at a time per channel, each 250 ms, a 2 s lease: a poll
+       started before 3/4 of the lease ends before the lease does, with
+       250 ms to spare for the rest of its job */
     const s = vendorSuite({
         workers: 2,
-        http: `${HTTP}\n  llmgw_task_lease 1s;\n  llmgw_task_poll_concurrency 1;`,
+        http: `${HTTP}\n  llmgw_task_lease 2s;\n  llmgw_task_poll_concurrency 1;`,
     });
 
     test('jobs still waiting when most of their lease is gone are left to a later pass: never two polls of one task at once', async () => {
         const { gw, vendor } = s;
         const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
-        vendor.pollAnswer = () => ({ ...running(), before: () => sleep(400) });
-        const ups = Array.from({ length: 6 }, () => uniq('up-lease'));
+        vendor.pollAnswer = () => ({ ...running(), before: () => sleep(250) });
+        const ups = Array.from({ length: 16 }, () => uniq('up-lease'));
         const rs = await Promise.all(ups.map((up) =>
             submitTask(gw, env, { model: env.model, up_id: up })));
         rs.forEach((r) => assertOk(r, 'submit'));
-        await sleep(5000);
+        await sleep(6000);
         for (const up of ups) {
             const polls = vendor.polls(up).sort((a, b) => a.t - b.t);
             assert.ok(polls.length >= 1, `${up} was polled`);
@@ -503,6 +505,38 @@ describe('a pass larger than its lease', { timeout: 120000 }, () => {
             }
         }
         assert.match(gw.errorLog(), /poll jobs waited through 3\/4 of llmgw_task_lease/);
+    });
+});
+
+describe('a worker told to stop while poll jobs wait', { timeout: 120000 }, () => {
+    /* one poll at a time per channel, each 2 s */
+    const s = vendorSuite({
+        workers: 1,
+        http: `${HTTP}\n  llmgw_task_poll_concurrency 1;`,
+    });
+
+    test('starts none of them: it stops after the poll under way, and gives the tasks back', async () => {
+        const { db, gw, vendor } = s;
+        const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        vendor.pollAnswer = () => ({ ...running(), before: () => sleep(2000) });
+        const ups = Array.from({ length: 4 }, () => uniq('up-quit'));
+        const rs = await Promise.all(ups.map((up) =>
+            submitTask(gw, env, { model: env.model, up_id: up })));
+        rs.forEach((r) => assertOk(r, 'submit'));
+        await waitFor(() => ups.some((up) => vendor.polls(up).length > 0), 10000,
+            { what: 'a poll under way' });
+        const t0 = Date.now();
+        await gw.stop();
+        const took = Date.now() - t0;
+        assert.equal(gw.killed, false);
+        /* the next waiting job would have taken 2 s more */
+        assert.ok(took < 3500, `quit took ${took} ms`);
+        assert.equal(ups.filter((up) => vendor.polls(up).length > 0).length, 1,
+            'one poll only');
+        const held = await psql(db.conninfo, 'select count(*), ' +
+            'count(*) filter (where lease_owner is not null) from tasks ' +
+            `where upstream_task_id in (${ups.map((u) => `'${u}'`).join(',')})`);
+        assert.equal(held, '4|0', 'the claims are given back');
     });
 });
 
