@@ -40,11 +40,15 @@ struct ngx_llmgw_runner_s {
     ngx_queue_t                queue;       /* the poller's lists */
     ngx_pool_cleanup_t        *cleanup;     /* on the request's pool */
     ngx_llmgw_task_body_t      body;        /* the client's, owned */
+    ngx_event_t                lease_end;   /* a poll job's: no call to the
+                                             * vendor outlives its lease */
     unsigned                   inflight:1;  /* a step's callback pending */
     unsigned                   streaming:1; /* an SSE response is read */
     unsigned                   learn:1;     /* the SQL answer has balances */
     unsigned                   gone:1;      /* the request ended */
     unsigned                   driving:1;
+    unsigned                   poll:1;      /* a poll job */
+    unsigned                   lease_over:1;
 };
 
 
@@ -53,6 +57,8 @@ static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn,
     ngx_http_request_t *r, const llmgw_tstep_t *st);
 static void ngx_llmgw_poll_tick(ngx_event_t *ev);
 static void ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_poll_lease_end(ngx_event_t *ev);
+static void ngx_llmgw_poll_left(ngx_llmgw_runner_t *rn);
 static void ngx_llmgw_poll_schedule(ngx_msec_t delay);
 static void ngx_llmgw_task_body_free(ngx_llmgw_task_body_t *b);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
@@ -178,6 +184,10 @@ ngx_llmgw_runner_free(ngx_llmgw_runner_t *rn)
 {
     if (rn->http != NULL) {
         ngx_llmgw_http_cancel(rn->http);
+    }
+
+    if (rn->lease_end.timer_set) {
+        ngx_del_timer(&rn->lease_end);
     }
 
     llmgw_tjob_free(rn->job);
@@ -483,6 +493,11 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
             continue;
 
         case LLMGW_TSTEP_HTTP:
+            if (rn->poll && rn->lease_over) {
+                rn->driving = 0;
+                ngx_llmgw_poll_left(rn);
+                return;
+            }
             if (rn->request != NULL) {
                 ngx_llmgw_task_tried(rn);
             }
@@ -1033,8 +1048,10 @@ ngx_llmgw_poll_channel(int64_t channel_id)
 static void
 ngx_llmgw_poll_start_more(void)
 {
+    ngx_msec_t              lease;
     ngx_uint_t              dropped;
     ngx_queue_t            *q, *next;
+    ngx_msec_int_t          left;
     ngx_llmgw_runner_t     *rn;
     ngx_llmgw_poll_busy_t  *b;
     static ngx_uint_t       starting, again;
@@ -1092,6 +1109,21 @@ ngx_llmgw_poll_start_more(void)
             ngx_queue_insert_tail(&ngx_llmgw_poll_active, q);
             ngx_llmgw_poll_running++;
 
+            /* its lease began before the claim's answer came: 1/8 of it
+               is left for that */
+            lease = ngx_llmgw_task_mcf->task_lease;
+            left = (ngx_msec_int_t) (rn->claimed + (lease - lease / 8)
+                                     - ngx_current_msec);
+            rn->lease_end.handler = ngx_llmgw_poll_lease_end;
+            rn->lease_end.data = rn;
+            rn->lease_end.log = ngx_llmgw_task_log;
+            rn->lease_end.cancelable = 1;
+            if (left > 0) {
+                ngx_add_timer(&rn->lease_end, (ngx_msec_t) left);
+            } else {
+                rn->lease_over = 1;
+            }
+
             ngx_llmgw_task_drive(rn);
         }
 
@@ -1111,6 +1143,37 @@ ngx_llmgw_poll_start_more(void)
             ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
         }
     }
+}
+
+
+/*
+ * Near the end of a poll job's lease another pass may claim its tasks: a
+ * call to the vendor still under way is given up (the next pass polls
+ * again; nothing is counted), and none starts after.  A hook or statement
+ * under way goes on: what it saves is checked against the lease.
+ */
+static void
+ngx_llmgw_poll_lease_end(ngx_event_t *ev)
+{
+    ngx_llmgw_runner_t  *rn = ev->data;
+
+    rn->lease_over = 1;
+
+    if (rn->http != NULL && rn->inflight && !rn->driving) {
+        ngx_llmgw_poll_left(rn);
+    }
+}
+
+
+static void
+ngx_llmgw_poll_left(ngx_llmgw_runner_t *rn)
+{
+    ngx_log_error(NGX_LOG_INFO, ngx_llmgw_task_log, 0,
+                  "llmgw: a poll job of channel %L reached 7/8 of "
+                  "llmgw_task_lease before its call to the vendor ended and "
+                  "is left to a later pass", rn->channel_id);
+
+    ngx_llmgw_poll_job_done(rn);
 }
 
 
@@ -1206,6 +1269,7 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
 
         rn->channel_id = llmgw_tjob_channel(jobs[i]);
         rn->claimed = ngx_current_msec;
+        rn->poll = 1;
         ngx_queue_insert_tail(&ngx_llmgw_poll_waiting, &rn->queue);
     }
 

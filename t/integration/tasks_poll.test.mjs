@@ -508,6 +508,33 @@ describe('a pass larger than its lease', { timeout: 120000 }, () => {
     });
 });
 
+describe('a poll longer than its lease', { timeout: 120000 }, () => {
+    const s = vendorSuite({
+        workers: 2,
+        http: `${HTTP}\n  llmgw_task_lease 2s;\n  llmgw_task_poll_concurrency 1;`,
+    });
+
+    test('is given up before the lease ends, uncounted: never two polls of one task at once', async () => {
+        const { db, gw, vendor } = s;
+        const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        const up = uniq('up-long');
+        /* every poll of it takes 3 s */
+        vendor.pollAnswer = () => ({ ...running(), before: () => sleep(3000) });
+        const r = await submitTask(gw, env, { model: env.model, up_id: up });
+        assertOk(r, 'submit');
+        await waitFor(() => vendor.polls(up).length >= 3, 15000,
+            { what: 'three polls' });
+        const polls = vendor.polls(up).sort((a, b) => a.t - b.t).slice(0, 3);
+        for (let i = 1; i < polls.length; i++) {
+            assert.ok(polls[i - 1].tEnd > 0 && polls[i].t >= polls[i - 1].tEnd,
+                `two polls at once: ${polls.map((p) => `${p.t}-${p.tEnd}`)}`);
+        }
+        assert.ok(polls[0].closed, 'the first poll was given up');
+        assert.match(gw.errorLog(), /reached 7\/8 of llmgw_task_lease before its call/);
+        assert.equal(await pollFailures(db, r.json.task_id), 0, 'nothing counted');
+    });
+});
+
 describe('a worker told to stop while poll jobs wait', { timeout: 120000 }, () => {
     /* one poll at a time per channel, each 2 s */
     const s = vendorSuite({
