@@ -68,6 +68,8 @@ static void ngx_llmgw_pg_query_timeout(ngx_event_t *ev);
 static void ngx_llmgw_pg_retry(ngx_event_t *ev);
 static ngx_uint_t ngx_llmgw_pg_may_retry(void);
 static ngx_uint_t ngx_llmgw_pg_all_down(void);
+static void ngx_llmgw_pg_give_up(ngx_event_t *ev);
+static void ngx_llmgw_pg_wake(void);
 static ngx_int_t ngx_llmgw_pg_want_write(ngx_llmgw_pg_conn_t *pc,
     ngx_uint_t on);
 static ngx_int_t ngx_llmgw_pg_flush(ngx_llmgw_pg_conn_t *pc);
@@ -81,6 +83,7 @@ static ngx_llmgw_pg_conn_t     *ngx_llmgw_pg_conns;
 static ngx_uint_t               ngx_llmgw_pg_nconns;
 static ngx_queue_t              ngx_llmgw_pg_pending;
 static ngx_uint_t               ngx_llmgw_pg_npending;
+static ngx_event_t              ngx_llmgw_pg_give_up_ev;
 static ngx_llmgw_main_conf_t   *ngx_llmgw_pg_mcf;
 static ngx_llmgw_pg_notify_pt   ngx_llmgw_pg_notify;
 static char                    *ngx_llmgw_pg_conninfo;
@@ -106,6 +109,9 @@ ngx_llmgw_pg_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf,
     ngx_llmgw_pg_conninfo[mcf->database.len] = '\0';
 
     ngx_queue_init(&ngx_llmgw_pg_pending);
+
+    ngx_llmgw_pg_give_up_ev.handler = ngx_llmgw_pg_give_up;
+    ngx_llmgw_pg_give_up_ev.log = cycle->log;
 
     /* the pool, plus one listener */
     ngx_llmgw_pg_nconns = mcf->pg_pool_size + 1;
@@ -134,6 +140,10 @@ void
 ngx_llmgw_pg_exit_process(ngx_cycle_t *cycle)
 {
     ngx_uint_t  i;
+
+    if (ngx_llmgw_pg_give_up_ev.posted) {
+        ngx_delete_posted_event(&ngx_llmgw_pg_give_up_ev);
+    }
 
     for (i = 0; i < ngx_llmgw_pg_nconns; i++) {
         if (ngx_llmgw_pg_conns[i].retry.timer_set) {
@@ -228,6 +238,13 @@ ngx_llmgw_pg_enqueue(const char *sql, int nparams, const char *const *params,
     ngx_queue_insert_tail(&ngx_llmgw_pg_pending, &q->queue);
     q->queued = 1;
     ngx_llmgw_pg_npending++;
+
+    if (ngx_llmgw_pg_all_down()) {
+        if (!ngx_terminate) {
+            ngx_llmgw_pg_wake();
+        }
+        return NGX_OK;
+    }
 
     ngx_llmgw_pg_dispatch();
 
@@ -786,7 +803,6 @@ ngx_llmgw_pg_query_timeout(ngx_event_t *ev)
 static void
 ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
 {
-    ngx_queue_t            failed;
     ngx_llmgw_pg_query_t  *q;
 
     ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
@@ -801,31 +817,67 @@ ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
         ngx_llmgw_pg_finish_query(q, NULL, "the database connection failed");
     }
 
-    if (ngx_exiting && ngx_llmgw_pg_all_down()) {
-        /* a stopping worker waits for no database that refuses it: what
-           waits is answered now (the ledger writes its rows at exit) */
-        ngx_queue_init(&failed);
-
-        if (!ngx_queue_empty(&ngx_llmgw_pg_pending)) {
-            /* the ones queued now: a handler may queue another */
-            ngx_queue_add(&failed, &ngx_llmgw_pg_pending);
-            ngx_queue_init(&ngx_llmgw_pg_pending);
-            ngx_llmgw_pg_npending = 0;
-        }
-
-        while (!ngx_queue_empty(&failed)) {
-            q = ngx_queue_data(ngx_queue_head(&failed), ngx_llmgw_pg_query_t,
-                               queue);
-            ngx_queue_remove(&q->queue);
-            q->queued = 0;
-            ngx_llmgw_pg_finish_query(q, NULL, "the database connection "
-                                      "failed");
-        }
+    /* a stopping worker waits for no database that refuses it: what waits
+       is answered (the ledger writes its rows at exit), from an event of
+       its own, since this may run inside ngx_llmgw_pg_query() */
+    if (ngx_exiting && ngx_llmgw_pg_all_down()
+        && !ngx_llmgw_pg_give_up_ev.posted)
+    {
+        ngx_post_event(&ngx_llmgw_pg_give_up_ev, &ngx_posted_events);
     }
 
     if (ngx_llmgw_pg_may_retry() && !pc->retry.timer_set) {
         ngx_add_timer(&pc->retry, pc->backoff);
         pc->backoff = ngx_min(pc->backoff * 2, 2000);
+    }
+}
+
+
+static void
+ngx_llmgw_pg_give_up(ngx_event_t *ev)
+{
+    ngx_queue_t            failed;
+    ngx_llmgw_pg_query_t  *q;
+
+    if (!ngx_exiting || !ngx_llmgw_pg_all_down()
+        || ngx_queue_empty(&ngx_llmgw_pg_pending))
+    {
+        return;
+    }
+
+    /* the ones queued now: a handler may queue another */
+    ngx_queue_init(&failed);
+    ngx_queue_add(&failed, &ngx_llmgw_pg_pending);
+    ngx_queue_init(&ngx_llmgw_pg_pending);
+    ngx_llmgw_pg_npending = 0;
+
+    while (!ngx_queue_empty(&failed)) {
+        q = ngx_queue_data(ngx_queue_head(&failed), ngx_llmgw_pg_query_t,
+                           queue);
+        ngx_queue_remove(&q->queue);
+        q->queued = 0;
+        ngx_llmgw_pg_finish_query(q, NULL, "the database connection failed");
+    }
+}
+
+
+/*
+ * A statement queued while no connection is up or on its way: connections
+ * that stopped trying (a stopping worker with nothing queued) try again,
+ * from their timers (a connect that fails at once must not answer the
+ * caller inside ngx_llmgw_pg_query()).
+ */
+static void
+ngx_llmgw_pg_wake(void)
+{
+    ngx_uint_t  i;
+
+    for (i = 1; i < ngx_llmgw_pg_nconns; i++) {
+        if (ngx_llmgw_pg_conns[i].state == NGX_LLMGW_PG_DOWN
+            && !ngx_llmgw_pg_conns[i].retry.timer_set)
+        {
+            ngx_add_timer(&ngx_llmgw_pg_conns[i].retry, 1);
+        }
     }
 }
 

@@ -141,6 +141,7 @@ ngx_llmgw_task_exit_process(ngx_cycle_t *cycle)
 
     /* tasks claimed but not finished are due again at once elsewhere */
     if (ngx_llmgw_poll_running > 0 || ngx_llmgw_poll_abandoned
+        || ngx_llmgw_poll_claiming
         || (ngx_llmgw_poll_waiting.next != NULL
             && !ngx_queue_empty(&ngx_llmgw_poll_waiting)))
     {

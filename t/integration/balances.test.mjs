@@ -4,6 +4,8 @@
 // has left what the node holds as pending (that overspends the key).
 
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
 import {
@@ -144,6 +146,42 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
             }
         });
     }
+
+    test('a stopping worker whose connections the server ended connects again for a statement queued later', async () => {
+        const g = await startGateway({
+            db, workers: 1, rootToken: gw.rootToken,
+            http: 'llmgw_flush_interval 1s; llmgw_pg_timeout 8s;',
+        });
+        const sock = net.connect(g.port, '127.0.0.1');
+        try {
+            await once(sock, 'connect');
+            let text = '';
+            sock.on('data', (d) => { text += d; });
+            /* a request under way (not an idle connection) when told to stop */
+            sock.write('POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n');
+            await sleep(200);
+            const t0 = Date.now();
+            const stopping = g.stop();
+            await sleep(300);
+            /* nothing queued: the worker's connections end and stay down */
+            await psql(conninfoFor('postgres'), 'select pg_terminate_backend(pid) ' +
+                `from pg_stat_activity where datname = '${db.name}'`);
+            await sleep(500);
+            /* an unknown key: a lookup queued now */
+            const body = JSON.stringify({ model: M, messages: [{ role: 'user', content: 'hi' }] });
+            sock.write(`Authorization: Bearer sk-${hex(48)}\r\n` +
+                'Content-Type: application/json\r\n' +
+                `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+            await stopping;
+            const took = Date.now() - t0;
+            assert.match(text, /^HTTP\/1.1 401 /, text);
+            assert.equal(g.killed, false);
+            assert.ok(took < 4900, `quit took ${took} ms`);
+        } finally {
+            sock.destroy();
+            await stopAll(g);
+        }
+    });
 
     test('rows a stopping worker cannot write are said so', async () => {
         /* a key cached for longer than this test can take on a busy
