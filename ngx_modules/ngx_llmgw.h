@@ -393,6 +393,7 @@ ngx_int_t ngx_llmgw_ledger_init_process(ngx_cycle_t *cycle,
 void ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle);
 void ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 ngx_int_t ngx_llmgw_ledger_has_room(void);
+ngx_uint_t ngx_llmgw_admit_waiters(void);
 
 /* ngx_llmgw_v8host.c */
 /*

@@ -642,6 +642,15 @@ ngx_llmgw_admit_cancel(ngx_llmgw_ctx_t *ctx)
 }
 
 
+/* requests of this worker wait for ledger room */
+ngx_uint_t
+ngx_llmgw_admit_waiters(void)
+{
+    return ngx_llmgw_admit_ev.handler != NULL
+           && !ngx_queue_empty(&ngx_llmgw_admit_waiting);
+}
+
+
 static void
 ngx_llmgw_admit_tick(ngx_event_t *ev)
 {
@@ -664,9 +673,11 @@ ngx_llmgw_admit_tick(ngx_event_t *ev)
             continue;
         }
 
-        /* the head waited longest: when it may still wait, so may the rest */
+        /* the head waited longest: when it may still wait, so may the rest
+           (also in a worker told to stop: a reload's new workers, or this
+           one's flushes, make room) */
         if ((ngx_msec_int_t) (ctx->admit_until - ngx_current_msec) > 0
-            && !ngx_exiting && !ngx_terminate)
+            && !ngx_terminate)
         {
             break;
         }

@@ -187,7 +187,9 @@ ngx_llmgw_ledger_tick(ngx_event_t *ev)
 {
     ngx_llmgw_ledger_flush();
 
-    if (!ngx_exiting && !ngx_terminate) {
+    /* a worker told to stop writes at exit, and before only for requests
+       that wait for room */
+    if (!ngx_terminate && (!ngx_exiting || ngx_llmgw_admit_waiters())) {
         ngx_add_timer(ev, ngx_llmgw_ledger_mcf->flush_interval);
     }
 }

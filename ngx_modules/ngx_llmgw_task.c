@@ -25,6 +25,9 @@ typedef struct {
 
 typedef struct ngx_llmgw_runner_s  ngx_llmgw_runner_t;
 
+/* how often a worker with polls under way looks whether it is stopping */
+#define NGX_LLMGW_POLL_STOP_WATCH  200       /* ms */
+
 struct ngx_llmgw_runner_s {
     llmgw_tjob_t              *job;
     llmgw_snapshot_t          *snapshot;
@@ -58,7 +61,8 @@ static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn,
 static void ngx_llmgw_poll_tick(ngx_event_t *ev);
 static void ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn);
 static void ngx_llmgw_poll_lease_end(ngx_event_t *ev);
-static void ngx_llmgw_poll_left(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_poll_left(ngx_llmgw_runner_t *rn, const char *why);
+static void ngx_llmgw_poll_stop_watch(ngx_event_t *ev);
 static void ngx_llmgw_poll_schedule(ngx_msec_t delay);
 static void ngx_llmgw_task_body_free(ngx_llmgw_task_body_t *b);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
@@ -72,6 +76,7 @@ static ngx_llmgw_main_conf_t  *ngx_llmgw_task_mcf;
 static ngx_log_t              *ngx_llmgw_task_log;
 static llmgw_task_conf_t       ngx_llmgw_task_conf;
 static ngx_event_t             ngx_llmgw_poll_ev;
+static ngx_event_t             ngx_llmgw_poll_stop_ev;
 static u_char                  ngx_llmgw_poll_owner[128];
 
 /* the poller: jobs waiting for their channel, jobs running */
@@ -124,6 +129,11 @@ ngx_llmgw_task_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_poll_ev.log = cycle->log;
     ngx_llmgw_poll_ev.cancelable = 1;
 
+    ngx_llmgw_poll_stop_ev.handler = ngx_llmgw_poll_stop_watch;
+    ngx_llmgw_poll_stop_ev.data = &ngx_llmgw_no_connection;
+    ngx_llmgw_poll_stop_ev.log = cycle->log;
+    ngx_llmgw_poll_stop_ev.cancelable = 1;
+
     /* spread the workers' first passes over the interval */
     ngx_add_timer(&ngx_llmgw_poll_ev,
                   200 + ngx_random() % ngx_max(mcf->task_poll_interval, 1));
@@ -137,6 +147,10 @@ ngx_llmgw_task_exit_process(ngx_cycle_t *cycle)
 {
     if (ngx_llmgw_poll_ev.timer_set) {
         ngx_del_timer(&ngx_llmgw_poll_ev);
+    }
+
+    if (ngx_llmgw_poll_stop_ev.timer_set) {
+        ngx_del_timer(&ngx_llmgw_poll_stop_ev);
     }
 
     /* tasks claimed but not finished are due again at once elsewhere */
@@ -496,7 +510,8 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
         case LLMGW_TSTEP_HTTP:
             if (rn->poll && rn->lease_over) {
                 rn->driving = 0;
-                ngx_llmgw_poll_left(rn);
+                ngx_llmgw_poll_left(rn, "reached 7/8 of llmgw_task_lease "
+                                    "or its worker is stopping");
                 return;
             }
             if (rn->request != NULL) {
@@ -1125,6 +1140,11 @@ ngx_llmgw_poll_start_more(void)
                 rn->lease_over = 1;
             }
 
+            if (!ngx_llmgw_poll_stop_ev.timer_set) {
+                ngx_add_timer(&ngx_llmgw_poll_stop_ev,
+                              NGX_LLMGW_POLL_STOP_WATCH);
+            }
+
             ngx_llmgw_task_drive(rn);
         }
 
@@ -1161,18 +1181,57 @@ ngx_llmgw_poll_lease_end(ngx_event_t *ev)
     rn->lease_over = 1;
 
     if (rn->http != NULL && rn->inflight && !rn->driving) {
-        ngx_llmgw_poll_left(rn);
+        ngx_llmgw_poll_left(rn, "reached 7/8 of llmgw_task_lease before its "
+                            "call to the vendor ended");
+    }
+}
+
+
+/*
+ * A stopping worker waits for no vendor: its polls under way are given
+ * up like those at the end of their lease, and their claims given back at
+ * exit.  Nothing tells a module that its worker was told to stop, so this
+ * looks while polls run (a cancelable timer: it keeps no worker alive).
+ */
+static void
+ngx_llmgw_poll_stop_watch(ngx_event_t *ev)
+{
+    ngx_queue_t         *q, *next;
+    ngx_llmgw_runner_t  *rn;
+
+    if (ngx_exiting || ngx_terminate || ngx_quit) {
+        for (q = ngx_queue_head(&ngx_llmgw_poll_active);
+             q != ngx_queue_sentinel(&ngx_llmgw_poll_active);
+             q = next)
+        {
+            /* ending a job at exit starts none: only this one goes */
+            next = ngx_queue_next(q);
+            rn = ngx_queue_data(q, ngx_llmgw_runner_t, queue);
+
+            rn->lease_over = 1;
+
+            if (rn->http != NULL && rn->inflight && !rn->driving) {
+                ngx_llmgw_poll_left(rn, "was under way when its worker was "
+                                    "told to stop");
+            }
+        }
+    }
+
+    if (ngx_llmgw_poll_running > 0) {
+        ngx_add_timer(ev, NGX_LLMGW_POLL_STOP_WATCH);
     }
 }
 
 
 static void
-ngx_llmgw_poll_left(ngx_llmgw_runner_t *rn)
+ngx_llmgw_poll_left(ngx_llmgw_runner_t *rn, const char *why)
 {
     ngx_log_error(NGX_LOG_INFO, ngx_llmgw_task_log, 0,
-                  "llmgw: a poll job of channel %L reached 7/8 of "
-                  "llmgw_task_lease before its call to the vendor ended and "
-                  "is left to a later pass", rn->channel_id);
+                  "llmgw: a poll job of channel %L %s and is left to a later "
+                  "pass", rn->channel_id, why);
+
+    /* given back at exit, if this worker is leaving */
+    ngx_llmgw_poll_abandoned = 1;
 
     ngx_llmgw_poll_job_done(rn);
 }

@@ -328,6 +328,26 @@ describe('ledger admission: requests wait for ledger room', { timeout: 60000 }, 
         });
     });
 
+    for (const signal of ['reload', 'stop']) {
+        test(`a ${signal} while a request waits for room: it still waits, and is served`, async () => {
+            await withFullLedger('5s', async ({ db, gw, model, a, lock, ids }) => {
+                await sleep(200);
+                const p4 = gw.chat(a.key, model, { timeoutMs: 15000 });
+                await stillPending(p4, 400);
+                const signalled = signal === 'reload' ? gw.reload() : gw.stop();
+                await stillPending(p4, 500);
+                await lock.release();
+                const r4 = assertOk(await p4, `the waiting request, after the ${signal}`);
+                await signalled;
+                if (signal === 'stop') {
+                    assert.equal(gw.killed, false);
+                }
+                ids.push(r4.headers['x-request-id']);
+                await expectServedOnce(db, a, ids);
+            });
+        });
+    }
+
     test('no room within llmgw_ledger_wait: 503 service_unavailable, no row, nothing charged', async () => {
         await withFullLedger('300ms', async ({ db, gw, model, a, lock, ids }) => {
             await sleep(200);
