@@ -38,6 +38,8 @@ typedef struct {
     int64_t                    hold;
     int64_t                    pending;
     int64_t                    rev;         /* bal_rev of known */
+    ngx_msec_t                 changed;     /* a charge written or a
+                                             * balance learned, last */
 } ngx_llmgw_bal_t;
 
 
@@ -86,8 +88,19 @@ ngx_llmgw_bal_find(ngx_llmgw_shm_t *sh, ngx_uint_t kind, int64_t id)
 
 
 /*
- * Frees idle balances to make room: nothing held, nothing pending, and no
- * hold pointing at them (a free request holds 0 and still points here).
+ * How long a balance is kept after its last change although idle: a
+ * worker's cached key record is at most llmgw_key_cache_ttl old (read
+ * within llmgw_pg_timeout), and one read before a charge was written would
+ * bring the balance from before that charge back into a new entry, which
+ * has no revision left to tell.
+ */
+static ngx_msec_t  ngx_llmgw_bal_keep;
+
+
+/*
+ * Frees idle balances to make room: nothing held, nothing pending, no hold
+ * pointing at them (a free request holds 0 and still points here), and
+ * unchanged for longer than any cached reading of them can be old.
  */
 static void
 ngx_llmgw_bal_expire(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t n)
@@ -103,7 +116,9 @@ ngx_llmgw_bal_expire(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t n)
         prev = ngx_queue_prev(q);
         b = ngx_queue_data(q, ngx_llmgw_bal_t, lru);
 
-        if (b->hold != 0 || b->pending != 0 || b->refs != 0) {
+        if (b->hold != 0 || b->pending != 0 || b->refs != 0
+            || ngx_current_msec - b->changed <= ngx_llmgw_bal_keep)
+        {
             continue;
         }
 
@@ -153,6 +168,7 @@ ngx_llmgw_bal_get(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t kind, int64_t id,
         b->known = balance;
         b->unlimited = (u_char) unlimited;
         b->rev = rev;
+        b->changed = ngx_current_msec;
 
         ngx_rbtree_insert(&shm->sh->bal_tree, node);
 
@@ -182,13 +198,17 @@ ngx_llmgw_bal_get(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t kind, int64_t id,
 ngx_int_t
 ngx_llmgw_billing_init_process(ngx_cycle_t *cycle)
 {
-    ngx_uint_t            i;
-    ngx_llmgw_shm_ctx_t  *shm;
+    ngx_uint_t              i;
+    ngx_llmgw_shm_ctx_t    *shm;
+    ngx_llmgw_main_conf_t  *mcf;
 
     shm = ngx_llmgw_shm();
     if (shm == NULL) {
         return NGX_ERROR;
     }
+
+    mcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_llmgw_module);
+    ngx_llmgw_bal_keep = mcf->key_cache_ttl + mcf->pg_timeout;
 
     ngx_shmtx_lock(&shm->shpool->mutex);
 
@@ -486,11 +506,13 @@ ngx_llmgw_billing_written_locked(ngx_llmgw_shm_ctx_t *shm, int64_t token_id,
     b = ngx_llmgw_bal_find(shm->sh, NGX_LLMGW_BAL_TOKEN, token_id);
     if (b) {
         b->pending -= quota;
+        b->changed = ngx_current_msec;
     }
 
     b = ngx_llmgw_bal_find(shm->sh, NGX_LLMGW_BAL_USER, user_id);
     if (b) {
         b->pending -= quota;
+        b->changed = ngx_current_msec;
     }
 }
 
@@ -507,6 +529,8 @@ ngx_llmgw_billing_learned_locked(ngx_llmgw_shm_ctx_t *shm, int is_user,
     if (b == NULL) {
         return;
     }
+
+    b->changed = ngx_current_msec;
 
     if (rev < 0) {
         /* a reading without a revision can only lower the balance: what

@@ -183,6 +183,50 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
         }
     });
 
+    test('a zone full of rate-limit logs does not give a spent key its old balance back', async () => {
+        /* a small zone, and a limit whose logs (one per user) fill it */
+        const g = await startGateway({
+            db, workers: 1, rootToken: gw.rootToken,
+            http: 'llmgw_zone_size 128k; llmgw_flush_interval 200ms;',
+        });
+        try {
+            assertOk(await g.admin('PUT', '/api/rate_limit',
+                { default: { duration_minutes: 60, total: 2000, success: 0 } }));
+            const others = [];
+            for (let i = 0; i < 40; i++) {
+                others.push((await makeUserKey(g)).key);
+            }
+            const { key, token } = await makeUserKey(g, {},
+                { unlimited_quota: false, remain_quota: 1100 });
+            await settle();
+            const small = { extra: { max_tokens: 40 } };   /* 50 each */
+            /* served while the rest covers a reservation (a little over 50) */
+            let n = 0;
+            while (n < 30 && (await g.chat(key, M, small)).status === 200) {
+                n++;
+            }
+            assert.equal(n, 21);
+            const left = 1100 - 21 * 50;
+            await eventually(async () => assert.equal(Number(await psql(db.conninfo,
+                `select remain_quota from tokens where id = ${token.id}`)), left));
+            for (const k of others) {
+                assertOk(await g.chat(k, M, small));
+            }
+            assert.match(g.errorLog(), /rate limit window .* was dropped/,
+                'the zone filled up');
+            const burst = await Promise.all(Array.from({ length: 10 },
+                () => g.chat(key, M, small)));
+            assert.deepEqual(burst.filter((r) => r.status === 200), [],
+                'nothing more is served');
+            await sleep(1000);
+            assert.equal(Number(await psql(db.conninfo,
+                `select remain_quota from tokens where id = ${token.id}`)), left);
+        } finally {
+            assertOk(await gw.admin('PUT', '/api/rate_limit', { default: null }));
+            await stopAll(g);
+        }
+    });
+
     test('rows a stopping worker cannot write are said so', async () => {
         /* a key cached for longer than this test can take on a busy
            machine: the requests below are served without the database */
