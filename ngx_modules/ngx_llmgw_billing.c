@@ -389,7 +389,9 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     if (!tok->unlimited) {
         avail = tok->known - tok->hold - tok->pending;
 
-        if (avail <= 0) {
+        /* spent (charges not yet written count): an exhausted key; held
+           by requests under way, whose failures give it back: not yet */
+        if (tok->known - tok->pending <= 0) {
             ngx_slab_free_locked(shm->shpool, h);
             ngx_shmtx_unlock(&shm->shpool->mutex);
             llmgw_verdict_set(v, NGX_HTTP_UNAUTHORIZED, "gateway_error",

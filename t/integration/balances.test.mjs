@@ -227,6 +227,39 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
         }
     });
 
+    test('a key whose rest is held by requests under way is refused 403, not as an invalid key', async () => {
+        const slow = await startMock(async (req, res) => {
+            await sleep(1500);
+            sendJson(res, 500, { error: { message: 'down', type: 'server_error' } });
+        });
+        try {
+            const m = uniq('gpt-held');
+            await makeChannel(gw, { base_url: slow.url, models: [m], free: false });
+            assertOk(await gw.admin('PUT', '/api/pricing', { [m]: { ratio: 1, completion_ratio: 1 } }));
+            await settle();
+            const small = { extra: { max_tokens: 40 } };
+            /* what one request reserves, from a refusal that says it */
+            const probe = await makeUserKey(gw, {}, { unlimited_quota: false, remain_quota: 1 });
+            const refused = assertError(await gw.chat(probe.key, m, small), 403,
+                { code: 'pre_consume_token_quota_failed' });
+            const held = Number(/reservation \((\d+)\)/.exec(refused.message)[1]);
+            /* five of them hold the whole rest */
+            const { key } = await makeUserKey(gw, {},
+                { unlimited_quota: false, remain_quota: 5 * held });
+            const first = Array.from({ length: 5 }, () => gw.chat(key, m, small));
+            await sleep(500);
+            const r = await gw.chat(key, m, small);
+            assertError(r, 403, { code: 'pre_consume_token_quota_failed' });
+            for (const f of await Promise.all(first)) {
+                assertError(f, 500, { type: 'upstream_error' });
+            }
+            /* the failures gave the holds back */
+            assertError(await gw.chat(key, m, small), 500, { type: 'upstream_error' });
+        } finally {
+            await slow.close();
+        }
+    });
+
     test('rows a stopping worker cannot write are said so', async () => {
         /* a key cached for longer than this test can take on a busy
            machine: the requests below are served without the database */
