@@ -305,8 +305,9 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         if (which == LLMGW_RL_SUCCESS) {
             llmgw_verdict_set(&v, NGX_HTTP_TOO_MANY_REQUESTS, "gateway_error",
                               "rate_limit_exceeded", "rate limit exceeded: "
-                              "at most %u successful requests in %d minutes",
-                              (unsigned) rl.success,
+                              "at most %u successful requests in %d minutes "
+                              "(a request under way holds a slot until it "
+                              "ends)", (unsigned) rl.success,
                               (int) (rl.window_ms / 60000));
         } else {
             llmgw_verdict_set(&v, NGX_HTTP_TOO_MANY_REQUESTS, "gateway_error",
