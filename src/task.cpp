@@ -41,6 +41,9 @@ namespace {
 
 constexpr size_t kMaxTaskBody = 1024 * 1024;     /* persisted data, events */
 constexpr size_t kErrBody = 64 * 1024;           /* kept of an error body */
+/* creates of a task the vendor took, sent again while the database cannot
+   be reached: about 30 s of an outage with llmgw_pg_timeout's default */
+constexpr int kCreateTries = 6;
 
 const char *const kStatuses[] = {
     "NOT_START", "SUBMITTED", "QUEUED", "IN_PROGRESS", "SUCCESS", "FAILURE",
@@ -508,7 +511,7 @@ struct llmgw_tjob_s {
     size_t                   save_at = 0;
     bool                     save_single = false;
     bool                     save_refused = false;
-    bool                     create_retried = false;
+    int                      create_tries = 0;   /* sent again */
     std::string              poll_reason;
 
     HookReply                hook;
@@ -1975,13 +1978,20 @@ llmgw_tjob_s::next_request()
     }
 
     case CREATED:
-        if (!sql_error.empty() && !create_retried) {
+        if (!sql_error.empty()
+            && (create_tries == 0
+                || (create_tries < kCreateTries
+                    && sql_error.rfind("ERROR:", 0) != 0)))
+        {
             /*
              * The statement may have committed all the same (it ran past
              * llmgw_pg_timeout): the create is idempotent by task id, so
              * it is sent once more, and answers the task if it was saved.
+             * The vendor has the task: while the database cannot be
+             * reached (each try waits up to llmgw_pg_timeout for it) it
+             * is sent again, rather than leave a task nobody polls or pays.
              */
-            create_retried = true;
+            create_tries++;
             return sql("select llmgw_task_create($1::jsonb)", CREATED, 1, 1);
         }
         if (!sql_error.empty()) {

@@ -19,8 +19,8 @@ import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, hex, httpRequest, psql, settle, sleep,
-    startGateway, stopAll, tearDown,
+    assertError, assertOk, conninfoFor, createDb, dropDb, hex, httpRequest, psql, settle,
+    sleep, startGateway, stopAll, tearDown,
 } from '../lib/harness.mjs';
 import {
     account, assertErrorShape, bareMessage, expectUsed, getTask, ledgerSum,
@@ -940,6 +940,39 @@ describe('a task create that outlives llmgw_pg_timeout', { timeout: 120000 }, ()
         assert.equal(led.reserve, PER_TASK);
         assert.equal(vendor.submits().length, 1, 'one task at the vendor');
         await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+});
+
+describe('a task the vendor took while the database cannot be reached', { timeout: 120000 }, () => {
+    const s = vendorSuite({ workers: 1, http: `${HTTP}\n  llmgw_pg_timeout 2s;` });
+
+    test('is saved once the database is back: the submit answers it, charged once', async () => {
+        const { db, gw, vendor } = s;
+        const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        vendor.onSubmit = async () => {
+            await sleep(1000);
+            return undefined;
+        };
+        const admin = conninfoFor('postgres');
+        const submitted = submitTask(gw, env, { model: env.model });
+        try {
+            await waitFor(() => vendor.submits().length >= 1, 5000,
+                { what: 'the submit at the vendor' });
+            await psql(admin, `ALTER DATABASE ${db.name} ALLOW_CONNECTIONS false`);
+            await psql(admin, 'select pg_terminate_backend(pid) from pg_stat_activity ' +
+                `where datname = '${db.name}'`);
+            /* longer than two tries of the create (2 s each) */
+            await sleep(6000);
+        } finally {
+            await psql(admin, `ALTER DATABASE ${db.name} ALLOW_CONNECTIONS true`);
+        }
+        const r = assertOk(await submitted, 'the submit');
+        const id = r.json.task_id;
+        assert.equal(Number(await psql(db.conninfo,
+            `select count(*) from tasks where task_id = '${id}'`)), 1);
+        const led = await waitLedger(db, id, ['reserve']);
+        assert.equal(led.reserve, PER_TASK);
+        assert.equal(vendor.submits().length, 1, 'one task at the vendor');
     });
 });
 
