@@ -38,7 +38,8 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
         {
             llmgw_verdict_set(v, status, "gateway_error",
                               "bad_response_status_code", "upstream answered "
-                              "with a status that is no answer (304)");
+                              "with a status that is no answer (%u)",
+                              ctx->status ? (unsigned) ctx->status : 304);
             return;
         }
 

@@ -45,6 +45,8 @@ static ngx_int_t ngx_llmgw_reinit_request(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_process_header(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_hold(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_held(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+static ngx_uint_t ngx_llmgw_unreadable_coding(ngx_str_t *key,
+    ngx_str_t *value, ngx_uint_t error_mode);
 static ngx_int_t ngx_llmgw_bad_answer(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_chain(ngx_http_request_t *r, u_char *p,
@@ -1283,11 +1285,14 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
                           && code != 503 && code != 504
                           && u->peer.tries > 1;
 
-        /* 304 answers no request of this API, and has no body to hold */
-        if (code == NGX_HTTP_NOT_MODIFIED) {
+        /* 304 and 101 answer no request of this API (101 would hand the
+           client's connection to the upstream), and have no body */
+        if (code == NGX_HTTP_NOT_MODIFIED
+            || code == NGX_HTTP_SWITCHING_PROTOCOLS)
+        {
             ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                          "llmgw: upstream answered 304 (channel %L)",
-                          ctx->channels[ctx->current]->id);
+                          "llmgw: upstream answered %ui (channel %L)",
+                          code, ctx->channels[ctx->current]->id);
             ctx->bad_status = 1;
             u->keepalive = 0;
             return NGX_HTTP_UPSTREAM_INVALID_HEADER;
@@ -1329,6 +1334,16 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
                                            16) == 0)))
             {
                 continue;
+            }
+
+            /* a body the gateway cannot read is no answer: it could be
+               neither billed nor checked for the channel's key */
+            if (ngx_llmgw_unreadable_coding(&key, &value, ctx->error_mode)) {
+                ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                              "llmgw: upstream answered with \"%V: %V\" "
+                              "(channel %L)", &key, &value,
+                              ctx->channels[ctx->current]->id);
+                return ngx_llmgw_bad_answer(r, ctx);
             }
 
             is_type = key.len == 12
@@ -1824,6 +1839,37 @@ ngx_llmgw_keep(ngx_http_request_t *r, llmgw_buf_t *from, ngx_str_t *to)
     llmgw_buf_free(from);
 
     return to->data != NULL ? NGX_OK : NGX_ERROR;
+}
+
+
+/*
+ * A Content-Encoding other than identity on an answer (error answers drop
+ * theirs: their message is rewritten), or a Transfer-Encoding other than
+ * chunked on any: the gateway sends no Accept-Encoding and decodes nothing.
+ */
+static ngx_uint_t
+ngx_llmgw_unreadable_coding(ngx_str_t *key, ngx_str_t *value,
+    ngx_uint_t error_mode)
+{
+    if (key->len == 16
+        && ngx_strncasecmp(key->data, (u_char *) "Content-Encoding", 16) == 0)
+    {
+        return !error_mode
+               && !(value->len == 8
+                    && ngx_strncasecmp(value->data, (u_char *) "identity", 8)
+                       == 0);
+    }
+
+    if (key->len == 17
+        && ngx_strncasecmp(key->data, (u_char *) "Transfer-Encoding", 17)
+           == 0)
+    {
+        return !(value->len == 7
+                 && ngx_strncasecmp(value->data, (u_char *) "chunked", 7)
+                    == 0);
+    }
+
+    return 0;
 }
 
 

@@ -1,0 +1,138 @@
+// Upstreams that misbehave at the HTTP level: what is no answer (a 101, a
+// body encoded in a way the gateway does not read) goes to the next
+// channel, else is a 502 in the error contract, never passed on.
+
+import assert from 'node:assert/strict';
+import net from 'node:net';
+import zlib from 'node:zlib';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, makeChannel, makeUserKey, settle, startGateway,
+    tearDown, uniq, waitLogs,
+} from '../lib/harness.mjs';
+import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
+
+/*
+ * A raw TCP upstream: each request (head and Content-Length body read) is
+ * handed to answer(socket, request); the handler writes what it likes.
+ */
+async function rawUpstream(answer) {
+    const sockets = new Set();
+    const requests = [];
+    const server = net.createServer((s) => {
+        sockets.add(s);
+        s.on('close', () => sockets.delete(s));
+        s.on('error', () => {});
+        let buf = Buffer.alloc(0);
+        s.on('data', (d) => {
+            buf = Buffer.concat([buf, d]);
+            const end = buf.indexOf('\r\n\r\n');
+            if (end < 0) {
+                return;
+            }
+            const head = buf.subarray(0, end).toString();
+            const m = /content-length:\s*(\d+)/i.exec(head);
+            const len = m ? Number(m[1]) : 0;
+            if (buf.length < end + 4 + len) {
+                return;
+            }
+            const body = buf.subarray(end + 4, end + 4 + len).toString();
+            buf = buf.subarray(end + 4 + len);
+            const req = { head, json: JSON.parse(body) };
+            requests.push(req);
+            answer(s, req);
+        });
+    });
+    await new Promise((r) => server.listen(0, '127.0.0.1', r));
+    return {
+        url: `http://127.0.0.1:${server.address().port}`,
+        requests,
+        async close() {
+            for (const s of sockets) {
+                s.destroy();
+            }
+            await new Promise((r) => server.close(r));
+        },
+    };
+}
+
+const USAGE = { prompt_tokens: 10, completion_tokens: 20, total_tokens: 30 };
+
+describe('upstream answers that are no answer', { timeout: 120000 }, () => {
+    let db, gw, good, key;
+    const raws = [];
+
+    before(async () => {
+        db = await createDb();
+        good = await startMock((req, res, rec) =>
+            sendJson(res, 200, openaiChat({ model: rec.json.model, usage: USAGE })));
+        gw = await startGateway({ db });
+        ({ key } = await makeUserKey(gw));
+    });
+
+    after(async () => {
+        for (const r of raws) {
+            await r.close();
+        }
+        await tearDown(db, [gw], [good]);
+    });
+
+    /* a model served only by the raw upstream, and one with a good
+       channel behind it */
+    async function models(answer) {
+        const raw = await rawUpstream(answer);
+        raws.push(raw);
+        const alone = uniq('gpt-raw');
+        const backed = uniq('gpt-raw-backed');
+        await makeChannel(gw, { base_url: raw.url, models: [alone, backed], priority: 10 });
+        await makeChannel(gw, { base_url: good.url, models: [backed], priority: 0 });
+        await settle();
+        return { raw, alone, backed };
+    }
+
+    const secret = () => JSON.stringify(openaiChat({ usage: USAGE,
+        content: 'a body the gateway cannot read' }));
+
+    for (const [what, answer, code, message] of [
+        ['a 101', (s) => s.end('HTTP/1.1 101 Switching Protocols\r\n' +
+            'Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n'),
+        'bad_response_status_code', /with a status that is no answer \(101\)/],
+        ['a gzip answer without a length, ended by close', (s) => {
+            const z = zlib.gzipSync(secret());
+            s.write('HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n' +
+                'Content-Encoding: gzip\r\n\r\n');
+            s.end(z);
+        }, 'bad_response_body', /without a valid response body/],
+        ['a gzip answer with a length', (s) => {
+            const z = zlib.gzipSync(secret());
+            s.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n' +
+                `Content-Encoding: gzip\r\nContent-Length: ${z.length}\r\n\r\n`);
+            s.write(z);
+        }, 'bad_response_body', /without a valid response body/],
+        ['a Transfer-Encoding gzip', (s) => {
+            const z = zlib.gzipSync(secret());
+            s.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n' +
+                'Transfer-Encoding: gzip\r\nConnection: close\r\n\r\n');
+            s.end(z);
+        }, 'bad_response_body', /without a valid response body/],
+    ]) {
+        test(`${what}: the next channel, else 502 ${code}, nothing passed on or charged`, async () => {
+            const { raw, alone, backed } = await models(answer);
+            const r = await gw.chat(key, alone, { timeoutMs: 10000 });
+            assertError(r, 502, { code, message });
+            assert.equal(r.headers['content-encoding'], undefined);
+            assert.equal(raw.requests.length, 1);
+
+            const b = assertOk(await gw.chat(key, backed, { timeoutMs: 10000 }));
+            assert.equal(b.json.usage.completion_tokens, 20);
+
+            const id = r.headers['x-request-id'];
+            const { items } = await waitLogs(gw, { page_size: 50 },
+                (it) => it.some((i) => i.request_id === id));
+            const row = items.find((i) => i.request_id === id);
+            assert.equal(row.status, 502);
+            assert.equal(row.quota, 0);
+        });
+    }
+});
