@@ -5,6 +5,8 @@
  */
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <cctype>
 #include <string>
@@ -250,6 +252,86 @@ wire_of(llmgw_endpoint_e ep, int type)
     }
 }
 
+/*
+ * A token count as an upstream reports it: a whole number from 0 to 2^40
+ * (a real without a fraction too).  Absent or null: 0, and true; anything
+ * else (negative, fractional, past 2^40, a string, an object): false, and
+ * the usage it belongs to counts as not reported (billed by estimate
+ * rather than, say, as 0).
+ */
+bool
+token_count(const JsonView &v, int64_t &out)
+{
+    static constexpr int64_t kMaxTokens = int64_t(1) << 40;
+
+    out = 0;
+
+    switch (v.kind()) {
+    case JsonView::Kind::none:
+    case JsonView::Kind::null:
+        return true;
+
+    case JsonView::Kind::integer:
+        out = v.integer(-1);
+        return out >= 0 && out <= kMaxTokens;
+
+    case JsonView::Kind::real: {
+        std::string text(v.raw());
+        double d = std::strtod(text.c_str(), nullptr);
+
+        if (!(d >= 0 && d <= static_cast<double>(kMaxTokens))
+            || d != std::floor(d))
+        {
+            return false;
+        }
+
+        out = static_cast<int64_t>(d);
+        return true;
+    }
+
+    default:
+        return false;
+    }
+}
+
+/*
+ * The named counts of u (fields[i].name into *fields[i].to, in order):
+ * false, and nothing set, when one is not a count or none is a number.
+ * With keep, an absent or null one leaves its value as it was.
+ */
+struct CountField { const char *name; int64_t *to; };
+
+template <size_t N>
+bool
+take_counts(const JsonView &u, const CountField (&fields)[N], bool keep)
+{
+    int64_t got[N];
+    bool any = false;
+
+    for (size_t i = 0; i < N; i++) {
+        JsonView v = u.get(fields[i].name);
+
+        if (!token_count(v, got[i])) {
+            return false;
+        }
+        any = any || v.is_number();
+    }
+
+    if (!any) {
+        return false;
+    }
+
+    for (size_t i = 0; i < N; i++) {
+        JsonView v = u.get(fields[i].name);
+
+        if (!keep || v.is_number()) {
+            *fields[i].to = got[i];
+        }
+    }
+
+    return true;
+}
+
 void
 take_openai(const JsonView &u, llmgw_usage_t &out)
 {
@@ -257,10 +339,24 @@ take_openai(const JsonView &u, llmgw_usage_t &out)
         return;
     }
 
-    out.prompt_tokens = u.get("prompt_tokens").integer(0);
-    out.completion_tokens = u.get("completion_tokens").integer(0);
-    out.cache_read_tokens = u.get("prompt_tokens_details")
-                             .get("cached_tokens").integer(0);
+    llmgw_usage_t t = out;
+    int64_t cached = 0;
+    const CountField fields[] = {
+        { "prompt_tokens", &t.prompt_tokens },
+        { "completion_tokens", &t.completion_tokens },
+    };
+
+    if (!take_counts(u, fields, false)
+        || !token_count(u.get("prompt_tokens_details").get("cached_tokens"),
+                        cached))
+    {
+        return;
+    }
+
+    out.prompt_tokens = t.prompt_tokens;
+    out.completion_tokens = t.completion_tokens;
+    /* the cached part is part of the prompt */
+    out.cache_read_tokens = std::min(cached, t.prompt_tokens);
     out.cache_in_prompt = 1;
     out.known = 1;
 }
@@ -276,18 +372,15 @@ take_anthropic(const JsonView &u, llmgw_usage_t &out)
      * message_delta carries cumulative output and, sometimes, input; a
      * field that is absent or null keeps what message_start said.
      */
-    struct { const char *name; int64_t *to; } fields[] = {
+    const CountField fields[] = {
         { "input_tokens", &out.prompt_tokens },
         { "output_tokens", &out.completion_tokens },
         { "cache_read_input_tokens", &out.cache_read_tokens },
         { "cache_creation_input_tokens", &out.cache_creation_tokens },
     };
 
-    for (const auto &f : fields) {
-        JsonView v = u.get(f.name);
-        if (v.is_number()) {
-            *f.to = v.integer(0);
-        }
+    if (!take_counts(u, fields, true)) {
+        return;
     }
 
     out.cache_in_prompt = 0;
@@ -302,11 +395,22 @@ take_gemini(const JsonView &u, llmgw_usage_t &out)
         return;
     }
 
-    out.prompt_tokens = u.get("promptTokenCount").integer(0);
+    int64_t prompt = 0, candidates = 0, thoughts = 0, cached = 0;
+    const CountField fields[] = {
+        { "promptTokenCount", &prompt },
+        { "candidatesTokenCount", &candidates },
+        { "thoughtsTokenCount", &thoughts },
+        { "cachedContentTokenCount", &cached },
+    };
+
+    if (!take_counts(u, fields, false)) {
+        return;
+    }
+
+    out.prompt_tokens = prompt;
     /* thinking tokens are billed as output */
-    out.completion_tokens = u.get("candidatesTokenCount").integer(0)
-                            + u.get("thoughtsTokenCount").integer(0);
-    out.cache_read_tokens = u.get("cachedContentTokenCount").integer(0);
+    out.completion_tokens = candidates + thoughts;
+    out.cache_read_tokens = std::min(cached, prompt);
     out.cache_in_prompt = 1;
     out.known = 1;
 }
@@ -340,20 +444,33 @@ take_rerank(const JsonView &body, llmgw_usage_t &out)
     JsonView billed = body.get("meta").get("billed_units");
 
     if (billed.is_object()) {
-        out.prompt_tokens = billed.get("search_units").integer(0);
-        if (out.prompt_tokens == 0) {
-            out.prompt_tokens = billed.get("input_tokens").integer(0);
+        int64_t units = 0, input = 0;
+        const CountField fields[] = {
+            { "search_units", &units },
+            { "input_tokens", &input },
+        };
+
+        if (take_counts(billed, fields, false)) {
+            out.prompt_tokens = units != 0 ? units : input;
+            out.known = 1;
         }
-        out.known = 1;
         return;
     }
 
     JsonView u = body.get("usage");
 
     if (u.is_object()) {
-        out.prompt_tokens = u.get("total_tokens")
-                             .integer(u.get("prompt_tokens").integer(0));
-        out.known = 1;
+        int64_t total = 0, prompt = 0;
+        const CountField fields[] = {
+            { "total_tokens", &total },
+            { "prompt_tokens", &prompt },
+        };
+
+        if (take_counts(u, fields, false)) {
+            out.prompt_tokens = u.get("total_tokens").is_number() ? total
+                                                                  : prompt;
+            out.known = 1;
+        }
     }
 }
 

@@ -94,6 +94,32 @@ describe('upstream answers that are no answer', { timeout: 120000 }, () => {
     const secret = () => JSON.stringify(openaiChat({ usage: USAGE,
         content: 'a body the gateway cannot read' }));
 
+    test('usage that is no count (negative, a string, {}) is billed by estimate, not as 0', async () => {
+        const content = 'x'.repeat(400);
+        for (const usage of [{}, { prompt_tokens: '900', completion_tokens: '900' },
+            { prompt_tokens: -1, completion_tokens: -1 }, { prompt_tokens: 1e300 }]) {
+            const m = uniq('gpt-bad-usage');
+            const up = await startMock((req, res) => sendJson(res, 200, {
+                ...openaiChat({ model: m, content, usage: null }), usage }));
+            try {
+                await makeChannel(gw, { base_url: up.url, models: [m], free: false });
+                assertOk(await gw.admin('PUT', '/api/pricing',
+                    { [m]: { ratio: 1, completion_ratio: 1 } }));
+                await settle();
+                const r = assertOk(await gw.chat(key, m));
+                const id = r.headers['x-request-id'];
+                const { items } = await waitLogs(gw, { page_size: 50 },
+                    (it) => it.some((i) => i.request_id === id));
+                const row = items.find((i) => i.request_id === id);
+                assert.equal(row.completion_tokens, 100, JSON.stringify(usage));
+                assert.ok(row.prompt_tokens > 0, JSON.stringify(row));
+                assert.equal(row.quota, row.prompt_tokens + 100, JSON.stringify(row));
+            } finally {
+                await up.close();
+            }
+        }
+    });
+
     for (const [what, answer, code, message] of [
         ['a 101', (s) => s.end('HTTP/1.1 101 Switching Protocols\r\n' +
             'Upgrade: websocket\r\nConnection: Upgrade\r\n\r\n'),

@@ -161,19 +161,53 @@ test_usage_is_read_from_an_answer_with_an_integer_beyond_int64(void **state)
 
 
 static void
-test_usage_counts_are_bounded(void **state)
+test_usage_counts_that_are_no_counts_are_no_usage(void **state)
+{
+    /* billed by estimate rather than as the zero they would read as */
+    static const char *const usages[] = {
+        "{\"prompt_tokens\":99999999999999999999,\"completion_tokens\":5}",
+        "{\"prompt_tokens\":10,\"completion_tokens\":-5}",
+        "{\"prompt_tokens\":1e300,\"completion_tokens\":5}",
+        "{\"prompt_tokens\":10.5,\"completion_tokens\":5}",
+        "{\"prompt_tokens\":\"900\",\"completion_tokens\":\"900\"}",
+        "{\"prompt_tokens\":{},\"completion_tokens\":[]}",
+        "{\"prompt_tokens\":10,\"completion_tokens\":5,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":-1}}",
+        "{}",
+    };
+    char   body[512];
+    size_t i;
+    (void) state;
+
+    for (i = 0; i < sizeof(usages) / sizeof(usages[0]); i++) {
+        snprintf(body, sizeof(body),
+                 "{\"id\":\"c\",\"choices\":[{\"index\":0,\"message\":"
+                 "{\"role\":\"assistant\",\"content\":\"xxxxxxxx\"}}],"
+                 "\"usage\":%s}", usages[i]);
+        run_t r = run(LLMGW_EP_CHAT, 1, 0, 0, body);
+
+        if (r.u.known != 0 || r.u.completion_tokens != 2) {
+            fail_msg("usage %s: known %d, completion %lld", usages[i],
+                     r.u.known, (long long) r.u.completion_tokens);
+        }
+        free(r.out);
+    }
+}
+
+
+static void
+test_usage_counts_whole_reals_and_a_bounded_cache(void **state)
 {
     static const char body[] =
         "{\"id\":\"c\",\"choices\":[{\"index\":0,\"message\":"
         "{\"role\":\"assistant\",\"content\":\"x\"}}],"
-        "\"usage\":{\"prompt_tokens\":99999999999999999999,"
-        "\"completion_tokens\":-5}}";
+        "\"usage\":{\"prompt_tokens\":100.0,\"completion_tokens\":20,"
+        "\"prompt_tokens_details\":{\"cached_tokens\":1000000}}}";
     run_t r = run(LLMGW_EP_CHAT, 1, 0, 0, body);
     (void) state;
 
     assert_int_equal(r.u.known, 1);
-    assert_int_equal(r.u.prompt_tokens, (int64_t) 1 << 40);
-    assert_int_equal(r.u.completion_tokens, 0);
+    assert_usage(&r.u, 100, 20, 100, 0);
     free(r.out);
 }
 
@@ -816,7 +850,8 @@ main(void)
         cmocka_unit_test(test_openai_json_usage_is_read),
         cmocka_unit_test(
             test_usage_is_read_from_an_answer_with_an_integer_beyond_int64),
-        cmocka_unit_test(test_usage_counts_are_bounded),
+        cmocka_unit_test(test_usage_counts_that_are_no_counts_are_no_usage),
+        cmocka_unit_test(test_usage_counts_whole_reals_and_a_bounded_cache),
         cmocka_unit_test(
             test_json_over_the_limit_passes_and_is_billed_by_its_size),
         cmocka_unit_test(
