@@ -625,6 +625,9 @@ void llmgw_sse_free(llmgw_sse_t *p);
 /* Returns 0, or -1 when an event exceeds the limit. CRLF, LF, CR accepted. */
 int llmgw_sse_feed(llmgw_sse_t *p, const char *data, size_t len,
     llmgw_sse_cb cb, void *arg);
+/* Where in the last feed's data its last complete event ended (just past
+   the blank line), or SIZE_MAX when no event ended in it. */
+size_t llmgw_sse_boundary(const llmgw_sse_t *p);
 
 
 /* ---- plugin management (plugin.cpp) ---- */

@@ -46,6 +46,10 @@ struct llmgw_sse_s {
     bool         after_cr = false;
     bool         first_line = true;
     bool         failed = false;
+    /* of the last feed: where its last event ended (SIZE_MAX: none did),
+       and the byte a CR before it made part of the last line end */
+    size_t       boundary = SIZE_MAX;
+    size_t       base = 0;
 
     explicit llmgw_sse_s(size_t max)
         : max_event(max ? max : kDefaultMaxEvent),
@@ -66,12 +70,16 @@ private:
 bool
 llmgw_sse_s::feed(std::string_view in, llmgw_sse_cb cb, void *arg)
 {
+    boundary = SIZE_MAX;
+    base = 0;
+
     /* a CR ending the last feed and an LF starting this one: one line end */
     if (after_cr && !in.empty()) {
         after_cr = false;
 
         if (in[0] == '\n') {
             in.remove_prefix(1);
+            base = 1;
         }
     }
 
@@ -108,6 +116,7 @@ llmgw_sse_s::take_lines(std::string_view in, llmgw_sse_cb cb, void *arg)
 
         auto eol = static_cast<size_t>(it - in.begin());
         std::string_view piece = in.substr(pos, eol - pos);
+        bool blank = line.empty() && piece.empty();
         bool ok;
 
         if (line.empty()) {
@@ -133,6 +142,10 @@ llmgw_sse_s::take_lines(std::string_view in, llmgw_sse_cb cb, void *arg)
             } else if (in[pos] == '\n') {
                 pos++;
             }
+        }
+
+        if (blank) {
+            boundary = base + pos;
         }
     }
 }
@@ -231,6 +244,13 @@ llmgw_sse_s::dispatch(llmgw_sse_cb cb, void *arg)
     data.clear();
     event.clear();
     has_data = false;
+}
+
+
+extern "C" size_t
+llmgw_sse_boundary(const llmgw_sse_t *p)
+{
+    return p->boundary;
 }
 
 

@@ -226,6 +226,8 @@ struct llmgw_resp_s {
     std::string                       own_secret;
     std::vector<std::string>          own_forms;
     std::string                       own_request_id;
+    /* a filtered stream's bytes since its last complete event */
+    std::string                       raw_tail;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
@@ -868,11 +870,64 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
 
         r->out.clear();
 
-        if (llmgw_sse_feed(r->sse, data, len, on_event, r) != 0
-            && r->conv == nullptr)
-        {
-            /* an oversized event: stop filtering, keep passing bytes */
-            r->usage_injected = false;
+        bool filtering = r->usage_injected && r->conv == nullptr;
+        bool failed = llmgw_sse_feed(r->sse, data, len, on_event, r) != 0;
+        size_t b = llmgw_sse_boundary(r->sse);
+        std::string_view in(data, len);
+
+        if (failed && r->conv == nullptr) {
+            /*
+             * An oversized event.  Filtered (the events re-framed, the
+             * usage chunk hidden), what was taken of it goes out as it
+             * came, and from here every byte does, the usage chunk too.
+             * A new parser reads what follows for the usage (it skips the
+             * rest of the oversized event as lines it does not know).
+             */
+            if (filtering) {
+                if (b == SIZE_MAX) {
+                    r->out.append(r->raw_tail).append(in);
+                } else {
+                    r->out.append(in.substr(b));
+                }
+                r->usage_injected = false;
+                *out = make_buf(r->out);
+                if (out->data == nullptr) {
+                    return -1;
+                }
+            }
+
+            r->raw_tail.clear();
+            r->raw_tail.shrink_to_fit();
+
+            /* the new parser starts where the oversized event did in this
+               read (its events may follow in the same read) */
+            for (int again = 0; again < 2; again++) {
+                llmgw_sse_free(r->sse);
+                r->sse = llmgw_sse_new(kMaxJsonBody);
+                if (r->sse == nullptr) {
+                    return -1;
+                }
+                if (again == 0) {
+                    std::string_view rest = b == SIZE_MAX ? in : in.substr(b);
+                    r->out.clear();
+                    if (llmgw_sse_feed(r->sse, rest.data(), rest.size(),
+                                       on_event, r) == 0)
+                    {
+                        break;
+                    }
+                }
+            }
+            return 0;
+        }
+
+        if (filtering) {
+            /* the raw bytes of the event under way, should it grow too
+               large to be re-framed */
+            if (b == SIZE_MAX) {
+                r->raw_tail.append(in);
+            } else {
+                r->raw_tail.assign(in.substr(b));
+            }
         }
 
         if (r->usage_injected || r->conv) {

@@ -195,6 +195,52 @@ test_usage_counts_that_are_no_counts_are_no_usage(void **state)
 }
 
 
+/*
+ * An event past the 16 MiB a filtered stream re-frames: what was taken of
+ * it goes out as it came and the rest passes through (no byte lost), and
+ * the usage after it is still read.
+ */
+static void
+test_stream_event_over_the_limit_is_passed_whole_and_billed(void **state)
+{
+    static const char  head[] =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"";
+    static const char  tail[] =
+        "\"}}]}\n\n"
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},"
+        "\"finish_reason\":\"stop\"}]}\n\n"
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,"
+        "\"completion_tokens\":20}}\n\n"
+        "data: [DONE]\n\n";
+    size_t  big = (16u << 20) + 100, total, cuts[400], ncuts = 0, at;
+    char   *body;
+    (void) state;
+
+    total = strlen(head) + big + strlen(tail);
+    body = malloc(total + 1);
+    assert_non_null(body);
+    memcpy(body, head, strlen(head));
+    memset(body + strlen(head), 'x', big);
+    memcpy(body + strlen(head) + big, tail, strlen(tail) + 1);
+
+    /* 64 KiB reads, the first ending inside the first event */
+    for (at = 10; at < total && ncuts < 400; at += 65536) {
+        cuts[ncuts++] = at;
+    }
+
+    run_t r = run_cuts(LLMGW_EP_CHAT, 1, 1, 1, body, cuts, ncuts);
+
+    /* the client did not ask for usage: hidden while it could be; the
+       bytes of every event are there, in order */
+    assert_int_equal(r.len, total);
+    assert_memory_equal(r.out, body, total);
+    assert_usage(&r.u, 10, 20, 0, 0);
+    free(r.out);
+    free(body);
+}
+
+
 static void
 test_usage_counts_whole_reals_and_a_bounded_cache(void **state)
 {
@@ -852,6 +898,7 @@ main(void)
             test_usage_is_read_from_an_answer_with_an_integer_beyond_int64),
         cmocka_unit_test(test_usage_counts_that_are_no_counts_are_no_usage),
         cmocka_unit_test(test_usage_counts_whole_reals_and_a_bounded_cache),
+        cmocka_unit_test(test_stream_event_over_the_limit_is_passed_whole_and_billed),
         cmocka_unit_test(
             test_json_over_the_limit_passes_and_is_billed_by_its_size),
         cmocka_unit_test(
