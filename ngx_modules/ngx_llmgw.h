@@ -394,6 +394,7 @@ void ngx_llmgw_ledger_exit_process(ngx_cycle_t *cycle);
 void ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 ngx_int_t ngx_llmgw_ledger_has_room(void);
 ngx_uint_t ngx_llmgw_admit_waiters(void);
+void ngx_llmgw_ledger_wake(void);
 
 /* ngx_llmgw_v8host.c */
 /*

@@ -186,6 +186,7 @@ ngx_llmgw_bal_get(ngx_llmgw_shm_ctx_t *shm, ngx_uint_t kind, int64_t id,
             b->unlimited = (u_char) unlimited;
             b->rev = rev;
             b->stale = 0;
+            b->changed = ngx_current_msec;
         }
     }
 

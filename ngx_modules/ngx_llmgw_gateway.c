@@ -617,6 +617,7 @@ ngx_llmgw_admit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     ctx->admit_r = r;
     ctx->admit_until = ngx_current_msec + mcf->ledger_wait;
     ngx_queue_insert_tail(&ngx_llmgw_admit_waiting, &ctx->admit_queue);
+    ngx_llmgw_ledger_wake();
 
     if (!ngx_llmgw_admit_ev.timer_set) {
         ngx_add_timer(&ngx_llmgw_admit_ev, NGX_LLMGW_ADMIT_STEP);

@@ -182,6 +182,20 @@ ngx_llmgw_ledger_kick(void)
 }
 
 
+/* A request waits for room in a worker told to stop, whose flushes may
+   have ended: they go on while it waits. */
+void
+ngx_llmgw_ledger_wake(void)
+{
+    if (ngx_exiting && !ngx_terminate && ngx_llmgw_flush_ev.handler != NULL
+        && !ngx_llmgw_flush_ev.timer_set)
+    {
+        ngx_add_timer(&ngx_llmgw_flush_ev,
+                      ngx_llmgw_ledger_mcf->flush_interval);
+    }
+}
+
+
 static void
 ngx_llmgw_ledger_tick(ngx_event_t *ev)
 {

@@ -27,6 +27,8 @@ typedef struct ngx_llmgw_runner_s  ngx_llmgw_runner_t;
 
 /* how often a worker with polls under way looks whether it is stopping */
 #define NGX_LLMGW_POLL_STOP_WATCH  200       /* ms */
+/* before a statement the pool could not take is answered as failed */
+#define NGX_LLMGW_SQL_PAUSE        1000      /* ms */
 
 struct ngx_llmgw_runner_s {
     llmgw_tjob_t              *job;
@@ -45,6 +47,8 @@ struct ngx_llmgw_runner_s {
     ngx_llmgw_task_body_t      body;        /* the client's, owned */
     ngx_event_t                lease_end;   /* a poll job's: no call to the
                                              * vendor outlives its lease */
+    ngx_event_t                sql_later;   /* a statement the pool took
+                                             * not: answered after a pause */
     unsigned                   inflight:1;  /* a step's callback pending */
     unsigned                   streaming:1; /* an SSE response is read */
     unsigned                   learn:1;     /* the SQL answer has balances */
@@ -63,6 +67,7 @@ static void ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn);
 static void ngx_llmgw_poll_lease_end(ngx_event_t *ev);
 static void ngx_llmgw_poll_left(ngx_llmgw_runner_t *rn, const char *why);
 static void ngx_llmgw_poll_stop_watch(ngx_event_t *ev);
+static void ngx_llmgw_task_sql_later(ngx_event_t *ev);
 static void ngx_llmgw_poll_schedule(ngx_msec_t delay);
 static void ngx_llmgw_task_body_free(ngx_llmgw_task_body_t *b);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
@@ -205,6 +210,10 @@ ngx_llmgw_runner_free(ngx_llmgw_runner_t *rn)
         ngx_del_timer(&rn->lease_end);
     }
 
+    if (rn->sql_later.timer_set) {
+        ngx_del_timer(&rn->sql_later);
+    }
+
     llmgw_tjob_free(rn->job);
     llmgw_token_free(rn->token);
 
@@ -301,6 +310,16 @@ ngx_llmgw_task_sql_done(void *data, PGresult *res, const char *err)
         llmgw_tjob_sql_done(rn->job, val, ngx_strlen(val), NULL);
     }
 
+    ngx_llmgw_task_resume(rn);
+}
+
+
+static void
+ngx_llmgw_task_sql_later(ngx_event_t *ev)
+{
+    ngx_llmgw_runner_t  *rn = ev->data;
+
+    llmgw_tjob_sql_done(rn->job, NULL, 0, "the database queue is full");
     ngx_llmgw_task_resume(rn);
 }
 
@@ -548,9 +567,17 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
                 rn->driving = 0;
                 return;
             }
-            rn->inflight = 0;
-            llmgw_tjob_sql_done(rn->job, NULL, 0, "the database queue is full");
-            continue;
+            /*
+             * The pool took it not (its queue full): answered as failed
+             * after a pause, so that a statement the job sends again (a
+             * task's create) is not sent again at once.
+             */
+            rn->sql_later.handler = ngx_llmgw_task_sql_later;
+            rn->sql_later.data = rn;
+            rn->sql_later.log = ngx_llmgw_task_log;
+            ngx_add_timer(&rn->sql_later, NGX_LLMGW_SQL_PAUSE);
+            rn->driving = 0;
+            return;
 
         case LLMGW_TSTEP_RESERVE:
             ctx = rn->request ? ngx_llmgw_get_ctx(rn->request) : NULL;

@@ -1854,9 +1854,14 @@ ngx_llmgw_unreadable_coding(ngx_str_t *key, ngx_str_t *value,
     if (key->len == 16
         && ngx_strncasecmp(key->data, (u_char *) "Content-Encoding", 16) == 0)
     {
+        /* "none" and an empty value: what some servers say for identity */
         return !error_mode
+               && value->len != 0
                && !(value->len == 8
                     && ngx_strncasecmp(value->data, (u_char *) "identity", 8)
+                       == 0)
+               && !(value->len == 4
+                    && ngx_strncasecmp(value->data, (u_char *) "none", 4)
                        == 0);
     }
 

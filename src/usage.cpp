@@ -297,14 +297,14 @@ token_count(const JsonView &v, int64_t &out)
 }
 
 /*
- * The named counts of u (fields[i].name into *fields[i].to, in order):
- * false, and nothing set, when one is not a count or none is a number.
- * With keep, an absent or null one leaves its value as it was.
+ * The named counts of u (fields[i].name into *fields[i].to, in order): 1.
+ * Nothing set when one is not a count (-1) or none is a number (0).  With
+ * keep, an absent or null one leaves its value as it was.
  */
 struct CountField { const char *name; int64_t *to; };
 
 template <size_t N>
-bool
+int
 take_counts(const JsonView &u, const CountField (&fields)[N], bool keep)
 {
     int64_t got[N];
@@ -314,13 +314,13 @@ take_counts(const JsonView &u, const CountField (&fields)[N], bool keep)
         JsonView v = u.get(fields[i].name);
 
         if (!token_count(v, got[i])) {
-            return false;
+            return -1;
         }
         any = any || v.is_number();
     }
 
     if (!any) {
-        return false;
+        return 0;
     }
 
     for (size_t i = 0; i < N; i++) {
@@ -331,7 +331,19 @@ take_counts(const JsonView &u, const CountField (&fields)[N], bool keep)
         }
     }
 
-    return true;
+    return 1;
+}
+
+/* Counts taken (rc 1), or none (0), or one that is no count (-1): then
+   what was reported before counts for nothing either, as a cut stream's
+   usage would not (billed by estimate). */
+bool
+counts_taken(int rc, llmgw_usage_t &out)
+{
+    if (rc < 0) {
+        out.known = 0;
+    }
+    return rc > 0;
 }
 
 void
@@ -348,10 +360,16 @@ take_openai(const JsonView &u, llmgw_usage_t &out)
         { "completion_tokens", &t.completion_tokens },
     };
 
-    if (!take_counts(u, fields, false)
-        || !token_count(u.get("prompt_tokens_details").get("cached_tokens"),
+    int rc = take_counts(u, fields, false);
+
+    if (rc > 0
+        && !token_count(u.get("prompt_tokens_details").get("cached_tokens"),
                         cached))
     {
+        rc = -1;
+    }
+
+    if (!counts_taken(rc, out)) {
         return;
     }
 
@@ -374,17 +392,22 @@ take_anthropic(const JsonView &u, llmgw_usage_t &out)
      * message_delta carries cumulative output and, sometimes, input; a
      * field that is absent or null keeps what message_start said.
      */
+    llmgw_usage_t t = out;
     const CountField fields[] = {
-        { "input_tokens", &out.prompt_tokens },
-        { "output_tokens", &out.completion_tokens },
-        { "cache_read_input_tokens", &out.cache_read_tokens },
-        { "cache_creation_input_tokens", &out.cache_creation_tokens },
+        { "input_tokens", &t.prompt_tokens },
+        { "output_tokens", &t.completion_tokens },
+        { "cache_read_input_tokens", &t.cache_read_tokens },
+        { "cache_creation_input_tokens", &t.cache_creation_tokens },
     };
 
-    if (!take_counts(u, fields, true)) {
+    if (!counts_taken(take_counts(u, fields, true), out)) {
         return;
     }
 
+    out.prompt_tokens = t.prompt_tokens;
+    out.completion_tokens = t.completion_tokens;
+    out.cache_read_tokens = t.cache_read_tokens;
+    out.cache_creation_tokens = t.cache_creation_tokens;
     out.cache_in_prompt = 0;
 
     out.known = 1;
@@ -405,7 +428,7 @@ take_gemini(const JsonView &u, llmgw_usage_t &out)
         { "cachedContentTokenCount", &cached },
     };
 
-    if (!take_counts(u, fields, false)) {
+    if (!counts_taken(take_counts(u, fields, false), out)) {
         return;
     }
 
@@ -452,7 +475,7 @@ take_rerank(const JsonView &body, llmgw_usage_t &out)
             { "input_tokens", &input },
         };
 
-        if (take_counts(billed, fields, false)) {
+        if (take_counts(billed, fields, false) > 0) {
             out.prompt_tokens = units != 0 ? units : input;
             out.known = 1;
         }
@@ -468,7 +491,7 @@ take_rerank(const JsonView &body, llmgw_usage_t &out)
             { "prompt_tokens", &prompt },
         };
 
-        if (take_counts(u, fields, false)) {
+        if (take_counts(u, fields, false) > 0) {
             out.prompt_tokens = u.get("total_tokens").is_number() ? total
                                                                   : prompt;
             out.known = 1;

@@ -94,6 +94,19 @@ describe('upstream answers that are no answer', { timeout: 120000 }, () => {
     const secret = () => JSON.stringify(openaiChat({ usage: USAGE,
         content: 'a body the gateway cannot read' }));
 
+    test('Content-Encoding identity, none or empty: an answer like any other', async () => {
+        for (const coding of ['identity', 'none', 'IDENTITY', '']) {
+            const { alone } = await models((s) => {
+                const body = JSON.stringify(openaiChat({ usage: USAGE }));
+                s.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n' +
+                    `Content-Encoding: ${coding}\r\n` +
+                    `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+            });
+            const r = assertOk(await gw.chat(key, alone, { timeoutMs: 10000 }), coding);
+            assert.equal(r.json.usage.completion_tokens, 20);
+        }
+    });
+
     test('usage that is no count (negative, a string, {}) is billed by estimate, not as 0', async () => {
         const content = 'x'.repeat(400);
         for (const usage of [{}, { prompt_tokens: '900', completion_tokens: '900' },

@@ -639,6 +639,30 @@ test_anthropic_stream_usage_from_message_start_and_delta(void **state)
 }
 
 
+/* A final count that is no count: what came before counts for nothing
+   either, the stream is billed by estimate. */
+static void
+test_anthropic_stream_with_a_bad_final_count_is_billed_by_estimate(void **state)
+{
+    static const char  from[] = "{\"output_tokens\":15}";
+    static const char  to[] = "{\"output_tokens\":-1}";
+    char              *body = strdup(anthropic_stream);
+    char              *at = strstr(body, from);
+    (void) state;
+
+    assert_non_null(at);
+    assert_int_equal(strlen(from), strlen(to));
+    memcpy(at, to, strlen(to));
+
+    run_t r = run(LLMGW_EP_MESSAGES, 14, 1, 0, body);
+
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 1);     /* "Hello!": 6 / 4 */
+    free(r.out);
+    free(body);
+}
+
+
 static const char gemini_stream[] =
     "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"Hel\"}],"
     "\"role\":\"model\"}}],\"usageMetadata\":{\"promptTokenCount\":8,"
@@ -917,6 +941,8 @@ main(void)
             test_injected_stream_reframes_other_chunks_as_data_lines),
         cmocka_unit_test(
             test_anthropic_stream_usage_from_message_start_and_delta),
+        cmocka_unit_test(
+            test_anthropic_stream_with_a_bad_final_count_is_billed_by_estimate),
         cmocka_unit_test(test_gemini_stream_takes_the_last_usage_metadata),
         cmocka_unit_test(test_stream_split_at_any_byte_gives_the_same_result),
         cmocka_unit_test(test_a_stream_ended_without_its_end_marker_was_cut),
