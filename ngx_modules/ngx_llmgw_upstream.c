@@ -2149,6 +2149,18 @@ ngx_llmgw_filter(void *data, ssize_t bytes)
         ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
                       "llmgw: upstream sent an invalid chunked body");
 
+        if (r->connection->sent == 0) {
+            /*
+             * In the read that came with the head: nginx would drop the
+             * head it queued (and what came before the bad chunk), and
+             * the client would get nothing.  The answer ends here
+             * instead, short of its end, as one the upstream ended early.
+             */
+            u->keepalive = 0;
+            u->length = 0;
+            return NGX_OK;
+        }
+
         return NGX_ERROR;
     }
 

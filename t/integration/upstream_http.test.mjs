@@ -107,6 +107,23 @@ describe('upstream answers that are no answer', { timeout: 120000 }, () => {
         }
     });
 
+    test('a broken chunk in the read that brought the head: the client gets what came before it', async () => {
+        const { alone } = await models((s) => {
+            const ev = `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk',
+                choices: [{ index: 0, delta: { content: 'partial' }, finish_reason: null }] })}\n\n`;
+            s.write('HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n' +
+                'Transfer-Encoding: chunked\r\n\r\n' +
+                `${Buffer.byteLength(ev).toString(16)}\r\n${ev}\r\nQQ\r\n`);
+        });
+        const r = await gw.chat(key, alone, { extra: { stream: true }, timeoutMs: 10000 });
+        assert.equal(r.status, 200);
+        assert.match(r.text, /"content":"partial"/);
+        const id = r.headers['x-request-id'];
+        const { items } = await waitLogs(gw, { page_size: 50 },
+            (it) => it.some((i) => i.request_id === id));
+        assert.equal(items.find((i) => i.request_id === id).status, 502);
+    });
+
     test('usage that is no count (negative, a string, {}) is billed by estimate, not as 0', async () => {
         const content = 'x'.repeat(400);
         for (const usage of [{}, { prompt_tokens: '900', completion_tokens: '900' },
