@@ -182,7 +182,7 @@ test_usage_counts_that_are_no_counts_are_no_usage(void **state)
     for (i = 0; i < sizeof(usages) / sizeof(usages[0]); i++) {
         snprintf(body, sizeof(body),
                  "{\"id\":\"c\",\"choices\":[{\"index\":0,\"message\":"
-                 "{\"role\":\"assistant\",\"content\":\"xxxxxxxx\"}}],"
+                 "{\"role\":\"assistant\",\"content\":\"abcdefgh\"}}],"
                  "\"usage\":%s}", usages[i]);
         run_t r = run(LLMGW_EP_CHAT, 1, 0, 0, body);
 
