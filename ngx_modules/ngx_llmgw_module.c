@@ -70,8 +70,10 @@ static ngx_conf_num_bounds_t  ngx_llmgw_backlog_bounds = {
 
 /* The upstream's whole response header must fit: vendors behind
  * Cloudflare send about 2k of it. */
+/* every request to a channel takes one, for the answer's head and each
+   read of its body: past 1m a larger read buys nothing */
 static ngx_conf_num_bounds_t  ngx_llmgw_buffer_bounds = {
-    ngx_llmgw_check_size, 4096, NGX_MAX_SIZE_T_VALUE
+    ngx_llmgw_check_size, 4096, 1024 * 1024
 };
 
 /* A runtime frame carries a hook's input (a client request, a vendor's

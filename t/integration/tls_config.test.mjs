@@ -165,8 +165,8 @@ describe('nginx -t names the directive of a bad value and its line', () => {
         ['llmgw_v8host_max_frame 0;', /must be between 64k and 16m/],
         ['llmgw_v8host_max_frame 65535;', /must be between 64k and 16m/],
         ['llmgw_v8host_max_inflight 0;', /must be between 1 and 100000/],
-        ['llmgw_buffer_size 0;', /must be at least 4k/],
-        ['llmgw_buffer_size 4095;', /must be at least 4k/],
+        ['llmgw_buffer_size 0;', /must be between 4k and 1m/],
+        ['llmgw_buffer_size 4095;', /must be between 4k and 1m/],
         ['llmgw_connect_timeout 0;', /must be between 1ms and 366d/],
         ['llmgw_send_timeout 0;', /must be between 1ms and 366d/],
         ['llmgw_read_timeout 0;', /must be between 1ms and 366d/],
@@ -199,7 +199,8 @@ describe('nginx -t names the directive of a bad value and its line', () => {
 
     for (const [line, message] of [
         ['llmgw_request_id_header "";', 'must not be empty'],
-        ['llmgw_buffer_size 1k;', 'must be at least 4k'],
+        ['llmgw_buffer_size 1k;', 'must be between 4k and 1m'],
+        ['llmgw_buffer_size 2m;', 'must be between 4k and 1m'],
     ]) {
         test(`${line} in a location points at its line`, () => {
             const r = nginxTest(line, 'location');
