@@ -592,9 +592,12 @@ ngx_llmgw_admin_upload(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
                     ctx->market_version.len + 1);
     }
 
-    if (llmgw_plugin_load_request((char *) ctx->body.data, ctx->body.len,
-                                  &frame, &v)
-        != 0)
+    if (llmgw_plugin_upload_check((char *) ctx->body.data, ctx->body.len,
+                                  &v)
+        != 0
+        || llmgw_plugin_load_request((char *) ctx->body.data, ctx->body.len,
+                                     &frame, &v)
+           != 0)
     {
         return ngx_llmgw_send_error(r, ctx, &v);
     }

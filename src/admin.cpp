@@ -222,7 +222,7 @@ llmgw_admin_route(llmgw_str_t method, llmgw_str_t path, llmgw_str_t *key,
     /* only the gateway answers these paths: the database knows no
        methods for them */
     std::string text = cut_message("method " + std::string(m)
-                                   + " is not allowed on " + std::string(p)
+                                   + " is not allowed on /api" + std::string(p)
                                    + " (allowed: GET)", 405);
 
     llmgw_verdict_set(v, 405, "gateway_error", "method_not_allowed", "%.*s",

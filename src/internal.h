@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -159,6 +160,14 @@ size_t snap_task_channels(const llmgw_snapshot_t *s,
 /* The /api/pricing entry of a name, or nullptr. */
 const json_t *snap_price_entry(const llmgw_snapshot_t *s,
     std::string_view name);
+
+/*
+ * The members of a plugin upload or marketplace body: each one of known,
+ * enabled and force booleans, remark a string (as the database checks
+ * PATCH and activate).  false and a 400 verdict naming the member.
+ */
+bool plugin_admin_members(const json_t *root,
+    std::initializer_list<const char *> known, llmgw_verdict_t *v);
 
 } /* namespace llmgw */
 

@@ -636,6 +636,13 @@ size_t llmgw_sse_boundary(const llmgw_sse_t *p);
 int llmgw_plugin_source_request(const char *source, size_t len,
     llmgw_buf_t *frame, llmgw_verdict_t *v);
 
+/*
+ * Checks an upload's body: members source, remark (a string), enabled and
+ * force (booleans) only.  0, or -1 and a 400 verdict naming the member.
+ */
+int llmgw_plugin_upload_check(const char *body, size_t len,
+    llmgw_verdict_t *v);
+
 /* The LOAD body {"source": ...} from an admin body; 400 without source. */
 int llmgw_plugin_load_request(const char *body, size_t len,
     llmgw_buf_t *frame, llmgw_verdict_t *v);

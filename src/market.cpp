@@ -189,6 +189,13 @@ llmgw_market_parse(const char *body, size_t len, llmgw_market_req_t *m,
             return -1;
         }
 
+        if (!plugin_admin_members(root.get(), { "url", "key", "version",
+                                                "remark", "enabled", "force" },
+                                  v))
+        {
+            return -1;
+        }
+
         json_t *url = json_object_get(root.get(), "url");
 
         if (!json_is_string(url) || json_string_length(url) == 0

@@ -40,6 +40,81 @@ joined_errors(const json_t *errors)
 } /* namespace */
 
 
+bool
+llmgw::plugin_admin_members(const json_t *root,
+    std::initializer_list<const char *> known, llmgw_verdict_t *v)
+{
+    const char *key;
+    json_t     *x;
+    std::string first;
+
+    json_object_foreach(const_cast<json_t *>(root), key, x) {
+        bool ok = std::any_of(known.begin(), known.end(),
+                              [key](const char *k) {
+                                  return std::strcmp(k, key) == 0;
+                              });
+        if (!ok && (first.empty() || first > key)) {
+            first = key;
+        }
+    }
+
+    if (!first.empty()) {
+        std::string list;
+        for (const char *k : known) {
+            list += list.empty() ? "" : ", ";
+            list += k;
+        }
+        llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                          "%.64s: unknown field (known: %s)", first.c_str(),
+                          list.c_str());
+        return false;
+    }
+
+    for (const char *k : { "enabled", "force" }) {
+        x = json_object_get(root, k);
+        if (x != nullptr && !json_is_boolean(x)) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "%s: must be true or false", k);
+            return false;
+        }
+    }
+
+    x = json_object_get(root, "remark");
+    if (x != nullptr && !json_is_string(x)) {
+        llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                          "remark: must be a string");
+        return false;
+    }
+
+    return true;
+}
+
+
+extern "C" int
+llmgw_plugin_upload_check(const char *body, size_t len, llmgw_verdict_t *v)
+{
+    try {
+        Json root = json_parse(body, len);
+
+        if (!json_is_object(root.get())) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
+                              "invalid JSON request body");
+            return -1;
+        }
+
+        return plugin_admin_members(root.get(),
+                                    { "source", "remark", "enabled", "force" },
+                                    v)
+                   ? 0 : -1;
+
+    } catch (...) {
+        llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
+                          "the request could not be read");
+        return -1;
+    }
+}
+
+
 extern "C" int
 llmgw_plugin_load_request(const char *body, size_t len, llmgw_buf_t *frame,
     llmgw_verdict_t *v)

@@ -121,6 +121,20 @@ describe('marketplace sources', () => {
         assert.equal(local.installed, null);
     });
 
+    test('a member the call does not take, or a flag that is not a boolean: 400 naming it, nothing installed', async () => {
+        const url = `file://${dir}/index.json`;
+        const bad = [
+            [{ url, key: 'mk-local', enabeld: true },
+                'enabeld: unknown field (known: url, key, version, remark, enabled, force)'],
+            [{ url, key: 'mk-local', force: 'yes' }, 'force: must be true or false'],
+            [{ url, key: 'mk-local', remark: {} }, 'remark: must be a string'],
+        ];
+        for (const [body, message] of bad) {
+            assertError(await market(gw, body), 400, { code: 'invalid_request', message });
+        }
+        assertError(await gw.admin('GET', '/api/plugin/task/mk-local'), 404);
+    });
+
     test('installing from a local index: the latest, or a named version', async () => {
         let r = await market(gw, { url: `${dir}/index.json`, key: 'mk-local',
                                     version: '1.0.0', enabled: true });

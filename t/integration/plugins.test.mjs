@@ -311,7 +311,7 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
             ['POST', '/api/plugin/task/itest-no-such-plugin/icon/', 'GET'],
         ]) {
             const r = await a.admin(method, p, method === 'GET' ? undefined : {});
-            const where = p.slice('/api'.length).replace(/\/$/, '');
+            const where = p.replace(/\/$/, '');
             assertError(r, 405, {
                 code: 'method_not_allowed',
                 message: `method ${method} is not allowed on ${where} (allowed: ${allow})`,
@@ -498,6 +498,54 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         assertUploaded(forced, key, '1.0.0');
         assert.equal(forced.json.versions.length, 1, forced.text.slice(0, 300));
         assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
+    });
+
+    test('plugin calls refuse members they do not take and flags that are not booleans: 400, nothing changed', async () => {
+        const key = 'itest-members';
+        const src = variant(key);
+        const bad = [
+            [{ source: src, enabeld: false }, 'enabeld: unknown field (known: source, remark, enabled, force)'],
+            [{ source: src, force: 'yes' }, 'force: must be true or false'],
+            [{ source: src, enabled: 'no' }, 'enabled: must be true or false'],
+            [{ source: src, remark: 5 }, 'remark: must be a string'],
+        ];
+        for (const [body, message] of bad) {
+            const e = assertError(await upload(a, body), 400, { code: 'invalid_request' });
+            assert.ok(e.message.startsWith(message), e.message);
+        }
+        /* none of them stored the plugin */
+        assertError(await a.admin('GET', `/api/plugin/task/${key}`), 404);
+
+        assertUploaded(await upload(a, { source: src, enabled: false, remark: 'kept' }), key, '1.0.0');
+        const path = `/api/plugin/task/${key}`;
+        const refused = [
+            ['PATCH', path, { enabeld: true }, 'enabeld: unknown field (known: enabled, remark, force)'],
+            ['PATCH', path, { enabled: 1 }, 'enabled: must be true or false'],
+            ['PATCH', path, { force: 'abc', enabled: true }, 'force: must be true or false'],
+            ['PATCH', path, { remark: 5 }, 'remark: must be a string'],
+            ['POST', `${path}/activate`, { version: '1.0.0', bogus: 1 }, 'bogus: unknown field (known: version, force)'],
+            ['POST', `${path}/activate`, { version: 1 }, 'version: must be a string'],
+            ['DELETE', path, { forced: true }, 'forced: unknown field (known: force)'],
+            ['DELETE', path, { force: 1 }, 'force: must be true or false'],
+        ];
+        for (const [method, p, body, message] of refused) {
+            const e = assertError(await a.admin(method, p, body), 400, { code: 'invalid_request' });
+            assert.ok(e.message.startsWith(message), `${method} ${p}: ${e.message}`);
+        }
+        const one = await a.admin('GET', path);
+        assertOk(one);
+        assert.equal(one.json.enabled, false);
+        assert.equal(one.json.remark, 'kept');
+
+        /* a 405 names the path as written, under /api */
+        assertError(await a.admin('PUT', path, {}), 405,
+            { message: new RegExp(`^method PUT is not allowed on /api/plugin/task/${key} \\(allowed: GET, PATCH, DELETE\\)`) });
+        assertError(await a.admin('PUT', '/api/user', {}), 405,
+            { message: /^method PUT is not allowed on \/api\/user \(allowed: GET, POST\)/ });
+
+        /* a DELETE's body is read: force there lifts the unfinished-tasks rule as ?force=1 does */
+        assertOk(await a.admin('DELETE', path, { force: true }));
+        assertError(await a.admin('GET', path), 404);
     });
 
     test('a plugin whose routes can take another plugin\'s paths: 409; forced, the more specific route serves', async () => {

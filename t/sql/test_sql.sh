@@ -124,7 +124,7 @@ expect_err "unknown path" 404 not_found "unknown admin path /xyz"
 api GET /log/3
 expect_err "log has no ids" 404 not_found "unknown admin path /log/3"
 api DELETE /pricing
-expect_err "wrong method" 405 method_not_allowed "method DELETE is not allowed on /pricing (allowed: GET, PUT)"
+expect_err "wrong method" 405 method_not_allowed "method DELETE is not allowed on /api/pricing (allowed: GET, PUT)"
 expect "405 carries allow" '.allow == "GET, PUT"'
 api PUT /user
 expect "PUT /user is 405" '.status == 405 and .allow == "GET, POST"'
@@ -133,17 +133,17 @@ expect "POST /user/1 is 405" '.status == 405 and .allow == "GET, PATCH, DELETE"'
 api POST /log
 expect "POST /log is 405" '.status == 405'
 api PUT /plugin/task
-expect_err "PUT /plugin/task is 405" 405 method_not_allowed "method PUT is not allowed on /plugin/task (allowed: GET, POST)"
+expect_err "PUT /plugin/task is 405" 405 method_not_allowed "method PUT is not allowed on /api/plugin/task (allowed: GET, POST)"
 api POST /plugin/task/ '' '{}'
-expect_err "POST /plugin/task/ is not the gateway's upload" 405 method_not_allowed "method POST is not allowed on /plugin/task (allowed: GET, POST)"
+expect_err "POST /plugin/task/ is not the gateway's upload" 405 method_not_allowed "method POST is not allowed on /api/plugin/task (allowed: GET, POST)"
 api PUT "/plugin/task/nope_$RUN" '' '{}'
-expect_err "PUT /plugin/task/{key} is 405, known key or not" 405 method_not_allowed "method PUT is not allowed on /plugin/task/nope_$RUN (allowed: GET, PATCH, DELETE)"
+expect_err "PUT /plugin/task/{key} is 405, known key or not" 405 method_not_allowed "method PUT is not allowed on /api/plugin/task/nope_$RUN (allowed: GET, PATCH, DELETE)"
 api DELETE /plugin/task/dryrun
 expect "DELETE /plugin/task/dryrun is the plugin's" '.status == 404 and .code == "not_found"'
 api PUT /plugin/task/marketplace
-expect_err "the gateway's POST counts on /plugin/task/marketplace" 405 method_not_allowed "method PUT is not allowed on /plugin/task/marketplace (allowed: GET, POST, PATCH, DELETE)"
+expect_err "the gateway's POST counts on /plugin/task/marketplace" 405 method_not_allowed "method PUT is not allowed on /api/plugin/task/marketplace (allowed: GET, POST, PATCH, DELETE)"
 api GET "/plugin/task/nope_$RUN/activate"
-expect_err "GET /plugin/task/{key}/activate is 405" 405 method_not_allowed "method GET is not allowed on /plugin/task/nope_$RUN/activate (allowed: POST)"
+expect_err "GET /plugin/task/{key}/activate is 405" 405 method_not_allowed "method GET is not allowed on /api/plugin/task/nope_$RUN/activate (allowed: POST)"
 api GET "/plugin/task/nope_$RUN"
 expect_err "an unknown plugin is still 404" 404 not_found "plugin nope_$RUN not found"
 api POST /user '' 'not json'
@@ -1381,6 +1381,30 @@ api GET /plugin/task 'page_size=0'
 expect_err "page_size is checked as on /user" 400 invalid_request "page_size: must be an integer between 1 and 1000"
 api GET /plugin/task 'page=x'
 expect_err "page is checked as on /user" 400 invalid_request "page: must be an integer >= 1"
+
+echo "== plugin calls and /pricing refuse members they do not take (025)"
+api PATCH "/plugin/task/$FA" '' '{"enabeld":true}'
+expect_err "PATCH: an unknown member" 400 invalid_request "enabeld: unknown field (known: enabled, remark, force)"
+api PATCH "/plugin/task/$FA" '' '{"force":"abc","enabled":true}'
+expect_err "PATCH: force that is not a boolean" 400 invalid_request "force: must be true or false"
+api PATCH "/plugin/task/$FA" '' '{"remark":5}'
+expect_err "PATCH: a remark that is not a string" 400 invalid_request "remark: must be a string"
+api POST "/plugin/task/$FA/activate" '' '{"version":"1.0.0","bogus":1}'
+expect_err "activate: an unknown member" 400 invalid_request "bogus: unknown field (known: version, force)"
+api DELETE "/plugin/task/$FA" '' '{"force":1}'
+expect_err "DELETE: its body is read" 400 invalid_request "force: must be true or false"
+api GET "/plugin/task/$FA"
+expect "nothing changed" ".status == 200 and .body.key == \"$FA\""
+api PUT /pricing '' '{"pm":{"price":1,"completion_ratio":4}}'
+expect_err "a completion ratio next to a per-call price" 400 invalid_request "pricing.pm.completion_ratio: only with ratio (a per-token price); a per-call price or unit_prices has no completion_ratio"
+api PUT /pricing '' '{"um":{"unit_prices":{"seconds":1},"cache_ratio":0}}'
+expect_err "a cache ratio next to unit prices" 400 invalid_request "pricing.um.cache_ratio: only with ratio (a per-token price); a per-call price or unit_prices has no cache_ratio"
+api PUT /pricing '' '{"pm":{"price":1,"completion_ratio":null}}'
+expect "a null multiple counts as absent" '.status == 200 and .body.pm == {"price": 1}'
+api PUT /pricing '' '{"pm":null}'
+api DELETE /pricing
+expect_err "a 405 names the path under /api" 405 method_not_allowed "method DELETE is not allowed on /api/pricing (allowed: GET, PUT)"
+
 sql "DELETE FROM task_plugins WHERE key IN ('$FA', '$FB')" >/dev/null
 
 echo "== upgrade: 014 trims channel keys stored before it"

@@ -268,13 +268,13 @@ test_admin_route_gateway_paths_refuse_other_methods_with_405(void **state)
     assert_int_equal(v.status, 405);
     assert_string_equal(v.code, "method_not_allowed");
     assert_string_equal(v.message, "method PUT is not allowed on "
-                        "/plugin/task/runtime/status (allowed: GET)");
+                        "/api/plugin/task/runtime/status (allowed: GET)");
 
     assert_int_equal(route("HEAD", "/plugin/task/k/icon", &key, &v),
                      LLMGW_ADMIN_REFUSED);
     assert_null(key.data);
     assert_string_equal(v.message, "method HEAD is not allowed on "
-                        "/plugin/task/k/icon (allowed: GET)");
+                        "/api/plugin/task/k/icon (allowed: GET)");
 
     /* the client's key cannot end the message in place of the list */
     assert_int_equal(route("DELETE", "/plugin/task/x(allowed: DELETE)/icon",
