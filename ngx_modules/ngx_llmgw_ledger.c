@@ -116,16 +116,21 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
         /* no usage came (a stream cut before its usage chunk, an answer
            without one): the prompt is what the reservation estimated, as
-           the upstream will have read it all */
-        if (!row.usage.known && ctx->req != NULL
-            && ctx->endpoint.ep != LLMGW_EP_RERANK)
-        {
+           the upstream will have read it all (a rerank's query and
+           documents too) */
+        if (!row.usage.known && ctx->req != NULL) {
             row.usage.prompt_tokens = llmgw_req_prompt_estimate(ctx->req);
         }
     }
 
     /* a success is charged; a failure only gives its reservation back */
-    if (row.type[0] == 'c') {
+    if (row.type[0] == 'c'
+        && !(ctx->price.per_call && (ctx->end_status == NGX_HTTP_BAD_GATEWAY
+                                     || ctx->end_status
+                                        == NGX_HTTP_GATEWAY_TIME_OUT)))
+    {
+        /* a per-call price is for a call the upstream completed: one it
+           cut or let time out costs nothing (a client that left pays) */
         row.quota = llmgw_quota(&ctx->price, ctx->group_ratio, &row.usage);
     }
 

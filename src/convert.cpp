@@ -4552,7 +4552,7 @@ rerank_meta(const json_t *upstream)
                                            "billed_units");
     const json_t *usage = json_object_get(upstream, "usage");
 
-    if (json_is_object(billed)) {
+    if (json_is_object(billed) && json_object_size(billed) > 0) {
         put_copy(meta, "billed_units", billed);
         return meta;
     }
@@ -4619,6 +4619,21 @@ rerank_request(int to_type, const json_t *in, std::string_view upstream_model,
             return false;
         }
 
+        /* the upstream's own options (max_tokens_per_doc, rank_fields,
+           ...) go as the client gave them */
+        const char *k;
+        json_t     *x;
+
+        json_object_foreach(const_cast<json_t *>(in), k, x) {
+            if (json_object_get(body.get(), k) == nullptr
+                && std::strcmp(k, "documents") != 0
+                && std::strcmp(k, "top_n") != 0
+                && std::strcmp(k, "return_documents") != 0)
+            {
+                put_copy(body.get(), k, x);
+            }
+        }
+
         out = std::move(body);
         return true;
 
@@ -4656,6 +4671,25 @@ rerank_response(int from_type, const json_t *upstream,
             return false;
         }
 
+        /* each result names a document of the request, once */
+        const json_t *docs = json_object_get(client_request, "documents");
+        size_t ndocs = json_array_size(docs);
+        std::vector<bool> named(ndocs, false);
+
+        for (const RerankHit &h : hits) {
+            if (h.index >= static_cast<int64_t>(ndocs)
+                || named[static_cast<size_t>(h.index)])
+            {
+                err = "the upstream rerank answer names document "
+                      + std::to_string(h.index)
+                      + (h.index >= static_cast<int64_t>(ndocs)
+                             ? " of " + std::to_string(ndocs) + " documents"
+                             : " twice");
+                return false;
+            }
+            named[static_cast<size_t>(h.index)] = true;
+        }
+
         /* an upstream that ignored top_n must not show more */
         int64_t top_n = json_int(client_request, "top_n", -1);
 
@@ -4665,7 +4699,6 @@ rerank_response(int from_type, const json_t *upstream,
 
         bool with_docs = json_is_true(json_object_get(client_request,
                                                       "return_documents"));
-        const json_t *docs = json_object_get(client_request, "documents");
         Json list(json_array());
 
         for (const RerankHit &h : hits) {

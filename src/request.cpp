@@ -20,13 +20,15 @@ namespace {
 enum Field {
     F_MODEL, F_STREAM, F_STREAM_OPTIONS, F_MAX_TOKENS,
     F_MAX_COMPLETION_TOKENS, F_MESSAGES, F_CONTENTS, F_GENERATION_CONFIG,
-    F_GENERATION_CONFIG_SNAKE, F_QUERY, F_DOCUMENTS, F_N, F_COUNT
+    F_GENERATION_CONFIG_SNAKE, F_QUERY, F_DOCUMENTS, F_N, F_TOP_N,
+    F_RETURN_DOCUMENTS, F_COUNT
 };
 
 constexpr std::string_view kFieldNames[F_COUNT] = {
     "model", "stream", "stream_options", "max_tokens",
     "max_completion_tokens", "messages", "contents", "generationConfig",
-    "generation_config", "query", "documents", "n"
+    "generation_config", "query", "documents", "n", "top_n",
+    "return_documents"
 };
 
 /* The most answers one request is reserved for (OpenAI's n allows 128). */

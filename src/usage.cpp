@@ -468,6 +468,7 @@ take_rerank(const JsonView &body, llmgw_usage_t &out)
 {
     JsonView billed = body.get("meta").get("billed_units");
 
+    /* billed units that hold no count ({}) leave the usage to read */
     if (billed.is_object()) {
         int64_t units = 0, input = 0;
         const CountField fields[] = {
@@ -478,8 +479,8 @@ take_rerank(const JsonView &body, llmgw_usage_t &out)
         if (take_counts(billed, fields, false) > 0) {
             out.prompt_tokens = units != 0 ? units : input;
             out.known = 1;
+            return;
         }
-        return;
     }
 
     JsonView u = body.get("usage");
@@ -744,11 +745,10 @@ finish_json(llmgw_resp_s &r)
     }
 
     if (r.ep == LLMGW_EP_RERANK) {
+        /* without usage the query and documents are billed by the
+           request's estimate; scores and echoed documents are no text
+           the upstream wrote */
         take_rerank(b, r.usage);
-        if (!r.usage.known) {
-            /* as any answer without usage: its bytes, 4 to a token */
-            r.text_bytes = r.body.size();
-        }
         return;
     }
 
@@ -983,7 +983,7 @@ billed(const llmgw_resp_s &r)
 
     llmgw_resp_usage(&r, &u);
 
-    if (!u.known && r.ep != LLMGW_EP_RERANK) {
+    if (!u.known) {
         u.prompt_tokens = r.prompt_estimate;
     }
 

@@ -258,6 +258,7 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         noPrice: uniq('gpt-bill-noprice'), oaCache: uniq('gpt-bill-cache'),
         round: uniq('gpt-bill-round'),
         cohere: uniq('rerank-cohere'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
+        bareRerank: uniq('rerank-bare'), gmCall: uniq('gemini-bill-call'),
     };
     /* what the OpenAI mock reports, settable per test */
     let oaUsage = { prompt_tokens: 123, completion_tokens: 45 };
@@ -279,6 +280,16 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         an = await startMock();
         gm = await startMock();
         rr = await startMock((req, res, rec) => {
+            if (rec.path.startsWith('/bare')) {
+                /* a self-hosted server: no usage, the documents echoed when asked */
+                sendJson(res, 200, {
+                    results: rec.json.documents.map((d, index) => ({
+                        index, relevance_score: 1 / (index + 1),
+                        ...(rec.json.return_documents ? { document: { text: d } } : {}),
+                    })),
+                });
+                return;
+            }
             const kind = rec.path.startsWith('/cohere') ? 'cohere'
                 : rec.path.startsWith('/jina') ? 'jina' : 'oa';
             sendJson(res, 200, rerankAnswer(kind, rec.json.documents));
@@ -303,6 +314,8 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             [M.cohere]: { ratio: 100, completion_ratio: 1 },
             [M.jina]: { ratio: 100, completion_ratio: 1 },
             [M.oaRerank]: { ratio: 100, completion_ratio: 1 },
+            [M.bareRerank]: { ratio: 1, completion_ratio: 4 },
+            [M.gmCall]: { price: 0.002 },
         });
         assert.equal(r.status, 200, r.text);
         r = await gw.admin('PUT', '/api/group', { default: 1, vip: 0.25 });
@@ -314,12 +327,13 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         });
         await makeChannel(gw, { base_url: oa.url, models: [M.noPrice], free: false });
         await makeChannel(gw, { type: 14, base_url: an.url, models: [M.an], groups });
-        await makeChannel(gw, { type: 24, base_url: gm.url, models: [M.gm], groups });
+        await makeChannel(gw, { type: 24, base_url: gm.url, models: [M.gm, M.gmCall], groups });
         await makeChannel(gw, { base_url: failer.url, models: [M.failing] });
         await makeChannel(gw, { base_url: closed.url, models: [M.down] });
         await makeChannel(gw, { type: 34, base_url: `${rr.url}/cohere`, models: [M.cohere] });
         await makeChannel(gw, { type: 38, base_url: `${rr.url}/jina`, models: [M.jina] });
         await makeChannel(gw, { type: 1, base_url: `${rr.url}/oa`, models: [M.oaRerank] });
+        await makeChannel(gw, { type: 1, base_url: `${rr.url}/bare`, models: [M.bareRerank] });
         await settle();
     });
 
@@ -535,6 +549,63 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         });
     }
 
+    test('rerank without usage: the query and documents by estimate, nothing as output, with or without documents back', async () => {
+        const documents = ['a'.repeat(800), 'b'.repeat(800), 'c'.repeat(800), 'd'.repeat(800)];
+        const rows = [];
+        for (const ret of [false, true]) {
+            const a = await account(gw);
+            const r = await gw.req('POST', '/v1/rerank', {
+                key: a.key,
+                body: { model: M.bareRerank, query: 'which', documents, return_documents: ret },
+            });
+            assert.equal(r.status, 200, r.text);
+            assert.equal(r.json.results.length, 4);
+            assert.equal(r.json.results.every((x) => 'document' in x), ret, r.text.slice(0, 200));
+            const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+            assert.equal(row.completion_tokens, 0, JSON.stringify(row));
+            /* 3,200 bytes of documents, 4 to a token, at least */
+            assert.ok(row.prompt_tokens >= 800 && row.prompt_tokens < 900, JSON.stringify(row));
+            assert.equal(row.quota, row.prompt_tokens, JSON.stringify(row));
+            await expectCharged(gw, a, row.quota);
+            rows.push(row);
+        }
+        assert.equal(rows[0].quota, rows[1].quota, 'the echoed documents cost nothing');
+    });
+
+    test('a per-call price is not charged for a stream the upstream cut; a whole one is', async () => {
+        const events = (n) => Array.from({ length: n }, (_, i) => `data: ${JSON.stringify({
+            candidates: [{ content: { role: 'model', parts: [{ text: `part ${i} ` }] }, index: 0,
+                ...(i === n - 1 ? { finishReason: 'STOP' } : {}) }],
+        })}\r\n\r\n`).join('');
+        const body = { contents: [{ role: 'user', parts: [{ text: 'hello' }] }] };
+        const a = await account(gw);
+
+        gm.handler = async (req, res) => {
+            sseHead(res);
+            res.write(events(3).split('\r\n\r\n').slice(0, 2).join('\r\n\r\n') + '\r\n\r\n');
+            await sleep(100);
+            res.destroy();
+        };
+        const cut = await gw.req('POST', `/v1beta/models/${M.gmCall}:streamGenerateContent?alt=sse`,
+            { key: a.key, body });
+        assert.equal(cut.status, 200, cut.text);
+        const cutRow = await rowOf(gw, a.token, cut.headers['x-request-id']);
+        assert.equal(cutRow.status, 502, JSON.stringify(cutRow));
+        assert.equal(cutRow.quota, 0, JSON.stringify(cutRow));
+
+        gm.handler = async (req, res) => {
+            sseHead(res);
+            res.end(events(3));
+        };
+        const whole = await gw.req('POST', `/v1beta/models/${M.gmCall}:streamGenerateContent?alt=sse`,
+            { key: a.key, body });
+        assert.equal(whole.status, 200, whole.text);
+        const row = await rowOf(gw, a.token, whole.headers['x-request-id']);
+        assert.equal(row.status, 200, JSON.stringify(row));
+        assert.equal(row.quota, 0.002 * QUOTA_PER_USD, JSON.stringify(row));
+        await expectCharged(gw, a, row.quota);
+    });
+
     test('the group ratio multiplies token and per-call prices', async () => {
         oaUsage = { prompt_tokens: 123, completion_tokens: 45 };
         const a = await account(gw, { group: 'vip' });
@@ -627,6 +698,15 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             messages: [{ role: 'user', content: 'hi' }] } });
         assertError(r, 400, { code: 'invalid_request', message: 'member "Model" differs' });
         assert.equal(oa.requests.length, before, 'the upstream was not called');
+        /* the rerank options the gateway reads: a case-blind upstream would
+           take "TOP_N" as the top_n the gateway did not check */
+        const rrBefore = rr.requests.length;
+        for (const member of ['TOP_N', 'Return_Documents']) {
+            r = await gw.req('POST', '/v1/rerank', { key: a.key, body: {
+                model: M.cohere, query: 'q', documents: ['a', 'b'], [member]: 1 } });
+            assertError(r, 400, { code: 'invalid_request', message: `member "${member}" differs` });
+        }
+        assert.equal(rr.requests.length, rrBefore, 'the rerank upstream was not called');
         await sleep(1200);
         await expectCharged(gw, a, 0);
 

@@ -2712,6 +2712,67 @@ test_rerank_documents_come_from_upstream_or_client(void **state)
 
 
 static void
+test_rerank_request_passes_upstream_options_on(void **state)
+{
+    json_t *j = rerank_req(34,
+        "{'model':'r','query':'q','documents':['a'],'max_tokens_per_doc':512,"
+        "'rank_fields':['text'],'top_n':null}");
+    (void) state;
+
+    assert_int_equal(int_at(j, "max_tokens_per_doc"), 512);
+    assert_string_equal(str_at(j, "rank_fields/0"), "text");
+    assert_string_equal(str_at(j, "model"), "up-rerank");
+    assert_null(json_object_get(j, "top_n"));
+    json_decref(j);
+}
+
+
+static void
+rerank_resp_error(const char *up_sq, const char *client_sq,
+    const char *expected)
+{
+    char        *up = unquote(up_sq);
+    char        *client = unquote(client_sq);
+    llmgw_buf_t  b = llmgw_test_rerank_response(34, up, client);
+
+    free(up);
+    free(client);
+    take_error(b, expected);
+}
+
+
+static void
+test_rerank_results_name_each_document_once(void **state)
+{
+    (void) state;
+    rerank_resp_error("{'results':[{'index':0,'relevance_score':0.5},"
+                      "{'index':9,'relevance_score':0.4}]}",
+                      "{'model':'r','query':'q','documents':['a','b']}",
+                      "the upstream rerank answer names document 9 of 2 "
+                      "documents");
+    rerank_resp_error("{'results':[{'index':1,'relevance_score':0.5},"
+                      "{'index':1,'relevance_score':0.4}]}",
+                      "{'model':'r','query':'q','documents':['a','b']}",
+                      "the upstream rerank answer names document 1 twice");
+}
+
+
+static void
+test_rerank_meta_without_billed_counts_shows_the_usage(void **state)
+{
+    json_t *j = rerank_resp(34,
+        "{'results':[{'index':0,'relevance_score':0.5}],"
+        "'meta':{'billed_units':{}},'usage':{'total_tokens':44}}",
+        "{'model':'r','query':'q','documents':['a']}");
+    (void) state;
+
+    assert_null(at(j, "meta/billed_units"));
+    assert_int_equal(int_at(j, "meta/tokens/input_tokens"), 44);
+    json_decref(j);
+}
+
+
+static void
 test_rerank_meta_keeps_only_upstream_billed_units(void **state)
 {
     json_t *j = rerank_resp(34,
@@ -2886,6 +2947,9 @@ main(void)
             test_rerank_without_return_documents_has_no_document),
         cmocka_unit_test(test_rerank_documents_come_from_upstream_or_client),
         cmocka_unit_test(test_rerank_meta_keeps_only_upstream_billed_units),
+        cmocka_unit_test(test_rerank_request_passes_upstream_options_on),
+        cmocka_unit_test(test_rerank_results_name_each_document_once),
+        cmocka_unit_test(test_rerank_meta_without_billed_counts_shows_the_usage),
         cmocka_unit_test(test_rerank_top_n_cuts_an_upstream_that_ignored_it),
         cmocka_unit_test(test_rerank_result_without_index_is_refused),
     };

@@ -401,13 +401,21 @@ test_rerank_usage_from_usage_total_tokens(void **state)
     assert_usage(&r.u, 123, 0, 0, 0);
     free(r.out);
 
-    /* no usage at all: billed for the answer's bytes, 4 to a token */
+    /* no usage at all: nothing the upstream wrote is billed as output
+       (the ledger bills the request's estimate as the prompt) */
     static const char bare[] =
         "{\"results\":[{\"index\":0,\"relevance_score\":0.5},"
         "{\"index\":1,\"relevance_score\":0.25}]}";
     r = run(LLMGW_EP_RERANK, 1, 0, 0, bare);
     assert_int_equal(r.u.known, 0);
-    assert_int_equal(r.u.completion_tokens, (int64_t) (sizeof(bare) - 1) / 4);
+    assert_int_equal(r.u.completion_tokens, 0);
+    free(r.out);
+
+    /* billed units without a count leave the usage to read */
+    r = run(LLMGW_EP_RERANK, 34, 0, 0,
+        "{\"meta\":{\"billed_units\":{}},\"usage\":{\"total_tokens\":44},"
+        "\"results\":[{\"index\":0,\"relevance_score\":0.5}]}");
+    assert_usage(&r.u, 44, 0, 0, 0);
     free(r.out);
 }
 
