@@ -141,7 +141,7 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
                           ctx->endpoint.ep == LLMGW_EP_TASK
                           ? ctx->troute.allow
                           : ctx->endpoint.ep == LLMGW_EP_MODELS
-                            ? "GET" : "POST");
+                            ? "GET, HEAD" : "POST");
         return ngx_llmgw_send_error(r, ctx, &v);
     }
 

@@ -275,7 +275,9 @@ llmgw_endpoint_classify(llmgw_str_t method, llmgw_str_t path,
             out->model.len = match.model.size();
         }
 
-        out->method_ok = m == (match.ep == LLMGW_EP_MODELS ? "GET" : "POST");
+        /* the list is read with GET, or HEAD for its head alone */
+        out->method_ok = match.ep == LLMGW_EP_MODELS
+                         ? (m == "GET" || m == "HEAD") : m == "POST";
 
     } catch (...) {
         /* only the hint's string can throw (allocation): fail closed */

@@ -216,6 +216,17 @@ describe('authentication', { timeout: 180000 }, () => {
         assert.deepEqual(await ids(k.g1), [M, M2].sort());
         assertError(await gw.chat(k.ok, NOPRICE), 400, { code: 'model_price_error' });
         assertError(await gw.req('GET', '/v1/models', { key: 'sk-nope' }), 401, {});
+
+        /* HEAD: the head GET would send, without the list */
+        const get = await gw.req('GET', '/v1/models', { key: k.ok });
+        const head = await gw.req('HEAD', '/v1/models', { key: k.ok });
+        assert.equal(head.status, 200);
+        assert.equal(head.text, '');
+        assert.equal(head.headers['content-type'], 'application/json');
+        assert.equal(head.headers['content-length'], get.headers['content-length']);
+        const refused = await gw.req('HEAD', '/v1/models', { key: 'sk-nope' });
+        assert.equal(refused.status, 401);
+        assert.equal(refused.text, '');
     });
 
     test('a key in a deprecated group gets 403 group deprecated', async () => {

@@ -142,7 +142,7 @@ describe('error contract', { timeout: 180000 }, () => {
     test('405 method_not_allowed names the allowed methods in its Allow header', async () => {
         for (const [method, p, allow] of [
             ['GET', '/v1/chat/completions', 'POST'], ['PUT', '/v1/messages', 'POST'],
-            ['POST', '/v1/models', 'GET'], ['DELETE', '/v1/rerank', 'POST'],
+            ['POST', '/v1/models', 'GET, HEAD'], ['DELETE', '/v1/rerank', 'POST'],
             ['PATCH', '/api/pricing', 'GET, PUT'], ['POST', '/metrics', 'GET, HEAD'],
         ]) {
             const r = p.startsWith('/api/') ? await gw.admin(method, p, {})

@@ -95,6 +95,9 @@ test_models_wants_get(void **state)
     assert_int_equal(ep.ep, LLMGW_EP_MODELS);
     assert_int_equal(ep.method_ok, 1);
 
+    ep = classify("HEAD", "/v1/models");
+    assert_int_equal(ep.method_ok, 1);
+
     ep = classify("POST", "/v1/models");
     assert_int_equal(ep.ep, LLMGW_EP_MODELS);
     assert_int_equal(ep.method_ok, 0);
