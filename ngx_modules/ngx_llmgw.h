@@ -399,7 +399,9 @@ void ngx_llmgw_ledger_wake(void);
 /* ngx_llmgw_v8host.c */
 /*
  * rc: NGX_OK with the reply body, else the reason and NGX_ERROR (the call
- * failed), NGX_ETIMEDOUT, or NGX_DECLINED (the helper is not running).
+ * failed), NGX_ETIMEDOUT, NGX_DECLINED (the helper is not running), or
+ * NGX_ABORT (the reply was over llmgw_v8host_max_frame: what the call
+ * returned was too large).
  */
 typedef void (*ngx_llmgw_v8_handler_pt)(void *data, ngx_int_t rc,
     u_char *body, size_t len);
@@ -409,7 +411,8 @@ ngx_int_t ngx_llmgw_v8host_init_process(ngx_cycle_t *cycle,
 void ngx_llmgw_v8host_exit_process(ngx_cycle_t *cycle);
 ngx_uint_t ngx_llmgw_v8host_enabled(void);
 /* NGX_OK (answered later), NGX_BUSY (too many calls), NGX_DECLINED (no
- * helper configured), NGX_ERROR. */
+ * helper configured), NGX_ABORT (the body is over llmgw_v8host_max_frame),
+ * NGX_ERROR. */
 ngx_int_t ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     ngx_llmgw_v8_handler_pt handler, void *data);
 /* A CALL of a published source: loads it into the helper when needed. */

@@ -333,6 +333,13 @@ ngx_llmgw_admin_v8_refused(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
                                       "(llmgw_v8host)");
     }
 
+    if (rc == NGX_ABORT) {
+        return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+                                      "request_too_large",
+                                      "the source or the arguments are "
+                                      "larger than llmgw_v8host_max_frame");
+    }
+
     return ngx_llmgw_admin_refuse(r, ctx, NGX_HTTP_SERVICE_UNAVAILABLE,
                                   "plugin_runtime_busy",
                                   "the plugin runtime is busy; retry "

@@ -273,7 +273,8 @@ ngx_llmgw_task_hook_done(void *data, ngx_int_t rc, u_char *body, size_t len)
 {
     ngx_llmgw_runner_t  *rn = data;
 
-    llmgw_tjob_hook_done(rn->job, rc == NGX_OK ? 0 : -1, (char *) body, len);
+    llmgw_tjob_hook_done(rn->job, rc == NGX_OK ? 0 : rc == NGX_ABORT ? 1 : -1,
+                         (char *) body, len);
     ngx_llmgw_task_resume(rn);
 }
 
@@ -503,6 +504,7 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
     llmgw_verdict_t       v;
     ngx_llmgw_ctx_t      *ctx;
     ngx_http_request_t   *r;
+    const char           *why;
     const llmgw_tstep_t  *st;
 
     rn->driving = 1;
@@ -521,9 +523,14 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
                 return;
             }
             rn->inflight = 0;
-            llmgw_tjob_hook_done(rn->job, -1,
-                                 rc == NGX_BUSY ? "the plugin runtime is busy"
-                                 : "the plugin runtime is not available", 0);
+            why = rc == NGX_ABORT ? "its arguments are larger than "
+                                    "llmgw_v8host_max_frame"
+                  : rc == NGX_BUSY ? "the plugin runtime is busy"
+                  : "the plugin runtime is not available";
+            /* arguments too large to send (a vendor's answer, say) fail
+               the call as a result too large to read would */
+            llmgw_tjob_hook_done(rn->job, rc == NGX_ABORT ? 1 : -1, why,
+                                 ngx_strlen(why));
             continue;
 
         case LLMGW_TSTEP_HTTP:

@@ -48,6 +48,8 @@ static void ngx_llmgw_v8_dispatch(void);
 static void ngx_llmgw_v8_write(ngx_event_t *wev);
 static void ngx_llmgw_v8_read(ngx_event_t *rev);
 static void ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why);
+static void ngx_llmgw_v8_fail_as(ngx_llmgw_v8_conn_t *vc, ngx_int_t rc,
+    const char *why);
 static void ngx_llmgw_v8_release(ngx_llmgw_v8_conn_t *vc);
 static void ngx_llmgw_v8_close(ngx_llmgw_v8_conn_t *vc);
 static void ngx_llmgw_v8_finish(ngx_llmgw_v8_call_t *call, ngx_int_t rc,
@@ -137,7 +139,7 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     }
 
     if (len > ngx_llmgw_v8_mcf->v8host_max_frame) {
-        return NGX_ERROR;
+        return NGX_ABORT;
     }
 
     call = ngx_calloc(sizeof(ngx_llmgw_v8_call_t) + sizeof(ngx_buf_t)
@@ -373,9 +375,10 @@ ngx_llmgw_v8_read(ngx_event_t *rev)
         vc->head_got += n;
 
         if (vc->head_got == LLMGW_FRAME_HEADER_LEN) {
-            if (llmgw_frame_decode(vc->head,
-                                   ngx_llmgw_v8_mcf->v8host_max_frame, &f,
-                                   err, sizeof(err))
+            /* any length first: a reply to this call that is too long is
+               what the call returned, not a fault of the helper */
+            if (llmgw_frame_decode(vc->head, (size_t) UINT32_MAX, &f, err,
+                                   sizeof(err))
                 != 0)
             {
                 ngx_llmgw_v8_fail(vc, err);
@@ -386,6 +389,15 @@ ngx_llmgw_v8_read(ngx_event_t *rev)
                 || !(f.type & LLMGW_FRAME_REPLY))
             {
                 ngx_llmgw_v8_fail(vc, "the helper answered another call");
+                return;
+            }
+
+            if (f.length > ngx_llmgw_v8_mcf->v8host_max_frame) {
+                ngx_snprintf((u_char *) err, sizeof(err) - 1,
+                             "the result is %uD bytes of JSON, over "
+                             "llmgw_v8host_max_frame (%uz)%Z", f.length,
+                             ngx_llmgw_v8_mcf->v8host_max_frame);
+                ngx_llmgw_v8_fail_as(vc, NGX_ABORT, err);
                 return;
             }
 
@@ -508,6 +520,14 @@ ngx_llmgw_v8_fail_pending(const char *why)
 static void
 ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why)
 {
+    ngx_llmgw_v8_fail_as(vc, NGX_ERROR, why);
+}
+
+
+/* Ends a connection and answers its call with rc and why. */
+static void
+ngx_llmgw_v8_fail_as(ngx_llmgw_v8_conn_t *vc, ngx_int_t rc, const char *why)
+{
     ngx_llmgw_v8_call_t  *call;
 
     ngx_log_error(NGX_LOG_ERR, ngx_llmgw_v8_log, 0,
@@ -518,8 +538,7 @@ ngx_llmgw_v8_fail(ngx_llmgw_v8_conn_t *vc, const char *why)
     ngx_llmgw_v8_close(vc);
 
     if (call) {
-        ngx_llmgw_v8_finish(call, NGX_ERROR, (u_char *) why,
-                            ngx_strlen(why));
+        ngx_llmgw_v8_finish(call, rc, (u_char *) why, ngx_strlen(why));
     }
 
     /* from a posted event: a failure met while dispatching must not

@@ -369,7 +369,9 @@ hook_reply(int rc, const char *reply, size_t len)
     HookReply h;
 
     if (rc != 0) {
-        h.kind = "internal";
+        /* 1: the call returned more than the gateway takes, the plugin's
+           doing; else the runtime failed */
+        h.kind = rc == 1 ? "plugin" : "internal";
         h.message = std::string(reply ? reply : "", len);
         return h;
     }
@@ -377,8 +379,15 @@ hook_reply(int rc, const char *reply, size_t len)
     Json r = json_parse(reply, len);
 
     if (!json_is_object(r.get())) {
-        h.kind = "internal";
-        h.message = "the plugin runtime answered something unreadable";
+        /* a whole reply the runtime wrote for this call: what the hook
+           returned is what cannot be read (the runtime refuses results
+           nested too deeply itself) */
+        json_error_t jerr;
+        Json again(json_loadb(reply, len, JSON_DECODE_ANY, &jerr));
+
+        h.kind = "plugin";
+        h.message = std::string("its result cannot be read (")
+                    + (again ? "not a reply object" : jerr.text) + ")";
         return h;
     }
 

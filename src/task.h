@@ -154,7 +154,8 @@ void llmgw_tjob_free(llmgw_tjob_t *j);
 
 const llmgw_tstep_t *llmgw_tjob_next(llmgw_tjob_t *j);
 
-/* rc 0: reply is the helper's JSON reply; else reply is the reason. */
+/* rc 0: reply is the helper's JSON reply; else reply is the reason (rc 1:
+   the reply was larger than the gateway takes: the plugin's doing). */
 void llmgw_tjob_hook_done(llmgw_tjob_t *j, int rc, const char *reply,
     size_t len);
 

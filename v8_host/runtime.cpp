@@ -49,9 +49,12 @@ namespace {
 
 /*
  * JSON.stringify with a replacer that refuses what JSON would silently
- * drop or cannot hold, naming where it is: functions, symbols, BigInt and
- * cycles.  Returns the JSON text, or [message] for such a refusal.  The
- * builtins are captured before plugin code runs in the context.
+ * drop or cannot hold, naming where it is: functions, symbols, BigInt,
+ * cycles, and nesting deeper than the gateway reads (its JSON parser stops
+ * at 2048 levels; a result it cannot read would look like a runtime
+ * fault, not the plugin's).  Returns the JSON text, or [message] for such
+ * a refusal.  The builtins are captured before plugin code runs in the
+ * context.
  */
 const char kSerializerSource[] = R"JS((function () {
   'use strict';
@@ -86,6 +89,11 @@ const char kSerializerSource[] = R"JS((function () {
         throw refused;
       }
       if (t === 'object' && v !== null) {
+        if (n >= 512) {
+          message = label + ' a value nested over 512 levels deep'
+                    + at(this, key).slice(0, 200);
+          throw refused;
+        }
         for (let i = 0; i < n; i++) {
           if (objs[i] === v) {
             message = label + ' a cycle' + at(this, key);

@@ -224,6 +224,13 @@ describe('poll classification', { timeout: 300000 }, () => {
         assert.ok(JSON.stringify(v).length < 100000, 'nothing of the big values was kept');
     });
 
+    test('a result nested deeper than the gateway reads counts as a failed poll (not a runtime outage)', async () => {
+        const deep = { body: { status: 'done', deep: 3000 } };
+        const t = await startTask([deep, deep, deep]);
+        const v = await expectFailedAndRefunded(t, { polled: 3 });
+        assert.match(v.fail_reason, /parseTaskResult failed: .*nested over 512 levels deep/);
+    });
+
     test('a valid non-terminal 2xx resets the failure counter', async () => {
         const g = [gate(), gate(), gate()];
         const fail = { status: 500, body: { error: 'oops' } };
@@ -702,5 +709,44 @@ describe('a worker killed mid-poll', { timeout: 120000 }, () => {
         const led = await waitLedger(db, id, ['reserve', 'settle']);
         assert.equal(led.reserve, PER_TASK);
         await expectUsed(gw, db, env.acct, PER_TASK);
+    });
+});
+
+
+describe('hook frames over llmgw_v8host_max_frame', { timeout: 120000 }, () => {
+    let db, gw, vendor, env;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true,
+            http: `${HTTP}\n  llmgw_v8host_max_frame 64k;` });
+        vendor = await startVendor();
+        env = await taskSetup(gw, { vendors: [vendor] });
+    });
+
+    after(() => tearDown(db, [gw], [vendor]));
+
+    async function failsCounted(answer, reason) {
+        const acct = await account(gw);
+        const up = uniq('up');
+        vendor.queuePoll(up, answer, answer, answer);
+        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
+            { key: acct.key }), 'submit');
+        const v = await waitStatus(gw, acct.key, r.json.task_id, 'FAILURE', { ms: 8000 });
+        assert.match(v.fail_reason, reason);
+        assert.equal(vendor.polls(up).length, MAX_FAILURES, 'each poll counted once');
+        const led = await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve, JSON.stringify(led));
+        await expectUsed(gw, db, acct, 0);
+    }
+
+    test('a result larger than the frame: each poll counts, the task fails and is refunded', async () => {
+        await failsCounted({ body: { status: 'done', grow: 100 * 1024 } },
+            /parseTaskResult failed: the result is \d+ bytes of JSON, over llmgw_v8host_max_frame/);
+    });
+
+    test('a vendor answer too large to hand to the hook: each poll counts, the task fails', async () => {
+        await failsCounted({ body: { status: 'running', result: 'y'.repeat(100 * 1024) } },
+            /parseTaskResult failed: its arguments are larger than llmgw_v8host_max_frame/);
     });
 });
