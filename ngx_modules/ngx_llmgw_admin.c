@@ -439,7 +439,7 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
             if (rc == 0) {
                 rc = llmgw_plugin_load_request((char *) ctx->body.data,
-                                               ctx->body.len, &frame, &v);
+                                               ctx->body.len, 0, &frame, &v);
                 llmgw_buf_free(&frame);
             }
 
@@ -599,12 +599,9 @@ ngx_llmgw_admin_upload(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
                     ctx->market_version.len + 1);
     }
 
-    if (llmgw_plugin_upload_check((char *) ctx->body.data, ctx->body.len,
-                                  &v)
-        != 0
-        || llmgw_plugin_load_request((char *) ctx->body.data, ctx->body.len,
-                                     &frame, &v)
-           != 0)
+    if (llmgw_plugin_load_request((char *) ctx->body.data, ctx->body.len,
+                                  1, &frame, &v)
+        != 0)
     {
         return ngx_llmgw_send_error(r, ctx, &v);
     }

@@ -637,14 +637,11 @@ int llmgw_plugin_source_request(const char *source, size_t len,
     llmgw_buf_t *frame, llmgw_verdict_t *v);
 
 /*
- * Checks an upload's body: members source, remark (a string), enabled and
- * force (booleans) only.  0, or -1 and a 400 verdict naming the member.
+ * The LOAD body {"source": ...} from an admin body; 400 without source.
+ * An upload's body (upload 1) takes source, remark (a string), enabled and
+ * force (booleans) only: anything else is a 400 verdict naming it.
  */
-int llmgw_plugin_upload_check(const char *body, size_t len,
-    llmgw_verdict_t *v);
-
-/* The LOAD body {"source": ...} from an admin body; 400 without source. */
-int llmgw_plugin_load_request(const char *body, size_t len,
+int llmgw_plugin_load_request(const char *body, size_t len, int upload,
     llmgw_buf_t *frame, llmgw_verdict_t *v);
 
 /*

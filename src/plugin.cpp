@@ -91,7 +91,8 @@ llmgw::plugin_admin_members(const json_t *root,
 
 
 extern "C" int
-llmgw_plugin_upload_check(const char *body, size_t len, llmgw_verdict_t *v)
+llmgw_plugin_load_request(const char *body, size_t len, int upload,
+    llmgw_buf_t *frame, llmgw_verdict_t *v)
 {
     try {
         Json root = json_parse(body, len);
@@ -102,29 +103,11 @@ llmgw_plugin_upload_check(const char *body, size_t len, llmgw_verdict_t *v)
             return -1;
         }
 
-        return plugin_admin_members(root.get(),
-                                    { "source", "remark", "enabled", "force" },
-                                    v)
-                   ? 0 : -1;
-
-    } catch (...) {
-        llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
-                          "the request could not be read");
-        return -1;
-    }
-}
-
-
-extern "C" int
-llmgw_plugin_load_request(const char *body, size_t len, llmgw_buf_t *frame,
-    llmgw_verdict_t *v)
-{
-    try {
-        Json root = json_parse(body, len);
-
-        if (!json_is_object(root.get())) {
-            llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
-                              "invalid JSON request body");
+        if (upload
+            && !plugin_admin_members(root.get(), { "source", "remark",
+                                                   "enabled", "force" },
+                                     v))
+        {
             return -1;
         }
 
