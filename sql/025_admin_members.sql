@@ -114,8 +114,11 @@ BEGIN
 END $$;
 
 
--- 018's member check, plus: the per-token multiples go with ratio alone.
-CREATE OR REPLACE FUNCTION llmgw_api_pricing(p_method text, b jsonb)
+-- The per-token multiples go with ratio alone; 018's check of the member
+-- names, and the entries themselves, follow.
+ALTER FUNCTION llmgw_api_pricing(text, jsonb) RENAME TO llmgw_api_pricing_known;
+
+CREATE FUNCTION llmgw_api_pricing(p_method text, b jsonb)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     r  record;
@@ -123,20 +126,13 @@ DECLARE
 BEGIN
     IF p_method <> 'GET' THEN
         FOR r IN SELECT key, value FROM jsonb_each(b) ORDER BY key LOOP
-            CONTINUE WHEN jsonb_typeof(r.value) IS DISTINCT FROM 'object';
-            FOR k IN SELECT jsonb_object_keys(r.value) ORDER BY 1 LOOP
-                IF k <> ALL (ARRAY['ratio', 'completion_ratio', 'cache_ratio',
-                                   'cache_creation_ratio', 'price',
-                                   'unit_prices', 'multipliers']) THEN
-                    PERFORM llmgw_bad(format('pricing.%s.%s: unknown field (known: ratio, completion_ratio, cache_ratio, cache_creation_ratio, price, unit_prices, multipliers)',
-                                             r.key, k));
-                END IF;
-                IF k IN ('completion_ratio', 'cache_ratio', 'cache_creation_ratio')
-                   AND r.value -> k <> 'null'
-                   AND coalesce(r.value -> 'ratio', 'null') = 'null'
-                   AND (coalesce(r.value -> 'price', 'null') <> 'null'
-                        OR coalesce(r.value -> 'unit_prices', 'null') <> 'null')
-                THEN
+            CONTINUE WHEN jsonb_typeof(r.value) IS DISTINCT FROM 'object'
+                       OR coalesce(r.value -> 'ratio', 'null') <> 'null'
+                       OR (coalesce(r.value -> 'price', 'null') = 'null'
+                           AND coalesce(r.value -> 'unit_prices', 'null') = 'null');
+            FOREACH k IN ARRAY ARRAY['cache_creation_ratio', 'cache_ratio',
+                                     'completion_ratio'] LOOP
+                IF coalesce(r.value -> k, 'null') <> 'null' THEN
                     PERFORM llmgw_bad(format('pricing.%s.%s: only with ratio (a per-token price); '
                                              'a per-call price or unit_prices has no %s',
                                              r.key, k, k));
@@ -145,5 +141,5 @@ BEGIN
         END LOOP;
     END IF;
 
-    RETURN llmgw_api_pricing_entries(p_method, b);
+    RETURN llmgw_api_pricing_known(p_method, b);
 END $$;

@@ -27,7 +27,7 @@ import {
 } from '../lib/harness.mjs';
 import {
     account, expectUsed, gate, getTask, ledgerRows, mapLimit, pidOwningPort,
-    pollFailures, startVendor, stopAfterKill, submitTask, taskSetup, TERMINAL,
+    pluginSource, pollFailures, startVendor, stopAfterKill, submitTask, taskSetup, TERMINAL,
     vendorSuite, waitFor, waitLedger, waitStatus, waitTask,
 } from '../lib/vendor.mjs';
 
@@ -743,6 +743,15 @@ describe('hook frames over llmgw_v8host_max_frame', { timeout: 120000 }, () => {
     test('a result larger than the frame: each poll counts, the task fails and is refunded', async () => {
         await failsCounted({ body: { status: 'done', grow: 100 * 1024 } },
             /parseTaskResult failed: the result is \d+ bytes of JSON, over llmgw_v8host_max_frame/);
+    });
+
+    test('an upload whose source is over the frame: 413 request_too_large, nothing stored', async () => {
+        const source = pluginSource('task-vendor.js', { key: 'itest-big-frame', models: ['itest-big-1'] })
+            + `\n/* ${'z'.repeat(70 * 1024)} */\n`;
+        const r = await gw.admin('POST', '/api/plugin/task', { source, enabled: false });
+        assertError(r, 413, { code: 'request_too_large',
+            message: 'the source or the arguments are larger than llmgw_v8host_max_frame' });
+        assertError(await gw.admin('GET', '/api/plugin/task/itest-big-frame'), 404);
     });
 
     test('a vendor answer too large to hand to the hook: each poll counts, the task fails', async () => {
