@@ -42,6 +42,7 @@ struct ngx_llmgw_runner_s {
     ngx_uint_t                 tries;       /* channels it was sent to */
     ngx_uint_t                 sent;        /* the HTTP request is out */
     void                      *busy;        /* its channel's poll count */
+    ngx_uint_t                 ntasks;      /* a poll job's tasks */
     ngx_queue_t                queue;       /* the poller's lists */
     ngx_pool_cleanup_t        *cleanup;     /* on the request's pool */
     ngx_llmgw_task_body_t      body;        /* the client's, owned */
@@ -89,7 +90,7 @@ static ngx_queue_t             ngx_llmgw_poll_waiting;
 static ngx_queue_t             ngx_llmgw_poll_active;
 static ngx_uint_t              ngx_llmgw_poll_running;
 static ngx_uint_t              ngx_llmgw_poll_abandoned;
-static ngx_uint_t              ngx_llmgw_poll_claimed;
+static ngx_uint_t              ngx_llmgw_poll_held;      /* their tasks */
 static ngx_uint_t              ngx_llmgw_poll_claiming;
 static ngx_uint_t              ngx_llmgw_poll_go_on;     /* right away */
 static ngx_msec_t              ngx_llmgw_poll_last;      /* last claim */
@@ -1009,21 +1010,27 @@ ngx_llmgw_poll_due(void)
 }
 
 
-/* A pass ended: a full one means more tasks may be due right now. */
+/*
+ * A claim was answered.  A full one means more tasks may be due right now:
+ * this worker claims again as soon as it has room, and a full claim of a
+ * whole batch flags the backlog for the node's other workers.
+ */
 static void
-ngx_llmgw_poll_pass_done(void)
+ngx_llmgw_poll_claim_done(ngx_uint_t ntasks, ngx_uint_t limit)
 {
     ngx_llmgw_shm_ctx_t  *shm;
 
-    if (ngx_llmgw_poll_claimed < ngx_llmgw_task_mcf->task_poll_batch) {
+    if (ntasks < limit) {
         ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
         return;
     }
 
-    shm = ngx_llmgw_shm();
-    if (shm != NULL) {
-        shm->sh->task_backlog_until = ngx_current_msec
-                                      + ngx_llmgw_task_mcf->task_poll_interval;
+    if (limit == ngx_llmgw_task_mcf->task_poll_batch) {
+        shm = ngx_llmgw_shm();
+        if (shm != NULL) {
+            shm->sh->task_backlog_until =
+                ngx_current_msec + ngx_llmgw_task_mcf->task_poll_interval;
+        }
     }
 
     ngx_llmgw_poll_go_on = 1;
@@ -1043,6 +1050,15 @@ ngx_llmgw_poll_schedule(ngx_msec_t delay)
     }
 
     ngx_add_timer(&ngx_llmgw_poll_ev, delay);
+}
+
+
+/* A poll job leaves the poller: its tasks are no longer held. */
+static void
+ngx_llmgw_poll_runner_free(ngx_llmgw_runner_t *rn)
+{
+    ngx_llmgw_poll_held -= ngx_min(rn->ntasks, ngx_llmgw_poll_held);
+    ngx_llmgw_runner_free(rn);
 }
 
 
@@ -1128,7 +1144,7 @@ ngx_llmgw_poll_start_more(void)
                at exit, for another worker or node to take at once */
             if (ngx_exiting || ngx_terminate || ngx_quit) {
                 ngx_queue_remove(q);
-                ngx_llmgw_runner_free(rn);
+                ngx_llmgw_poll_runner_free(rn);
                 ngx_llmgw_poll_abandoned = 1;
                 continue;
             }
@@ -1143,7 +1159,7 @@ ngx_llmgw_poll_start_more(void)
                 >= ngx_llmgw_task_mcf->task_lease / 4 * 3)
             {
                 ngx_queue_remove(q);
-                ngx_llmgw_runner_free(rn);
+                ngx_llmgw_poll_runner_free(rn);
                 dropped++;
                 continue;
             }
@@ -1191,12 +1207,6 @@ ngx_llmgw_poll_start_more(void)
                       "llmgw: %ui poll jobs waited through 3/4 of "
                       "llmgw_task_lease and are left to a later pass",
                       dropped);
-
-        if (ngx_llmgw_poll_running == 0
-            && ngx_queue_empty(&ngx_llmgw_poll_waiting))
-        {
-            ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
-        }
     }
 }
 
@@ -1297,14 +1307,13 @@ ngx_llmgw_poll_job_done(ngx_llmgw_runner_t *rn)
     if (rn->busy != NULL) {
         ((ngx_llmgw_poll_busy_t *) rn->busy)->running--;
     }
-    ngx_llmgw_runner_free(rn);
+    ngx_llmgw_poll_runner_free(rn);
 
     ngx_llmgw_poll_start_more();
 
-    if (ngx_llmgw_poll_running == 0
-        && ngx_queue_empty(&ngx_llmgw_poll_waiting))
-    {
-        ngx_llmgw_poll_pass_done();
+    /* a backlog is claimed into the room this job left */
+    if (ngx_llmgw_poll_go_on) {
+        ngx_llmgw_poll_schedule(1);
     }
 }
 
@@ -1313,12 +1322,13 @@ static void
 ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
 {
     size_t               ntasks, njobs, i;
+    ngx_uint_t           limit;
     const char          *val;
     llmgw_tjob_t       **jobs;
     llmgw_snapshot_t    *snap;
     ngx_llmgw_runner_t  *rn;
 
-    (void) data;
+    limit = (ngx_uint_t) (uintptr_t) data;
     ngx_llmgw_poll_claiming = 0;
 
     if (err != NULL || res == NULL || PQntuples(res) != 1
@@ -1346,7 +1356,6 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
                                      (char *) ngx_llmgw_poll_owner,
                                      ngx_strlen(ngx_llmgw_poll_owner) },
                                  &jobs, &ntasks);
-    ngx_llmgw_poll_claimed = ntasks;
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_llmgw_task_log, 0,
                    "llmgw: polling %uz tasks in %uz jobs", ntasks, njobs);
@@ -1362,8 +1371,10 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
         }
 
         rn->channel_id = llmgw_tjob_channel(jobs[i]);
+        rn->ntasks = llmgw_tjob_ntasks(jobs[i]);
         rn->claimed = ngx_current_msec;
         rn->poll = 1;
+        ngx_llmgw_poll_held += rn->ntasks;
         ngx_queue_insert_tail(&ngx_llmgw_poll_waiting, &rn->queue);
     }
 
@@ -1372,33 +1383,38 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
 
     ngx_llmgw_poll_start_more();
 
-    if (ngx_llmgw_poll_running == 0
-        && ngx_queue_empty(&ngx_llmgw_poll_waiting))
-    {
-        ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
-    }
+    ngx_llmgw_poll_claim_done(ntasks, limit);
 }
 
 
+/*
+ * A pass claims due tasks while earlier ones may still be polled: up to
+ * llmgw_task_poll_batch tasks held in all, none of a channel whose polls
+ * already fill llmgw_task_poll_concurrency (its tasks would only wait), so
+ * one channel's slow polls hold up no other channel's.
+ */
 static void
 ngx_llmgw_poll_tick(ngx_event_t *ev)
 {
-    u_char       limit[NGX_INT_T_LEN + 1], lease[NGX_INT_T_LEN + 1];
-    const char  *params[3];
+    u_char                 *p, *last;
+    ngx_uint_t              i, room, nskip;
+    const char             *params[4];
+    u_char                  limit[NGX_INT_T_LEN + 1], lease[NGX_INT_T_LEN + 1];
+    static u_char           skip[64 * (NGX_INT64_LEN + 1) + 3];
 
     if (ngx_exiting || ngx_terminate || ngx_quit) {
         return;
     }
 
-    if (ngx_llmgw_poll_running > 0
-        || !ngx_queue_empty(&ngx_llmgw_poll_waiting)
-        || ngx_llmgw_poll_claiming)
-    {
-        /* the last pass is still at work; it schedules the next one */
+    if (ngx_llmgw_poll_claiming) {
+        /* the claim's answer schedules the next tick */
         return;
     }
 
-    if (!ngx_llmgw_poll_due()) {
+    room = ngx_llmgw_task_mcf->task_poll_batch > ngx_llmgw_poll_held
+           ? ngx_llmgw_task_mcf->task_poll_batch - ngx_llmgw_poll_held : 0;
+
+    if (room == 0 || !ngx_llmgw_poll_due()) {
         ngx_llmgw_poll_schedule(ngx_llmgw_poll_period());
         return;
     }
@@ -1406,17 +1422,39 @@ ngx_llmgw_poll_tick(ngx_event_t *ev)
     ngx_llmgw_poll_go_on = 0;
     ngx_llmgw_poll_last = ngx_current_msec;
 
-    *ngx_sprintf(limit, "%ui", ngx_llmgw_task_mcf->task_poll_batch) = '\0';
+    p = skip;
+    last = skip + sizeof(skip) - 2;
+    *p++ = '{';
+    nskip = 0;
+
+    for (i = 0; i < ngx_llmgw_poll_nbusy; i++) {
+        if (ngx_llmgw_poll_busy[i].running
+            < ngx_llmgw_task_mcf->task_poll_concurrency)
+        {
+            continue;
+        }
+
+        p = ngx_slprintf(p, last, "%s%L", nskip++ ? "," : "",
+                         ngx_llmgw_poll_busy[i].channel_id);
+    }
+
+    *p++ = '}';
+    *p = '\0';
+
+    *ngx_sprintf(limit, "%ui", room) = '\0';
     *ngx_sprintf(lease, "%M", ngx_llmgw_task_mcf->task_lease) = '\0';
 
     params[0] = (char *) ngx_llmgw_poll_owner;
     params[1] = (char *) limit;
     params[2] = (char *) lease;
+    params[3] = (char *) skip;
 
     ngx_llmgw_poll_claiming = 1;
 
-    if (ngx_llmgw_pg_query("select llmgw_task_claim($1, $2::int, $3::int)",
-                           3, params, NULL, ngx_llmgw_poll_claimed_cb, NULL)
+    if (ngx_llmgw_pg_query("select llmgw_task_claim($1, $2::int, $3::int, "
+                           "$4::bigint[])",
+                           4, params, NULL, ngx_llmgw_poll_claimed_cb,
+                           (void *) (uintptr_t) room)
         != NGX_OK)
     {
         ngx_llmgw_poll_claiming = 0;

@@ -2841,6 +2841,13 @@ llmgw_tjob_channel(const llmgw_tjob_t *j)
 }
 
 
+extern "C" size_t
+llmgw_tjob_ntasks(const llmgw_tjob_t *j)
+{
+    return j->mode == llmgw_tjob_s::POLL ? j->tasks.size() : 0;
+}
+
+
 extern "C" llmgw_buf_t
 llmgw_task_headers_json(const llmgw_str_t *names, const llmgw_str_t *values,
     size_t n)

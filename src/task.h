@@ -128,6 +128,9 @@ size_t llmgw_task_poll_jobs(const llmgw_snapshot_t *s,
 /* The channel a job's current step is for. */
 int64_t llmgw_tjob_channel(const llmgw_tjob_t *j);
 
+/* The tasks a poll job holds (0 for a request job). */
+size_t llmgw_tjob_ntasks(const llmgw_tjob_t *j);
+
 /*
  * What the access log and the metrics say of a request job, as of a chat
  * request: the client's model (whether it has a price), the channel the

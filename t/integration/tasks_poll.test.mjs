@@ -759,3 +759,49 @@ describe('hook frames over llmgw_v8host_max_frame', { timeout: 120000 }, () => {
             /parseTaskResult failed: its arguments are larger than llmgw_v8host_max_frame/);
     });
 });
+
+describe('one channel whose polls are slow', { timeout: 120000 }, () => {
+    /* one worker, one poll at a time per channel: the slow channel's poll
+       takes 3 s, during which the fast channel is due every 200 ms */
+    let db, gw, slow, fast;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true, workers: 1,
+            http: `${HTTP}\n  llmgw_task_poll_concurrency 1;` });
+        slow = await startVendor();
+        fast = await startVendor();
+    });
+
+    after(() => tearDown(db, [gw], [slow, fast]));
+
+    test('holds up no other channel\'s polling, and its own tasks are not polled twice at once', async () => {
+        const envSlow = await taskSetup(gw, { vendors: [slow], models: 1 });
+        const envFast = await taskSetup(gw, { vendors: [fast], models: 1 });
+        slow.pollAnswer = () => ({ ...running(), before: () => sleep(3000) });
+        const upSlow = [uniq('up-slow'), uniq('up-slow')];
+        const upFast = uniq('up-fast');
+        for (const up of upSlow) {
+            assertOk(await submitTask(gw, envSlow, { model: envSlow.model, up_id: up }), 'slow submit');
+        }
+        assertOk(await submitTask(gw, envFast, { model: envFast.model, up_id: upFast }), 'fast submit');
+
+        /* a slow poll has begun: count the fast channel's polls while it runs */
+        await waitFor(() => upSlow.some((up) => slow.polls(up).length > 0), 5000,
+            { what: 'a slow poll' });
+        const from = Date.now();
+        await sleep(2500);
+        const during = fast.polls(upFast).filter((p) => p.t >= from && p.t < from + 2500);
+        assert.ok(during.length >= 4,
+            `the fast channel was polled ${during.length} times in 2.5 s of a 3 s slow poll`);
+
+        /* the slow channel had room for one poll at a time, and got it */
+        await sleep(4000);
+        const all = upSlow.flatMap((up) => slow.polls(up)).sort((a, b) => a.t - b.t);
+        assert.ok(all.length >= 2, `slow polls: ${all.length}`);
+        for (let i = 1; i < all.length; i++) {
+            assert.ok(all[i - 1].tEnd > 0 && all[i].t >= all[i - 1].tEnd,
+                `two slow polls at once: ${all.map((p) => `${p.t}-${p.tEnd}`)}`);
+        }
+    });
+});

@@ -949,6 +949,9 @@ expect_eq "a failed create leaves nothing" "$(sql "SELECT count(*) FROM tasks WH
 
 
 echo "== tasks: llmgw_task_claim"
+ANS=$(q2 "SELECT llmgw_task_claim(:'a', 1000, 60000, '{8,7}')" "S_$RUN") || { bad "task_claim with skip failed"; ANS='{}'; }
+expect_eq "claim leaves out the channels it is told to skip" "$(mine)" "[]"
+expect_eq "... and leases none of them" "$(sql "SELECT count(*) FROM tasks WHERE lease_owner = 'S_$RUN'")" 0
 task_claim "A_$RUN" 1000 60000
 expect_eq "claim takes due non-terminal tasks" "$(mine)" "[\"${T}_1\",\"${T}_4\",\"${T}_5\",\"${T}_x\"]"
 expect "claimed rows are full" "[.tasks[] | select(.task_id == \"${T}_1\")][0] | .upstream_task_id == \"up-${T}_1\" and .state == {\"s\":1} and .quota == 1200 and .price.unit_prices.seconds == 0.1 and .group_ratio == 1.5 and .usage == {\"seconds\":5} and .plugin_key == \"tp\" and .plugin_version == \"1.0.0\" and .channel_id == 7 and .user_id == $TU and .token_id == $TT and .action == \"generate\" and .model == \"video-x\" and .upstream_model == \"video-x-2\" and .status == \"SUBMITTED\" and .progress == \"0%\" and .data == {\"a\":1} and .poll_failures == 0 and (.created_at | type) == \"number\" and .lease_owner == \"A_$RUN\""
