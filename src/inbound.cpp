@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "inbound.h"
+#include "jsonview.h"
 #include "internal.h"
 
 using namespace llmgw;
@@ -703,6 +704,21 @@ llmgw_inbound_s::parse_json(std::string_view body)
 
     if (!value) {
         throw BadBody { 400, "invalid_json", "invalid JSON request body" };
+    }
+
+    /* hooks get the body inside their context, and the runtime hands back
+       nothing nested deeper than this: a deeper body is refused here */
+    constexpr int64_t max_depth = 512;
+    JsonBytes bytes;
+
+    for (char c : body) {
+        if (bytes.step(c) == JsonBytes::Kind::open
+            && bytes.depth() > max_depth)
+        {
+            throw BadBody { 400, "invalid_json",
+                            "invalid JSON request body: nested more than "
+                            + std::to_string(max_depth) + " levels deep" };
+        }
     }
 
     kind = Kind::json;

@@ -453,6 +453,15 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assertError(await submit(env, { prompt: 'no model' }), 400, { message: 'Model name not specified' });
         assertError(await gw.req('POST', `/v1/tasks/${env.key}`, { key: env.acct.key, body: '{"model": ',
             headers: { 'Content-Type': 'application/json' } }), 400, { code: 'invalid_json' });
+        /* nested deeper than hooks take (and than the gateway's parser reads) */
+        for (const depth of [513, 2046, 5000]) {
+            const deep = `{"model": "${env.model}", "x": ${'['.repeat(depth - 1)}${']'.repeat(depth - 1)}}`;
+            assertError(await gw.req('POST', `/v1/tasks/${env.key}`, { key: env.acct.key, body: deep,
+                headers: { 'Content-Type': 'application/json' } }), 400,
+            { code: 'invalid_json', message: depth === 5000 ? 'invalid JSON request body'
+                : 'invalid JSON request body: nested more than 512 levels deep' });
+        }
+        assert.equal(env.vendor.submits().length, 1, 'none of them was sent');
         assertError(await getTask(gw, env.acct.key, `task_${hex(12)}`), 404, { code: 'task_not_found' });
     });
 

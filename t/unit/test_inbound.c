@@ -146,6 +146,54 @@ test_invalid_json_is_400(void **unused)
                 "invalid_json", "invalid JSON request body");
 }
 
+/* nested as deep as hooks take is taken; one level more is refused */
+static char *
+nested(size_t levels, size_t *len)
+{
+    size_t i;
+    char *b = malloc(2 * levels + 1);
+
+    assert_non_null(b);
+    for (i = 0; i < levels; i++) {
+        b[i] = '[';
+        b[2 * levels - 1 - i] = ']';
+    }
+    b[2 * levels] = '\0';
+    *len = 2 * levels;
+    return b;
+}
+
+static void
+test_json_nested_over_512_levels_is_400(void **unused)
+{
+    size_t len;
+    char *b;
+
+    (void) unused;
+    b = nested(512, &len);
+    llmgw_inbound_free(parse_ok("application/json", b, len, NOCAP, NOCAP));
+    free(b);
+
+    b = nested(513, &len);
+    parse_fails("application/json", b, len, NOCAP, NOCAP, 400,
+                "invalid_json", "nested more than 512 levels deep");
+    free(b);
+
+    /* brackets inside strings are no nesting */
+    b = nested(600, &len);
+    {
+        char *s = malloc(len + 3);
+        assert_non_null(s);
+        s[0] = '"';
+        memcpy(s + 1, b, len);
+        s[len + 1] = '"';
+        llmgw_inbound_free(parse_ok("application/json", s, len + 2, NOCAP,
+                                    NOCAP));
+        free(s);
+    }
+    free(b);
+}
+
 static void
 test_empty_body_is_none(void **unused)
 {
@@ -582,6 +630,7 @@ main(void)
         cmocka_unit_test(test_json_body_keeps_its_value),
         cmocka_unit_test(test_json_suffix_types_and_scalars_are_json),
         cmocka_unit_test(test_invalid_json_is_400),
+        cmocka_unit_test(test_json_nested_over_512_levels_is_400),
         cmocka_unit_test(test_empty_body_is_none),
         cmocka_unit_test(test_other_content_types_are_400),
         cmocka_unit_test(test_form_fields_are_decoded_arrays_in_order),
