@@ -53,6 +53,7 @@ typedef struct {
     ngx_uint_t                 task_poll_max_failures;
     ngx_msec_t                 task_timeout;          /* outer deadline */
     ngx_msec_t                 task_lease;
+    ngx_msec_t                 task_wait_timeout;     /* host_image waits */
     ngx_msec_t                 task_http_timeout;     /* connect, send, read */
     ngx_msec_t                 task_sse_idle_timeout;
     size_t                     task_max_response;

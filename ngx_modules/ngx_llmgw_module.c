@@ -291,6 +291,13 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       offsetof(ngx_llmgw_main_conf_t, task_lease),
       &ngx_llmgw_interval_bounds },
 
+    { ngx_string("llmgw_task_wait_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_wait_timeout),
+      &ngx_llmgw_interval_bounds },
+
     { ngx_string("llmgw_task_http_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
@@ -1086,6 +1093,7 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->task_poll_max_failures = NGX_CONF_UNSET_UINT;
     mcf->task_timeout = NGX_CONF_UNSET_MSEC;
     mcf->task_lease = NGX_CONF_UNSET_MSEC;
+    mcf->task_wait_timeout = NGX_CONF_UNSET_MSEC;
     mcf->task_http_timeout = NGX_CONF_UNSET_MSEC;
     mcf->task_sse_idle_timeout = NGX_CONF_UNSET_MSEC;
     mcf->task_max_response = NGX_CONF_UNSET_SIZE;
@@ -1172,6 +1180,7 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_uint_value(mcf->task_poll_max_failures, 20);
     ngx_conf_init_msec_value(mcf->task_timeout, 24 * 3600 * 1000);
     ngx_conf_init_msec_value(mcf->task_lease, 60000);
+    ngx_conf_init_msec_value(mcf->task_wait_timeout, 300000);
     ngx_conf_init_msec_value(mcf->task_http_timeout, 60000);
     ngx_conf_init_msec_value(mcf->task_sse_idle_timeout, 30000);
     ngx_conf_init_size_value(mcf->task_max_response, 16 * 1024 * 1024);

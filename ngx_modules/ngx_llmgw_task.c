@@ -50,6 +50,8 @@ struct ngx_llmgw_runner_s {
                                              * vendor outlives its lease */
     ngx_event_t                sql_later;   /* a statement the pool took
                                              * not: answered after a pause */
+    ngx_event_t                sleep;       /* a request waiting for its
+                                             * task, between two looks */
     unsigned                   inflight:1;  /* a step's callback pending */
     unsigned                   streaming:1; /* an SSE response is read */
     unsigned                   learn:1;     /* the SQL answer has balances */
@@ -112,6 +114,8 @@ ngx_llmgw_task_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_task_conf.max_total_bytes = mcf->task_max_files_total;
     ngx_llmgw_task_conf.max_redirects = 5;
     ngx_llmgw_task_conf.max_tries = 3;
+    ngx_llmgw_task_conf.wait_ms = (int64_t) mcf->task_wait_timeout;
+    ngx_llmgw_task_conf.lease_ms = (int64_t) mcf->task_lease;
 
     ngx_queue_init(&ngx_llmgw_poll_waiting);
     ngx_queue_init(&ngx_llmgw_poll_active);
@@ -215,6 +219,10 @@ ngx_llmgw_runner_free(ngx_llmgw_runner_t *rn)
         ngx_del_timer(&rn->sql_later);
     }
 
+    if (rn->sleep.timer_set) {
+        ngx_del_timer(&rn->sleep);
+    }
+
     llmgw_tjob_free(rn->job);
     llmgw_token_free(rn->token);
 
@@ -313,6 +321,13 @@ ngx_llmgw_task_sql_done(void *data, PGresult *res, const char *err)
     }
 
     ngx_llmgw_task_resume(rn);
+}
+
+
+static void
+ngx_llmgw_task_slept(ngx_event_t *ev)
+{
+    ngx_llmgw_task_resume(ev->data);
 }
 
 
@@ -607,6 +622,15 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
             }
             llmgw_tjob_reserve_done(rn->job, NULL);
             continue;
+
+        case LLMGW_TSTEP_SLEEP:
+            /* a client that leaves ends the wait (the runner is freed) */
+            rn->sleep.handler = ngx_llmgw_task_slept;
+            rn->sleep.data = rn;
+            rn->sleep.log = ngx_llmgw_task_log;
+            ngx_add_timer(&rn->sleep, (ngx_msec_t) ngx_max(st->amount, 1));
+            rn->driving = 0;
+            return;
 
         case LLMGW_TSTEP_WAIT:
             rn->driving = 0;

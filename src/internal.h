@@ -157,6 +157,17 @@ size_t snap_task_channels(const llmgw_snapshot_t *s,
     std::string_view plugin_key, const json_t *manifest,
     std::string_view model, std::string_view group, uint64_t seed,
     const llmgw_channel_t **out, size_t max);
+/* Whether a manifest claims a host protocol for a model. */
+bool snap_claims(const json_t *manifest, std::string_view protocol,
+    std::string_view model);
+/*
+ * The plugin a host protocol's request goes to: the one bound to the channel
+ * tried first among those serving the model for the group whose plugin
+ * claims the protocol for it; -1 when there is none.
+ */
+long snap_protocol_plugin(const llmgw_snapshot_t *s,
+    std::string_view protocol, std::string_view model,
+    std::string_view group, uint64_t seed);
 /* The /api/pricing entry of a name, or nullptr. */
 const json_t *snap_price_entry(const llmgw_snapshot_t *s,
     std::string_view name);

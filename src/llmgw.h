@@ -709,6 +709,10 @@ int llmgw_manifest_validate(const char *meta_json, size_t meta_len,
     const char *exports_json, size_t exports_len, llmgw_buf_t *normalized,
     llmgw_buf_t *errors);
 
+/* The spec's name of a host protocol for its marketplace spelling
+ * ("openai_video" -> "host_video"); any other name as given. */
+const char *llmgw_protocol_name(const char *name);
+
 
 /* ---- frames between nginx and v8_host (frame.cpp) ---- */
 

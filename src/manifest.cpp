@@ -2886,6 +2886,21 @@ Validator::run(const char *meta, size_t meta_len, const char *exports,
 } /* namespace llmgw */
 
 
+extern "C" const char *
+llmgw_protocol_name(const char *name)
+{
+    static const char *const spec[] = { "host_video", "host_responses",
+                                        "host_image" };
+
+    for (const char *n : spec) {
+        if (llmgw::protocol_alias(name) == n) {
+            return n;
+        }
+    }
+    return name;
+}
+
+
 extern "C" int
 llmgw_manifest_validate(const char *meta_json, size_t meta_len,
     const char *exports_json, size_t exports_len, llmgw_buf_t *normalized,

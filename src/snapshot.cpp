@@ -997,6 +997,65 @@ snap_task_channels(const llmgw_snapshot_t *s, std::string_view plugin_key,
 }
 
 
+bool
+snap_claims(const json_t *manifest, std::string_view protocol,
+    std::string_view model)
+{
+    size_t   i;
+    json_t  *c;
+
+    json_array_foreach(json_object_get(manifest, "protocols"), i, c) {
+        if (json_str(c, "name") != protocol) {
+            continue;
+        }
+        const json_t *models = json_object_get(c, "models");
+        return models == nullptr || json_has_string(models, model);
+    }
+
+    return false;
+}
+
+
+long
+snap_protocol_plugin(const llmgw_snapshot_t *s, std::string_view protocol,
+    std::string_view model, std::string_view group, uint64_t seed)
+{
+    auto it = s->by_model.find(std::string(model));
+
+    if (it == s->by_model.end()) {
+        return -1;
+    }
+
+    std::string g(group);
+    std::vector<Channel *> cand;
+    std::unordered_map<int64_t, long> owner;
+
+    for (Channel *c : it->second) {
+        if (c->groups.count(g) == 0) {
+            continue;
+        }
+        for (size_t i = 0; i < s->plugins.size(); i++) {
+            const Plugin &p = s->plugins[i];
+            if (snap_claims(p.parsed.get(), protocol, model)
+                && snap_channel_binds(s, c->pub.id, p.key, p.parsed.get()))
+            {
+                cand.push_back(c);
+                owner[c->pub.id] = static_cast<long>(i);
+                break;
+            }
+        }
+    }
+
+    const llmgw_channel_t *first = nullptr;
+
+    if (try_order(cand, seed, &first, 1) == 0) {
+        return -1;
+    }
+
+    return owner[first->id];
+}
+
+
 const json_t *
 snap_price_entry(const llmgw_snapshot_t *s, std::string_view name)
 {

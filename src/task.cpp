@@ -22,6 +22,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
+#include <ctime>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
@@ -423,6 +425,8 @@ struct llmgw_tjob_s {
         DECODED, LOOKED_UP_QUERY, ORIGINS, CHANNEL, USAGE, RESERVED,
         BUILT, SENT, STREAMING, EVENT, PARSED, SUBMIT_USAGE, FINAL_USAGE,
         CREATED, RENDERED, ERROR_RENDERED,
+        /* a request waiting for its task */
+        WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED,
         /* poll */
         POLL_BUILD, POLL_BUILT, POLL_SENT, POLL_PARSED, POLL_USAGE,
         POLL_SAVE, POLL_SAVED,
@@ -446,6 +450,13 @@ struct llmgw_tjob_s {
     std::string              sha;
     const json_t            *route = nullptr;   /* meta.routes entry */
     llmgw_troute_e           route_kind = LLMGW_TROUTE_NONE;
+    llmgw_tproto_e           proto = LLMGW_TPROTO_NONE;
+    std::string              protocol;          /* host_video, host_image */
+    Json                     proto_view;        /* the task it renders */
+    /* host_image: waiting for the task, polling it in between */
+    std::chrono::steady_clock::time_point wait_start;
+    bool                     waiting = false;
+    bool                     in_request_poll = false;
 
     /* the client request */
     std::string              method, path, args, content_type, request_id;
@@ -563,8 +574,15 @@ struct llmgw_tjob_s {
 
     const llmgw_tstep_t *emit(llmgw_tstep_e kind)
     {
+        if (kind == LLMGW_TSTEP_DONE && in_request_poll) {
+            /* a poll made while a request waits: the request goes on */
+            in_request_poll = false;
+            mode = REQUEST;
+            return wait_look();
+        }
         step.kind = kind;
-        busy = kind != LLMGW_TSTEP_WAIT && kind != LLMGW_TSTEP_RESPOND
+        busy = kind != LLMGW_TSTEP_WAIT && kind != LLMGW_TSTEP_SLEEP
+               && kind != LLMGW_TSTEP_RESPOND
                && kind != LLMGW_TSTEP_DONE && kind != LLMGW_TSTEP_HTTP_CANCEL
                && !(kind == LLMGW_TSTEP_HTTP && sse_mode_step);
         return &step;
@@ -791,6 +809,13 @@ struct llmgw_tjob_s {
 
     /* request helpers */
     const llmgw_tstep_t *start_request();
+    const llmgw_tstep_t *image_wait();
+    const llmgw_tstep_t *wait_claimed();
+    const llmgw_tstep_t *wait_look();
+    const llmgw_tstep_t *wait_looked();
+    const llmgw_tstep_t *start_protocol();
+    const llmgw_tstep_t *render_protocol(json_t *view);
+    const llmgw_tstep_t *protocol_rendered();
     json_t *native_ctx();
     const llmgw_tstep_t *after_intent();
     const llmgw_tstep_t *choose_channel();
@@ -1013,6 +1038,10 @@ llmgw_tjob_s::start_request()
                    LOOKED_UP_QUERY, 2, 0);
     }
 
+    if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+        return start_protocol();
+    }
+
     if (route_kind == LLMGW_TROUTE_NATIVE) {
         /* first, so that native.error shapes a refused body too: the
            body a decoder could not be given is none */
@@ -1143,7 +1172,7 @@ llmgw_tjob_s::after_intent()
     model = json_string_value(m);
     action = std::string(json_str(intent.get(), "action"));
 
-    if (route != nullptr) {
+    if (route != nullptr || route_kind == LLMGW_TROUTE_PROTOCOL) {
         json_t *allowed = json_object_get(route, "models");
         if (json_is_array(allowed) && !json_has_string(allowed, model)) {
             return fail(400, "gateway_error", "invalid_request",
@@ -1399,6 +1428,10 @@ llmgw_tjob_s::after_send()
 bool
 llmgw_tjob_s::retains() const
 {
+    if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+        /* an image final at once is answered inline and not kept */
+        return !(protocol == "host_image" && immediate);
+    }
     return !json_is_false(route ? json_object_get(route, "retainResult")
                                 : nullptr);
 }
@@ -1680,6 +1713,10 @@ llmgw_tjob_s::created_view(bool api)
 const llmgw_tstep_t *
 llmgw_tjob_s::render_created()
 {
+    if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+        return render_protocol(created_view(false));
+    }
+
     if (route_kind == LLMGW_TROUTE_NATIVE) {
         std::string renderer(json_str(route, "render"));
         json_t *a = json_array();
@@ -1690,6 +1727,350 @@ llmgw_tjob_s::render_created()
 
     Json v(created_view(true));
     return respond_json(200, v.get());
+}
+
+
+/*
+ * A host protocol's request: the channel tried first decides the plugin
+ * (several may claim one protocol for a model), whose decoder turns the
+ * request into a submit intent; the model is the one the request named.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::start_protocol()
+{
+    llmgw_verdict_t v;
+    bool image = proto == LLMGW_TPROTO_IMAGE_GENERATE
+                 || proto == LLMGW_TPROTO_IMAGE_EDIT;
+
+    protocol = image ? "host_image" : "host_video";
+    decode_ctx = Json(native_ctx());
+
+    json_t *ctx = decode_ctx.get();
+    json_object_set_new(ctx, "protocol", jstr(protocol));
+    json_object_set_new(ctx, "operation",
+                        json_string(proto == LLMGW_TPROTO_IMAGE_EDIT ? "edit"
+                                    : proto == LLMGW_TPROTO_VIDEO_GET
+                                      ? "retrieve" : "generate"));
+    json_object_set_new(ctx, "model", json_string(""));
+    json_object_set_new(ctx, "stream", json_false());
+
+    if (proto == LLMGW_TPROTO_VIDEO_GET) {
+        query_id = std::string(segments(path).back());
+        json_object_set_new(json_object_get(ctx, "params"), "video_id",
+                            jstr(query_id));
+        Json ids(json_array());
+        json_array_append_new(ids.get(), jstr(query_id));
+        param[0] = std::to_string(llmgw_token_user_id(token));
+        param[1] = json_dump_pg(ids.get());
+        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
+                   LOOKED_UP_QUERY, 2, 0);
+    }
+
+    inbound = llmgw_inbound_parse(str(content_type), body.data(), body.size(),
+                                  conf.max_file_bytes, conf.max_total_bytes,
+                                  &v);
+    if (inbound == nullptr) {
+        return fail(v.status, v.type, v.code, v.message);
+    }
+
+    if (proto == LLMGW_TPROTO_IMAGE_GENERATE
+        && std::string_view(llmgw_inbound_kind(inbound)) != "json")
+    {
+        return fail(400, "gateway_error", "invalid_request",
+                    "POST /v1/images/generations takes a JSON body "
+                    "(Content-Type: application/json)");
+    }
+
+    llmgw_buf_t decoded = llmgw_inbound_json(inbound);
+    Json dbody = json_parse(decoded.data, decoded.len);
+    llmgw_buf_free(&decoded);
+
+    files = Json(json_incref(json_object_get(dbody.get(), "files")));
+    if (!files) {
+        files = Json(json_array());
+    }
+    json_object_set(ctx, "body", dbody.get());
+
+    json_t *value = json_object_get(dbody.get(), "value");
+    json_t *m = value != nullptr
+                ? json_object_get(value, "model")
+                : json_array_get(json_object_get(json_object_get(dbody.get(),
+                                                                 "fields"),
+                                                 "model"), 0);
+
+    if (m == nullptr || json_is_null(m)
+        || (json_is_string(m) && json_string_length(m) == 0))
+    {
+        return fail(400, "gateway_error", "model_not_specified",
+                    "Model name not specified");
+    }
+
+    if (!json_is_string(m)) {
+        return fail(400, "gateway_error", "invalid_request",
+                    "model must be a string");
+    }
+
+    model = json_string_value(m);
+
+    plugin = snap_protocol_plugin(snap, protocol, model, group, seed);
+    if (plugin < 0) {
+        return fail(503, "gateway_error", "model_not_found",
+                    "no available channel for model "
+                    + std::string(utf8_prefix(model, 200)) + " in group "
+                    + group + " (" + protocol + ")");
+    }
+
+    manifest = snap_plugin(snap, static_cast<size_t>(plugin), &pinfo);
+    sha = pinfo.sha;
+    json_object_set_new(ctx, "model", jstr(model));
+
+    json_t *a = json_array();
+    json_array_append(a, ctx);
+    return call(("protocols." + protocol + ".decodeRequest").c_str(), a,
+                DECODED);
+}
+
+
+/*
+ * host_image with an asynchronous upstream: the request waits for its task,
+ * polling it with the ordinary query hooks every few seconds (under a lease,
+ * so never while a background poller does) until it ends or llmgw_task_wait
+ * has passed: then 504 task_timeout, and the task goes on and is settled by
+ * the background pollers, as it is when the client leaves.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::image_wait()
+{
+    auto now = std::chrono::steady_clock::now();
+
+    if (!waiting) {
+        waiting = true;
+        wait_start = now;
+    }
+
+    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      now - wait_start).count();
+
+    if (waited >= conf.wait_ms) {
+        return fail(504, "gateway_error", "task_timeout",
+                    "task " + task_id + " did not finish within "
+                    + std::to_string(conf.wait_ms / 1000) + " s; it goes "
+                    "on, and is settled when it ends");
+    }
+
+    step = llmgw_tstep_t {};
+    step.amount = std::min<int64_t>({ conf.poll_interval_ms, 2000,
+                                      conf.wait_ms - waited });
+    phase = WAIT_SLEPT;
+    return emit(LLMGW_TSTEP_SLEEP);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::wait_claimed()
+{
+    json_t *row = json_object_get(sql_result.get(), "task");
+
+    if (!sql_error.empty() || !json_is_object(row)) {
+        return image_wait();
+    }
+
+    if (terminal(json_str(row, "status"))) {
+        return render_protocol(task_view(row));
+    }
+
+    if (!json_is_true(json_object_get(sql_result.get(), "claimed"))) {
+        return image_wait();            /* a background poller has it */
+    }
+
+    tasks.clear();
+    tasks.push_back(task_row(row));
+    owner = "request:" + request_id;
+    batch = json_str(manifest, "fetchMode") == "batch";
+    usage_at = 0;
+    save_at = 0;
+    save_single = false;
+    save_refused = false;
+    mode = POLL;
+    in_request_poll = true;
+    return poll_build();
+}
+
+
+/* After a poll of its task: how it stands now. */
+const llmgw_tstep_t *
+llmgw_tjob_s::wait_look()
+{
+    Json ids(json_array());
+    json_array_append_new(ids.get(), jstr(task_id));
+    param[0] = std::to_string(llmgw_token_user_id(token));
+    param[1] = json_dump_pg(ids.get());
+    return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
+               WAIT_LOOKED, 2, 0);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::wait_looked()
+{
+    json_t *row = json_array_get(json_object_get(sql_result.get(), "tasks"),
+                                 0);
+
+    if (sql_error.empty() && json_is_object(row)
+        && terminal(json_str(row, "status")))
+    {
+        return render_protocol(task_view(row));
+    }
+
+    return image_wait();
+}
+
+
+/* Renders a task through the protocol's render hook. */
+const llmgw_tstep_t *
+llmgw_tjob_s::render_protocol(json_t *view_steal)
+{
+    proto_view = Json(view_steal);
+
+    if (protocol == "host_image") {
+        std::string_view status = json_str(proto_view.get(), "status");
+
+        if (status == "FAILURE") {
+            std::string reason(json_str(proto_view.get(), "fail_reason"));
+            return fail(400, "upstream_error", "task_failed",
+                        reason.empty() ? "the image task failed" : reason);
+        }
+        if (status != "SUCCESS") {
+            return image_wait();
+        }
+    }
+
+    json_t *a = json_array();
+    json_array_append(a, decode_ctx.get());
+    json_array_append(a, proto_view.get());
+    return call(("protocols." + protocol + ".render").c_str(), a, RENDERED);
+}
+
+
+namespace {
+
+/* OpenAI's video statuses for the standard ones. */
+const char *
+video_status(std::string_view s)
+{
+    if (s == "SUCCESS") {
+        return "completed";
+    }
+    if (s == "FAILURE") {
+        return "failed";
+    }
+    if (s == "IN_PROGRESS") {
+        return "in_progress";
+    }
+    return "queued";
+}
+
+/* "40%" -> 40; a finished task is at 100. */
+json_int_t
+progress_percent(const json_t *view)
+{
+    if (json_str(view, "status") == "SUCCESS") {
+        return 100;
+    }
+
+    std::string_view p = json_str(view, "progress");
+    json_int_t n = 0;
+    size_t i = 0;
+
+    while (i < p.size() && i < 3 && p[i] >= '0' && p[i] <= '9') {
+        n = n * 10 + (p[i++] - '0');
+    }
+    return std::min<json_int_t>(n, 100);
+}
+
+json_t *
+unix_seconds(const json_t *v)
+{
+    return json_is_number(v)
+           ? json_integer(static_cast<json_int_t>(json_number_value(v)))
+           : json_null();
+}
+
+} /* namespace */
+
+
+/*
+ * What a protocol's render returned, completed by the host.  Video: an
+ * object whose standard members the host sets (and a legacy task_id
+ * removed); a render that failed gives the host's own object, since the
+ * task exists (and may be charged).
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::protocol_rendered()
+{
+    const json_t *view = proto_view.get();
+    json_t *r = hook.ok ? hook.result.get() : nullptr;
+
+    if (proto == LLMGW_TPROTO_VIDEO_CREATE || proto == LLMGW_TPROTO_VIDEO_GET) {
+        Json obj(json_is_object(r) ? json_incref(r) : json_object());
+        json_t *o = obj.get();
+        std::string_view status = json_str(view, "status");
+
+        json_object_del(o, "task_id");
+        json_object_set_new(o, "id", jstr(json_str(view, "task_id")));
+        json_object_set_new(o, "object", json_string("video"));
+        json_object_set_new(o, "model", jstr(model));
+        json_object_set_new(o, "status", json_string(video_status(status)));
+        json_object_set_new(o, "progress",
+                            json_integer(progress_percent(view)));
+        json_object_set_new(o, "created_at",
+                            unix_seconds(json_object_get(view, "created_at")));
+        json_object_set_new(o, "completed_at",
+                            terminal(status)
+                            ? unix_seconds(json_object_get(view,
+                                                           "finished_at"))
+                            : json_null());
+
+        if (status == "FAILURE" && json_object_get(o, "error") == nullptr) {
+            json_t *e = json_object();
+            json_object_set_new(e, "code", json_string("task_failed"));
+            json_object_set_new(e, "message",
+                                jstr(json_str(view, "fail_reason")));
+            json_object_set_new(o, "error", e);
+        }
+
+        return respond_json(200, o);
+    }
+
+    /* host_image: {data: [{url} or {b64_json}, ...]}, created added */
+    if (!hook.ok) {
+        return plugin_failed(nullptr);
+    }
+
+    json_t *data = json_object_get(r, "data");
+    bool ok = json_is_object(r) && json_is_array(data);
+    size_t i;
+    json_t *e;
+
+    json_array_foreach(data, i, e) {
+        ok = ok && json_is_object(e)
+             && (json_is_string(json_object_get(e, "url"))
+                 || json_is_string(json_object_get(e, "b64_json")));
+    }
+
+    if (!ok) {
+        return fail(500, "gateway_error", "plugin_error",
+                    hook_name_ + " must return {data: [{url} or {b64_json}, "
+                    "...]}");
+    }
+
+    if (!json_is_number(json_object_get(r, "created"))) {
+        json_object_set_new(r, "created",
+                            json_integer(static_cast<json_int_t>(
+                                std::time(nullptr))));
+    }
+
+    return respond_json(200, r);
 }
 
 
@@ -1721,6 +2102,23 @@ llmgw_tjob_s::answer_query(json_t *rows)
         return fail(404, "gateway_error", "task_not_found",
                     "task " + std::string(utf8_prefix(query_id, 100))
                     + " not found");
+    }
+
+    if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+        /* a task of a plugin that (still) claims the protocol for it */
+        model = std::string(json_str(row, "model"));
+        plugin = snap_poll_plugin_find(snap, json_str(row, "plugin_key"));
+        manifest = plugin >= 0 ? snap_plugin(snap, static_cast<size_t>(plugin),
+                                             &pinfo)
+                               : nullptr;
+        if (manifest == nullptr || !snap_claims(manifest, protocol, model)) {
+            return fail(404, "gateway_error", "task_not_found",
+                        "task " + std::string(utf8_prefix(query_id, 100))
+                        + " not found");
+        }
+        sha = pinfo.sha;
+        json_object_set_new(decode_ctx.get(), "model", jstr(model));
+        return render_protocol(task_view(row));
     }
 
     if (route_kind == LLMGW_TROUTE_NATIVE) {
@@ -1802,6 +2200,16 @@ llmgw_tjob_s::next_request()
             return plugin_failed(nullptr);
         }
         intent = Json(json_incref(hook.result.get()));
+        if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+            if (!json_is_object(intent.get())
+                || json_str(intent.get(), "kind") != "submit")
+            {
+                return fail(500, "gateway_error", "plugin_error",
+                            hook_name_ + " returned no submit intent");
+            }
+            /* the host fixes the model the request was routed by */
+            json_object_set_new(intent.get(), "model", jstr(model));
+        }
         return after_intent();
 
     case LOOKED_UP_QUERY:
@@ -2015,7 +2423,23 @@ llmgw_tjob_s::next_request()
         }
         return render_created();
 
+    case WAIT_SLEPT:
+        param[0] = "request:" + request_id;
+        param[1] = task_id;
+        param[2] = std::to_string(conf.lease_ms);
+        return sql("select llmgw_task_claim_one($1, $2, $3::int)",
+                   WAIT_CLAIMED, 3, 0);
+
+    case WAIT_CLAIMED:
+        return wait_claimed();
+
+    case WAIT_LOOKED:
+        return wait_looked();
+
     case RENDERED:
+        if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+            return protocol_rendered();
+        }
         if (!hook.ok && !created) {
             return plugin_failed(nullptr);          /* a query's render */
         }
@@ -2585,12 +3009,37 @@ extern "C" void
 llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
     llmgw_str_t path, llmgw_troute_t *out)
 {
-    *out = llmgw_troute_t { LLMGW_TROUTE_NONE, -1, -1, 0, {} };
+    *out = llmgw_troute_t { LLMGW_TROUTE_NONE, -1, -1, 0, {},
+                            LLMGW_TPROTO_NONE };
 
     try {
         std::string_view p = sv(path);
         std::string m = upper(sv(method));
         auto seg = segments(p);
+
+        /* the host protocols' paths */
+        llmgw_tproto_e proto = LLMGW_TPROTO_NONE;
+        const char *allow = "POST";
+
+        if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "videos") {
+            proto = LLMGW_TPROTO_VIDEO_CREATE;
+        } else if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "videos") {
+            proto = LLMGW_TPROTO_VIDEO_GET;
+            allow = "GET";
+        } else if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "images"
+                   && (seg[2] == "generations" || seg[2] == "edits"))
+        {
+            proto = seg[2] == "edits" ? LLMGW_TPROTO_IMAGE_EDIT
+                                      : LLMGW_TPROTO_IMAGE_GENERATE;
+        }
+
+        if (proto != LLMGW_TPROTO_NONE) {
+            out->kind = LLMGW_TROUTE_PROTOCOL;
+            out->proto = proto;
+            out->method_ok = m == allow;
+            std::snprintf(out->allow, sizeof(out->allow), "%s", allow);
+            return;
+        }
 
         if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "tasks") {
             std::snprintf(out->allow, sizeof(out->allow), "GET, POST");
@@ -2674,6 +3123,7 @@ llmgw_tjob_request(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
         j->snap = s;
         j->conf = *conf;
         j->route_kind = route->kind;
+        j->proto = route->proto;
         j->plugin = route->plugin;
         j->method = upper(sv(req->method));
         j->path = std::string(sv(req->path));
@@ -2907,6 +3357,10 @@ llmgw_tjob_next(llmgw_tjob_t *j)
     } catch (const std::exception &e) {
         /* a poll job has no client to answer: it ends (its lease lets
            another pass take its tasks) */
+        if (j->in_request_poll) {
+            j->in_request_poll = false;
+            j->mode = llmgw_tjob_s::REQUEST;
+        }
         if (j->mode != llmgw_tjob_s::POLL) {
             try {
                 return j->fail(500, "gateway_error", "internal_error",
@@ -2916,6 +3370,11 @@ llmgw_tjob_next(llmgw_tjob_t *j)
             }
         }
     } catch (...) {
+    }
+
+    if (j->in_request_poll) {
+        j->in_request_poll = false;
+        j->mode = llmgw_tjob_s::REQUEST;
     }
 
     broken = llmgw_tstep_t {};

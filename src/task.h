@@ -30,6 +30,8 @@ typedef struct {
     size_t    max_total_bytes;
     int       max_redirects;
     int       max_tries;           /* channels tried by one submit */
+    int64_t   wait_ms;             /* host_image: waiting for a task */
+    int64_t   lease_ms;            /* a poller's hold on a task */
 } llmgw_task_conf_t;
 
 
@@ -39,8 +41,18 @@ typedef enum {
     LLMGW_TROUTE_NONE = 0,
     LLMGW_TROUTE_SUBMIT,           /* POST /v1/tasks/{pluginKey} */
     LLMGW_TROUTE_GET,              /* GET /v1/tasks/{taskId} */
-    LLMGW_TROUTE_NATIVE            /* a plugin's meta.routes entry */
+    LLMGW_TROUTE_NATIVE,           /* a plugin's meta.routes entry */
+    LLMGW_TROUTE_PROTOCOL          /* a host protocol's path */
 } llmgw_troute_e;
+
+/* The host protocol paths served (meta.protocols). */
+typedef enum {
+    LLMGW_TPROTO_NONE = 0,
+    LLMGW_TPROTO_VIDEO_CREATE,     /* POST /v1/videos */
+    LLMGW_TPROTO_VIDEO_GET,        /* GET /v1/videos/{id} */
+    LLMGW_TPROTO_IMAGE_GENERATE,   /* POST /v1/images/generations */
+    LLMGW_TPROTO_IMAGE_EDIT        /* POST /v1/images/edits */
+} llmgw_tproto_e;
 
 typedef struct {
     llmgw_troute_e  kind;
@@ -48,6 +60,7 @@ typedef struct {
     long            route;         /* index in meta.routes, -1 */
     int             method_ok;
     char            allow[64];     /* the path's methods: "GET, POST" */
+    llmgw_tproto_e  proto;         /* LLMGW_TROUTE_PROTOCOL's */
 } llmgw_troute_t;
 
 /* Which task route, if any, serves a request (no body needed yet). */
@@ -67,6 +80,7 @@ typedef enum {
     LLMGW_TSTEP_SQL,               /* sql + params: llmgw_tjob_sql_done */
     LLMGW_TSTEP_RESERVE,           /* amount: llmgw_tjob_reserve_done */
     LLMGW_TSTEP_WAIT,              /* nothing to do until a stream call */
+    LLMGW_TSTEP_SLEEP,             /* amount ms, then llmgw_tjob_next */
     LLMGW_TSTEP_RESPOND,           /* status + body; the job is finished */
     LLMGW_TSTEP_DONE               /* a poll job is finished */
 } llmgw_tstep_e;

@@ -414,7 +414,10 @@ collect_exports(Local<v8::Context> ctx, Local<v8::Object> ns, Plugin *p,
                 }
                 if (plain_object(pv)
                     && !add_functions(ctx, pv.As<v8::Object>(),
-                                      "protocols." + stdstr(iso, pk) + ".",
+                                      std::string("protocols.")
+                                      + llmgw_protocol_name(
+                                            stdstr(iso, pk).c_str())
+                                      + ".",
                                       pv, p, paths))
                 {
                     return false;

@@ -1,0 +1,354 @@
+// The host protocols end to end, through the real nginx, PostgreSQL and the
+// plugin runtime, against the mock vendor of t/lib/vendor.mjs and the plugin
+// fixtures/plugins/task-protocols.js:
+//   - host_video: POST /v1/videos submits through the plugin whose channel
+//     is tried first, GET /v1/videos/{id} renders the task; the host sets
+//     id, object, model, status, progress, created_at and completed_at over
+//     what render returns and removes a legacy task_id; a render that fails
+//     still answers the host's own object; ownership, billing and refunds
+//     as for any task; the marketplace spelling openai_video;
+//   - host_image: a synchronous upstream (an immediate terminal result) is
+//     answered inline and not retained, a failed one is 400 with its reason;
+//     the host adds `created`; an asynchronous one is polled inside the
+//     request until it ends (results retained), and past
+//     llmgw_task_wait_timeout the answer is 504 task_timeout while the task
+//     goes on and is settled by the background pollers.
+//
+// Gateways poll every 200 ms.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, psql, startGateway, stopAll, uniq,
+} from '../lib/harness.mjs';
+import {
+    account, expectUsed, pluginSource, startVendor, taskSetup, uploadPlugin,
+    waitFor, waitLedger,
+} from '../lib/vendor.mjs';
+
+const POLL_MS = 200;
+const HTTP = `llmgw_task_poll_interval ${POLL_MS}ms;\n  llmgw_task_poll_max_failures 3;`;
+const PER_TASK = 5000;      /* 0.01 USD */
+const FIXTURE = 'task-protocols.js';
+
+const now = () => Math.floor(Date.now() / 1000);
+
+describe('host protocols', { timeout: 180000 }, () => {
+    let db, gw, vendor, env;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true, http: HTTP });
+        vendor = await startVendor();
+        env = await taskSetup(gw, { fixture: FIXTURE, vendors: [vendor], models: 1 });
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    const video = (body, { key = env.acct.key, headers } = {}) =>
+        gw.req('POST', '/v1/videos', { key, body, headers });
+    const getVideo = (id, { key = env.acct.key, query = '' } = {}) =>
+        gw.req('GET', `/v1/videos/${encodeURIComponent(id)}${query}`, { key });
+    const image = (body, op = 'generations', { key = env.acct.key, headers } = {}) =>
+        gw.req('POST', `/v1/images/${op}`, { key, body, headers });
+
+    function assertVideo(o, { status, progress, model = env.model }) {
+        assert.match(o.id, /^task_/, JSON.stringify(o));
+        assert.equal(o.object, 'video');
+        assert.equal(o.model, model);
+        assert.equal(o.status, status, JSON.stringify(o));
+        assert.equal(o.progress, progress);
+        assert.ok(Number.isInteger(o.created_at) && Math.abs(o.created_at - now()) < 120,
+            `created_at ${o.created_at}`);
+        if (status === 'completed' || status === 'failed') {
+            assert.ok(Number.isInteger(o.completed_at) && o.completed_at >= o.created_at,
+                `completed_at ${o.completed_at}`);
+        } else {
+            assert.equal(o.completed_at, null);
+        }
+        assert.equal('task_id' in o, false, 'the legacy task_id is removed');
+    }
+
+    test('POST /v1/videos submits through the plugin, and the host sets the standard members', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-video');
+        const r = assertOk(await video({ model: env.model, prompt: 'a cat', up_id: up },
+            { key: acct.key }), 'POST /v1/videos');
+        assertVideo(r.json, { status: 'queued', progress: 0 });
+        /* the plugin's own members stay */
+        assert.equal(r.json.size, '1280x720');
+        assert.deepEqual(r.json.seen, {
+            protocol: 'host_video', operation: 'generate', model: env.model, stream: false,
+            params: {}, kind: 'json',
+        });
+
+        const sub = vendor.submits().find((s) => s.json.up_id === up);
+        assert.ok(sub, 'the vendor got the submit');
+        assert.equal(sub.json.action, 'video.generate');
+        /* the host routes by the request's model, whatever the decoder says */
+        assert.equal(sub.json.model, env.model);
+        assert.equal(sub.json.input.prompt, 'a cat');
+        assert.equal(sub.json.input.seen.operation, 'generate');
+
+        /* a task like any other: reserved, polled, settled */
+        const led = await waitLedger(db, r.json.id, ['reserve']);
+        assert.equal(led.reserve, PER_TASK);
+        const g = assertOk(await getVideo(r.json.id, { key: acct.key }), 'GET');
+        assert.equal(g.json.id, r.json.id);
+        assert.equal(g.json.seen.operation, 'retrieve');
+        assert.deepEqual(g.json.seen.params, { video_id: r.json.id });
+
+        vendor.setPoll(up, { body: { status: 'running', progress: '40%' } });
+        await waitFor(async () => (await getVideo(r.json.id, { key: acct.key })).json.status
+            === 'in_progress', 8000, { what: 'in_progress' });
+        const mid = (await getVideo(r.json.id, { key: acct.key })).json;
+        assertVideo(mid, { status: 'in_progress', progress: 40 });
+
+        vendor.setPoll(up, { body: { status: 'done', data: { url: 'https://cdn.example/v.mp4' } } });
+        await waitFor(async () => (await getVideo(r.json.id, { key: acct.key })).json.status
+            === 'completed', 8000, { what: 'completed' });
+        const done = (await getVideo(r.json.id, { key: acct.key })).json;
+        assertVideo(done, { status: 'completed', progress: 100 });
+        assert.equal(done.url, 'https://cdn.example/v.mp4');
+        assert.equal(done.task_status, 'SUCCESS');
+        await expectUsed(gw, db, acct, PER_TASK);
+    });
+
+    test('a failed video is refunded and says why', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-vfail');
+        const r = assertOk(await video({ model: env.model, up_id: up }, { key: acct.key }));
+        vendor.setPoll(up, { body: { status: 'failed', error: 'content policy' } });
+        await waitFor(async () => (await getVideo(r.json.id, { key: acct.key })).json.status
+            === 'failed', 8000, { what: 'failed' });
+        const v = (await getVideo(r.json.id, { key: acct.key })).json;
+        assertVideo(v, { status: 'failed', progress: 0 });
+        assert.deepEqual(v.error, { code: 'task_failed', message: 'content policy' });
+        const led = await waitLedger(db, r.json.id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve);
+        await expectUsed(gw, db, acct, 0);
+    });
+
+    test('a render that fails still answers the host\'s object; another user\'s video is 404', async () => {
+        const r = assertOk(await video({ model: env.model, up_id: uniq('up-v') }));
+        const g = assertOk(await getVideo(r.json.id, { query: '?boom=1' }));
+        assertVideo(g.json, { status: 'queued', progress: 0 });
+        assert.equal(g.json.size, undefined, 'nothing of the failed render');
+
+        const other = await account(gw);
+        assertError(await getVideo(r.json.id, { key: other.key }), 404, { code: 'task_not_found' });
+        assertError(await getVideo('task_nonesuch'), 404, { code: 'task_not_found' });
+    });
+
+    test('multipart bodies, and the refusals of the contract', async () => {
+        const up = uniq('up-vmp');
+        const boundary = 'b0undary';
+        const mp = [`--${boundary}`, 'Content-Disposition: form-data; name="model"', '', env.model,
+            `--${boundary}`, 'Content-Disposition: form-data; name="up_id"', '', up,
+            `--${boundary}`, 'Content-Disposition: form-data; name="input_reference"; filename="a.png"',
+            'Content-Type: image/png', '', 'PNGDATA', `--${boundary}--`, ''].join('\r\n');
+        const r = assertOk(await video(mp, {
+            headers: { 'Content-Type': `multipart/form-data; boundary=${boundary}` } }), 'multipart');
+        assert.equal(r.json.seen.kind, 'multipart');
+        const sub = vendor.submits().find((s) => s.json.up_id === up);
+        assert.equal(sub.json.files.length, 1);
+        assert.equal(sub.json.files[0].filename, 'a.png');
+
+        assertError(await video({ prompt: 'no model' }), 400, { code: 'model_not_specified' });
+        assertError(await video({ model: 7 }), 400, { code: 'invalid_request', message: 'model must be a string' });
+        assertError(await video({ model: 'nobody-serves-this' }), 503, { code: 'model_not_found' });
+        assertError(await video({ model: env.model }, { key: 'sk-wrong' }), 401);
+        assertError(await video('{"model": ', { headers: { 'Content-Type': 'application/json' } }),
+            400, { code: 'invalid_json' });
+        assertError(await gw.req('GET', '/v1/videos', { key: env.acct.key }), 405);
+        assertError(await gw.req('DELETE', `/v1/videos/${r.json.id}`, { key: env.acct.key }), 405);
+        assertError(await video({ model: env.model, decode: 'throw' }), 500,
+            { code: 'plugin_error', message: /the request cannot be decoded/ });
+        assertError(await video({ model: env.model, decode: 'query' }), 500,
+            { code: 'plugin_error', message: /no submit intent/ });
+    });
+
+    test('a task of a plugin that does not claim host_video is not a video', async () => {
+        const other = await taskSetup(gw, { vendors: [vendor], models: 1 });
+        const r = assertOk(await gw.req('POST', `/v1/tasks/${other.key}`,
+            { key: other.acct.key, body: { model: other.model, up_id: uniq('up-t') } }));
+        assertError(await getVideo(r.json.task_id, { key: other.acct.key }), 404,
+            { code: 'task_not_found' });
+        /* nor is its model served at /v1/videos */
+        assertError(await video({ model: other.model }, { key: other.acct.key }), 503,
+            { code: 'model_not_found' });
+    });
+
+    test('the marketplace spelling openai_video serves as host_video', async () => {
+        const key = `mk${Date.now().toString(36).slice(-6)}`;
+        const model = `${key}-m`;
+        await uploadPlugin(gw, pluginSource(FIXTURE, { key, models: [model] })
+            .replace("const VIDEO = 'host_video';", "const VIDEO = 'openai_video';")
+            .replace("const IMAGE = 'host_image';", "const IMAGE = 'openai_image';"));
+        assertOk(await gw.admin('PUT', '/api/pricing', { [model]: { price: 0.01 } }));
+        assertOk(await gw.admin('POST', '/api/channel', {
+            name: `${key}-ch`, type: 61, base_url: vendor.url, key: 'vk-x', models: [model],
+            groups: ['default'], settings: { task_plugin_key: key } }));
+        await waitFor(async () => (await video({ model, up_id: uniq('up-mk') })).status === 200,
+            5000, { what: 'the aliased plugin serves' });
+        const r = assertOk(await video({ model, up_id: uniq('up-mk') }));
+        assert.equal(r.json.seen.protocol, 'host_video');
+        assert.equal(r.json.model, model);
+    });
+
+    test('host_image, synchronous: the result inline, not retained; created added', async () => {
+        const acct = await account(gw);
+        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
+            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+        } : undefined);
+        try {
+            const r = assertOk(await image({ model: env.model, prompt: 'a cat',
+                sync: { status: 'SUCCESS', data: { images: ['https://cdn.example/1.png'] } } },
+            'generations', { key: acct.key }), 'generations');
+            assert.deepEqual(r.json.data, [{ url: 'https://cdn.example/1.png', revised_prompt: 'a cat' }]);
+            assert.ok(Number.isInteger(r.json.created) && Math.abs(r.json.created - now()) < 120,
+                `created ${r.json.created}`);
+            const sub = vendor.submits().at(-1);
+            assert.equal(sub.json.action, 'image.generate');
+
+            /* its own created stays */
+            const c = assertOk(await image({ model: env.model,
+                sync: { status: 'SUCCESS', data: { images: [], created: 17 } } }));
+            assert.equal(c.json.created, 17);
+
+            /* edits take JSON, and multipart */
+            const e = assertOk(await image({ model: env.model,
+                sync: { status: 'SUCCESS', data: { images: ['https://cdn.example/2.png'] } } }, 'edits'));
+            assert.equal(e.json.data[0].url, 'https://cdn.example/2.png');
+            assert.equal(vendor.submits().at(-1).json.action, 'image.edit');
+
+            /* not retained: the task row keeps no data, and the charge stands */
+            const rows = JSON.parse(await psql(db.conninfo, `select coalesce(json_agg(json_build_object(
+                'status', status, 'data', data, 'retain', retain_result)), '[]') from tasks
+                where token_id = ${Number(acct.token.id)}`));
+            assert.equal(rows.length, 1);
+            assert.deepEqual(rows[0], { status: 'SUCCESS', data: null, retain: false });
+            await expectUsed(gw, db, acct, PER_TASK);
+
+            /* a terminal failure: 400 with its reason, refunded */
+            const acct2 = await account(gw);
+            assertError(await image({ model: env.model,
+                sync: { status: 'FAILURE', reason: 'the prompt was refused' } },
+            'generations', { key: acct2.key }), 400,
+            { type: 'upstream_error', code: 'task_failed', message: /the prompt was refused/ });
+            await expectUsed(gw, db, acct2, 0);
+
+            /* generations take JSON only */
+            assertError(await image(`model=${env.model}`, 'generations',
+                { headers: { 'Content-Type': 'application/x-www-form-urlencoded' } }), 400,
+            { code: 'invalid_request', message: /JSON/ });
+            /* a render that is not {data: [...]} */
+            assertError(await image({ model: env.model,
+                sync: { status: 'SUCCESS', data: { render: { nope: 1 } } } }), 500,
+            { code: 'plugin_error' });
+        } finally {
+            vendor.onSubmit = null;
+        }
+    });
+
+    test('host_image, asynchronous: the request waits for the task, polling it', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-img');
+        vendor.queuePoll(up, { body: { status: 'running' } }, { body: { status: 'running' } });
+        vendor.setPoll(up, { body: { status: 'done',
+            data: { images: ['https://cdn.example/a.png', 'https://cdn.example/b.png'] } } });
+        const t0 = Date.now();
+        const r = assertOk(await image({ model: env.model, up_id: up, prompt: 'two cats' },
+            'generations', { key: acct.key }), 'async generations');
+        assert.deepEqual(r.json.data.map((d) => d.url),
+            ['https://cdn.example/a.png', 'https://cdn.example/b.png']);
+        assert.ok(Number.isInteger(r.json.created));
+        assert.ok(vendor.polls(up).length >= 3, `polled ${vendor.polls(up).length} times`);
+        assert.ok(Date.now() - t0 < 10000);
+        /* never two polls at once, whoever made them */
+        const polls = vendor.polls(up).sort((a, b) => a.t - b.t);
+        for (let i = 1; i < polls.length; i++) {
+            assert.ok(polls[i].t >= polls[i - 1].tEnd, 'two polls of one task at once');
+        }
+        /* finished by polling: retained, and settled once */
+        const rows = JSON.parse(await psql(db.conninfo, `select coalesce(json_agg(json_build_object(
+            'status', status, 'data', data, 'retain', retain_result, 'id', task_id)), '[]') from tasks
+            where token_id = ${Number(acct.token.id)}`));
+        assert.equal(rows.length, 1);
+        assert.equal(rows[0].status, 'SUCCESS');
+        assert.equal(rows[0].retain, true);
+        assert.deepEqual(rows[0].data.images, ['https://cdn.example/a.png', 'https://cdn.example/b.png']);
+        const led = await waitLedger(db, rows[0].id, ['reserve', 'settle']);
+        assert.equal(led.reserve, PER_TASK);
+        await expectUsed(gw, db, acct, PER_TASK);
+
+        /* one that fails while the request waits: 400 with its reason, refunded */
+        const acct2 = await account(gw);
+        const up2 = uniq('up-imgf');
+        vendor.queuePoll(up2, { body: { status: 'running' } });
+        vendor.setPoll(up2, { body: { status: 'failed', error: 'no cats allowed' } });
+        assertError(await image({ model: env.model, up_id: up2 }, 'generations', { key: acct2.key }),
+            400, { type: 'upstream_error', code: 'task_failed', message: /no cats allowed/ });
+        await expectUsed(gw, db, acct2, 0);
+    });
+});
+
+describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
+    let db, gw, vendor, env;
+
+    before(async () => {
+        db = await createDb();
+        gw = await startGateway({ db, v8host: true,
+            http: `${HTTP}\n  llmgw_task_wait_timeout 1s;` });
+        vendor = await startVendor();
+        env = await taskSetup(gw, { fixture: FIXTURE, vendors: [vendor], models: 1 });
+    });
+
+    after(async () => {
+        try {
+            await stopAll(gw);
+        } finally {
+            await vendor?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('504 task_timeout, and the task still ends and is settled in the background', async () => {
+        const up = uniq('up-slow');
+        const t0 = Date.now();
+        const r = await gw.req('POST', '/v1/images/generations',
+            { key: env.acct.key, body: { model: env.model, up_id: up } });
+        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 1 s/ });
+        assert.ok(Date.now() - t0 < 5000, `answered after ${Date.now() - t0} ms`);
+
+        vendor.setPoll(up, { body: { status: 'done', data: { images: ['https://cdn.example/z.png'] } } });
+        const id = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+            where token_id = ${Number(env.acct.token.id)}`));
+        await waitFor(async () => JSON.parse(await psql(db.conninfo,
+            `select to_json(status) from tasks where task_id = '${id}'`)) === 'SUCCESS',
+        8000, { what: 'the task ends in the background' });
+        const led = await waitLedger(db, id, ['reserve', 'settle']);
+        assert.equal(led.reserve, PER_TASK);
+        await expectUsed(gw, db, env.acct, PER_TASK);
+
+        /* a client that leaves: the task goes on just the same */
+        const up2 = uniq('up-gone');
+        const gone = await gw.req('POST', '/v1/images/generations',
+            { key: env.acct.key, body: { model: env.model, up_id: up2 }, timeoutMs: 700 })
+            .catch((e) => e);
+        assert.ok(gone instanceof Error, 'the client gave up first');
+        vendor.setPoll(up2, { body: { status: 'done', data: { images: [] } } });
+        await waitFor(async () => JSON.parse(await psql(db.conninfo,
+            `select to_json(count(*)) from tasks where token_id = ${Number(env.acct.token.id)}
+               and status = 'SUCCESS'`)) === 2, 8000, { what: 'the second task ends' });
+        await expectUsed(gw, db, env.acct, 2 * PER_TASK);
+    });
+});
