@@ -352,7 +352,7 @@ export interface NativeDecodeContext {
 /** Given to `protocols.<p>.decodeRequest`; decoders must be deterministic (they may run several times). */
 export interface ProtocolDecodeContext extends NativeDecodeContext {
     readonly protocol: ProtocolName;
-    /** host_image: "generate" or "edit". */
+    /** host_image: "generate" or "edit"; host_video: "generate" (POST /v1/videos) or "retrieve" (GET /v1/videos/{id}). */
     readonly operation: string;
     /** Fixed by the host. */
     readonly model: string;

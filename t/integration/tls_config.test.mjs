@@ -157,6 +157,7 @@ describe('nginx -t names the directive of a bad value and its line', () => {
         ['llmgw_flush_interval 0;', /must be between 1ms and 366d/],
         ['llmgw_refresh_interval 0;', /must be between 1ms and 366d/],
         ['llmgw_task_poll_interval 0;', /must be between 1ms and 366d/],
+        ['llmgw_task_wait_timeout 0;', /must be between 1ms and 366d/],
         ['llmgw_pg_timeout 0;', /must be between 1ms and 366d/],
         ['llmgw_ledger_backlog 0;', /must be between 1 and 100000000/],
         ['llmgw_request_id_header "";', /must not be empty/],
@@ -250,6 +251,7 @@ describe('nginx -t accepts the bounds', () => {
         'llmgw_task_max_response 64k;',
         'llmgw_task_max_file_size 1k;',
         'llmgw_task_max_files_total 1k;',
+        'llmgw_task_wait_timeout 1ms;',
     ];
 
     for (const line of lines) {
