@@ -745,7 +745,17 @@ static void
 ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
     const llmgw_tstep_t *st)
 {
+    int               auth;
+    size_t            notes;
+    const char       *first;
     ngx_llmgw_ctx_t  *ctx;
+
+    /* what a request's own polls and downloads had to say */
+    notes = llmgw_tjob_poll_notes(rn->job, &auth, &first);
+    if (notes > 0) {
+        ngx_log_error(NGX_LOG_WARN, ngx_llmgw_task_log, 0,
+                      "llmgw: %s (%uz notes)", first, notes);
+    }
 
     if (r != NULL) {
         ctx = ngx_llmgw_get_ctx(r);

@@ -25,6 +25,28 @@
 
 using namespace llmgw;
 
+
+void
+llmgw::append_base64(std::string &out, std::string_view in)
+{
+    /* EVP_EncodeBlock takes an int length: encode in whole 3-byte groups */
+    constexpr size_t kChunk = 3 * 65536;
+    size_t start = out.size();
+
+    /* one more byte for the NUL EVP_EncodeBlock writes */
+    out.resize(start + 4 * ((in.size() + 2) / 3) + 1);
+
+    auto *dst = reinterpret_cast<unsigned char *>(&out[start]);
+    auto *src = reinterpret_cast<const unsigned char *>(in.data());
+
+    for (size_t off = 0; off < in.size(); off += kChunk) {
+        size_t n = std::min(kChunk, in.size() - off);
+        dst += EVP_EncodeBlock(dst, src + off, static_cast<int>(n));
+    }
+
+    out.pop_back();
+}
+
 namespace {
 
 /* A request line longer than this is not a plugin's honest URL. */
@@ -788,26 +810,6 @@ or_default(const char *s, std::string_view dflt)
     return s != nullptr && *s != '\0' ? std::string_view(s) : dflt;
 }
 
-void
-append_base64(std::string &out, std::string_view in)
-{
-    /* EVP_EncodeBlock takes an int length: encode in whole 3-byte groups */
-    constexpr size_t kChunk = 3 * 65536;
-    size_t start = out.size();
-
-    /* one more byte for the NUL EVP_EncodeBlock writes */
-    out.resize(start + 4 * ((in.size() + 2) / 3) + 1);
-
-    auto *dst = reinterpret_cast<unsigned char *>(&out[start]);
-    auto *src = reinterpret_cast<const unsigned char *>(in.data());
-
-    for (size_t off = 0; off < in.size(); off += kChunk) {
-        size_t n = std::min(kChunk, in.size() - off);
-        dst += EVP_EncodeBlock(dst, src + off, static_cast<int>(n));
-    }
-
-    out.pop_back();
-}
 
 
 /* ---- JSON bodies with file placeholders ---- */

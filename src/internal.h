@@ -157,6 +157,8 @@ size_t snap_task_channels(const llmgw_snapshot_t *s,
     std::string_view plugin_key, const json_t *manifest,
     std::string_view model, std::string_view group, uint64_t seed,
     const llmgw_channel_t **out, size_t max);
+/* Appends the base64 of in to out (descriptor.cpp). */
+void append_base64(std::string &out, std::string_view in);
 /* Whether a manifest claims a host protocol for a model. */
 bool snap_claims(const json_t *manifest, std::string_view protocol,
     std::string_view model);

@@ -359,6 +359,20 @@ api_view(const json_t *row)
     return v;
 }
 
+/* A member of a parsed client body: of its JSON value, or the first value
+   of a form or multipart field. */
+json_t *
+body_member(const json_t *dbody, const char *k)
+{
+    const json_t *value = json_object_get(dbody, "value");
+
+    if (value != nullptr) {
+        return json_object_get(value, k);
+    }
+    return json_array_get(json_object_get(json_object_get(dbody, "fields"),
+                                          k), 0);
+}
+
 struct HookReply {
     bool         ok = false;
     Json         result;
@@ -426,7 +440,7 @@ struct llmgw_tjob_s {
         BUILT, SENT, STREAMING, EVENT, PARSED, SUBMIT_USAGE, FINAL_USAGE,
         CREATED, RENDERED, ERROR_RENDERED,
         /* a request waiting for its task */
-        WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED,
+        WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, DOWNLOADED,
         /* poll */
         POLL_BUILD, POLL_BUILT, POLL_SENT, POLL_PARSED, POLL_USAGE,
         POLL_SAVE, POLL_SAVED,
@@ -457,6 +471,9 @@ struct llmgw_tjob_s {
     std::chrono::steady_clock::time_point wait_start;
     bool                     waiting = false;
     bool                     in_request_poll = false;
+    /* host_image with response_format b64_json: the answer, its downloads */
+    Json                     image_out;
+    size_t                   download_at = 0;
 
     /* the client request */
     std::string              method, path, args, content_type, request_id;
@@ -810,10 +827,43 @@ struct llmgw_tjob_s {
     /* request helpers */
     const llmgw_tstep_t *start_request();
     const llmgw_tstep_t *image_wait();
+    const llmgw_tstep_t *image_download();
+    const llmgw_tstep_t *image_downloaded();
     const llmgw_tstep_t *wait_claimed();
     const llmgw_tstep_t *wait_look();
     const llmgw_tstep_t *wait_looked();
     const llmgw_tstep_t *start_protocol();
+    const llmgw_tstep_t *protocol_decode(json_t *dbody);
+
+    /* The caller's task by its public id (a lookup statement). */
+    const llmgw_tstep_t *lookup(const std::string &id, Phase next)
+    {
+        Json ids(json_array());
+        json_array_append_new(ids.get(), jstr(id));
+        param[0] = std::to_string(llmgw_token_user_id(token));
+        param[1] = json_dump_pg(ids.get());
+        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)", next,
+                   2, 0);
+    }
+
+    /* The model a request or an intent names: nullptr, or the refusal. */
+    const llmgw_tstep_t *take_model(const json_t *m)
+    {
+        if (m == nullptr || json_is_null(m)
+            || (json_is_string(m) && json_string_length(m) == 0))
+        {
+            return fail(400, "gateway_error", "model_not_specified",
+                        "Model name not specified");
+        }
+
+        if (!json_is_string(m)) {
+            return fail(400, "gateway_error", "invalid_request",
+                        "model must be a string");
+        }
+
+        model = json_string_value(m);
+        return nullptr;
+    }
     const llmgw_tstep_t *render_protocol(json_t *view);
     const llmgw_tstep_t *protocol_rendered();
     json_t *native_ctx();
@@ -821,7 +871,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *choose_channel();
     const llmgw_tstep_t *extract_usage();
     const llmgw_tstep_t *build_submit();
-    const llmgw_tstep_t *send(const char *what);
+    const llmgw_tstep_t *send(const char *what, bool content = false);
     const llmgw_tstep_t *after_send();
     bool another_channel(bool retryable) const;
     bool retains() const;
@@ -1030,22 +1080,20 @@ llmgw_tjob_s::start_request()
 
     if (route_kind == LLMGW_TROUTE_GET) {
         query_id = std::string(segments(path).back());
-        Json ids(json_array());
-        json_array_append_new(ids.get(), jstr(query_id));
-        param[0] = std::to_string(llmgw_token_user_id(token));
-        param[1] = json_dump_pg(ids.get());
-        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
-                   LOOKED_UP_QUERY, 2, 0);
-    }
-
-    if (route_kind == LLMGW_TROUTE_PROTOCOL) {
-        return start_protocol();
+        return lookup(query_id, LOOKED_UP_QUERY);
     }
 
     if (route_kind == LLMGW_TROUTE_NATIVE) {
         /* first, so that native.error shapes a refused body too: the
            body a decoder could not be given is none */
         decode_ctx = Json(native_ctx());
+    }
+
+    if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+        const llmgw_tstep_t *s = start_protocol();
+        if (s != nullptr) {
+            return s;
+        }
     }
 
     inbound = llmgw_inbound_parse(str(content_type), body.data(), body.size(),
@@ -1064,6 +1112,10 @@ llmgw_tjob_s::start_request()
         files = Json(json_array());
     }
 
+    if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+        return protocol_decode(dbody.get());
+    }
+
     if (route_kind == LLMGW_TROUTE_SUBMIT) {
         /* POST /v1/tasks/{pluginKey}: the body is the request body */
         json_t *value = json_object_get(dbody.get(), "value");
@@ -1072,20 +1124,11 @@ llmgw_tjob_s::start_request()
         intent = Json(json_object());
         json_object_set_new(intent.get(), "kind", json_string("submit"));
 
-        /* a form or multipart body names the model in its fields */
-        json_t *fields = json_object_get(dbody.get(), "fields");
-        auto member = [&](const char *k) -> json_t * {
-            if (value != nullptr) {
-                return json_object_get(value, k);
-            }
-            return json_array_get(json_object_get(fields, k), 0);
-        };
-
-        json_t *m = member("model");
+        json_t *m = body_member(dbody.get(), "model");
         if (m != nullptr) {
             json_object_set(intent.get(), "model", m);
         }
-        json_t *a = member("action");
+        json_t *a = body_member(dbody.get(), "action");
         if (json_is_string(a)) {
             json_object_set(intent.get(), "action", a);
         }
@@ -1108,12 +1151,7 @@ llmgw_tjob_s::start_request()
             name = "task_id";
         }
         query_id = std::string(json_str(params, std::string(name).c_str()));
-        Json ids(json_array());
-        json_array_append_new(ids.get(), jstr(query_id));
-        param[0] = std::to_string(llmgw_token_user_id(token));
-        param[1] = json_dump_pg(ids.get());
-        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
-                   LOOKED_UP_QUERY, 2, 0);
+        return lookup(query_id, LOOKED_UP_QUERY);
     }
 
     std::string decoder(json_str(route, "decode"));
@@ -1155,21 +1193,12 @@ llmgw_tjob_s::after_intent()
                     hook_name_ + " returned an intent of unknown kind");
     }
 
-    json_t *m = json_object_get(intent.get(), "model");
-
-    if (m == nullptr || json_is_null(m)
-        || (json_is_string(m) && json_string_length(m) == 0))
-    {
-        return fail(400, "gateway_error", "model_not_specified",
-                    "Model name not specified");
+    const llmgw_tstep_t *refused = take_model(json_object_get(intent.get(),
+                                                              "model"));
+    if (refused != nullptr) {
+        return refused;
     }
 
-    if (!json_is_string(m)) {
-        return fail(400, "gateway_error", "invalid_request",
-                    "model must be a string");
-    }
-
-    model = json_string_value(m);
     action = std::string(json_str(intent.get(), "action"));
 
     if (route != nullptr || route_kind == LLMGW_TROUTE_PROTOCOL) {
@@ -1311,14 +1340,14 @@ llmgw_tjob_s::build_submit()
 
 /* Checks a descriptor (the hook's result) and sends it. */
 const llmgw_tstep_t *
-llmgw_tjob_s::send(const char *what)
+llmgw_tjob_s::send(const char *what, bool content)
 {
     llmgw_desc_policy_t p;
     std::vector<llmgw_str_t> hosts;
     std::vector<llmgw_file_t> f;
     char e[512];
 
-    policy(p, hosts, f, mode == REQUEST, false);
+    policy(p, hosts, f, mode == REQUEST && !content, content);
 
     if (have_out) {
         llmgw_outbound_free(&out);
@@ -1731,14 +1760,13 @@ llmgw_tjob_s::render_created()
 
 
 /*
- * A host protocol's request: the channel tried first decides the plugin
- * (several may claim one protocol for a model), whose decoder turns the
- * request into a submit intent; the model is the one the request named.
+ * A host protocol's request, before its body is read: the decode context
+ * with the protocol's members; a retrieval looks the task up (the step),
+ * else nullptr and the body is read.
  */
 const llmgw_tstep_t *
 llmgw_tjob_s::start_protocol()
 {
-    llmgw_verdict_t v;
     bool image = proto == LLMGW_TPROTO_IMAGE_GENERATE
                  || proto == LLMGW_TPROTO_IMAGE_EDIT;
 
@@ -1758,59 +1786,37 @@ llmgw_tjob_s::start_protocol()
         query_id = std::string(segments(path).back());
         json_object_set_new(json_object_get(ctx, "params"), "video_id",
                             jstr(query_id));
-        Json ids(json_array());
-        json_array_append_new(ids.get(), jstr(query_id));
-        param[0] = std::to_string(llmgw_token_user_id(token));
-        param[1] = json_dump_pg(ids.get());
-        return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
-                   LOOKED_UP_QUERY, 2, 0);
+        return lookup(query_id, LOOKED_UP_QUERY);
     }
 
-    inbound = llmgw_inbound_parse(str(content_type), body.data(), body.size(),
-                                  conf.max_file_bytes, conf.max_total_bytes,
-                                  &v);
-    if (inbound == nullptr) {
-        return fail(v.status, v.type, v.code, v.message);
-    }
+    return nullptr;
+}
+
+
+/*
+ * The body read: the channel tried first decides the plugin (several may
+ * claim one protocol for a model), whose decoder turns the request into a
+ * submit intent; the model is the one the request named.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::protocol_decode(json_t *dbody)
+{
+    json_t *ctx = decode_ctx.get();
 
     if (proto == LLMGW_TPROTO_IMAGE_GENERATE
-        && std::string_view(llmgw_inbound_kind(inbound)) != "json")
+        && json_str(dbody, "kind") != "json")
     {
         return fail(400, "gateway_error", "invalid_request",
                     "POST /v1/images/generations takes a JSON body "
                     "(Content-Type: application/json)");
     }
 
-    llmgw_buf_t decoded = llmgw_inbound_json(inbound);
-    Json dbody = json_parse(decoded.data, decoded.len);
-    llmgw_buf_free(&decoded);
+    json_object_set(ctx, "body", dbody);
 
-    files = Json(json_incref(json_object_get(dbody.get(), "files")));
-    if (!files) {
-        files = Json(json_array());
+    const llmgw_tstep_t *refused = take_model(body_member(dbody, "model"));
+    if (refused != nullptr) {
+        return refused;
     }
-    json_object_set(ctx, "body", dbody.get());
-
-    json_t *value = json_object_get(dbody.get(), "value");
-    json_t *m = value != nullptr
-                ? json_object_get(value, "model")
-                : json_array_get(json_object_get(json_object_get(dbody.get(),
-                                                                 "fields"),
-                                                 "model"), 0);
-
-    if (m == nullptr || json_is_null(m)
-        || (json_is_string(m) && json_string_length(m) == 0))
-    {
-        return fail(400, "gateway_error", "model_not_specified",
-                    "Model name not specified");
-    }
-
-    if (!json_is_string(m)) {
-        return fail(400, "gateway_error", "invalid_request",
-                    "model must be a string");
-    }
-
-    model = json_string_value(m);
 
     plugin = snap_protocol_plugin(snap, protocol, model, group, seed);
     if (plugin < 0) {
@@ -1901,12 +1907,7 @@ llmgw_tjob_s::wait_claimed()
 const llmgw_tstep_t *
 llmgw_tjob_s::wait_look()
 {
-    Json ids(json_array());
-    json_array_append_new(ids.get(), jstr(task_id));
-    param[0] = std::to_string(llmgw_token_user_id(token));
-    param[1] = json_dump_pg(ids.get());
-    return sql("select llmgw_task_lookup($1::bigint, $2::jsonb)",
-               WAIT_LOOKED, 2, 0);
+    return lookup(task_id, WAIT_LOOKED);
 }
 
 
@@ -2070,7 +2071,80 @@ llmgw_tjob_s::protocol_rendered()
                                 std::time(nullptr))));
     }
 
+    const json_t *rf = body_member(json_object_get(decode_ctx.get(), "body"),
+                                   "response_format");
+
+    if (json_is_string(rf)
+        && std::string_view(json_string_value(rf)) == "b64_json")
+    {
+        image_out = Json(json_incref(r));
+        download_at = 0;
+        return image_download();
+    }
+
     return respond_json(200, r);
+}
+
+
+/*
+ * response_format b64_json: each image given by URL only is downloaded
+ * (a GET without the channel's credentials, to whatever host the upstream
+ * named) and its base64 added; the URL stays.  A download that fails
+ * leaves the URL alone, with a warning in the error log.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::image_download()
+{
+    json_t *data = json_object_get(image_out.get(), "data");
+
+    for (; download_at < json_array_size(data); download_at++) {
+        json_t *e = json_array_get(data, download_at);
+        json_t *url = json_object_get(e, "url");
+
+        if (!json_is_string(url)
+            || json_is_string(json_object_get(e, "b64_json")))
+        {
+            continue;
+        }
+
+        Json d(json_object());
+        json_object_set(d.get(), "url", url);
+        json_object_set_new(d.get(), "method", json_string("GET"));
+        json_object_set_new(d.get(), "credentialless", json_true());
+        hook.result = std::move(d);
+
+        phase = DOWNLOADED;
+        const llmgw_tstep_t *s = send("the image download", true);
+        if (s != nullptr) {
+            return s;
+        }
+        poll_log.push_back(send_error + "; the URL is answered as it is");
+    }
+
+    return respond_json(200, image_out.get());
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::image_downloaded()
+{
+    json_t *e = json_array_get(json_object_get(image_out.get(), "data"),
+                               download_at);
+
+    if (transport_error.empty() && http_status >= 200 && http_status < 300) {
+        std::string b64;
+        append_base64(b64, http_body);
+        json_object_set_new(e, "b64_json", jstr(b64));
+    } else {
+        poll_log.push_back("downloading an image for b64_json failed ("
+                           + (transport_error.empty()
+                              ? "HTTP " + std::to_string(http_status)
+                              : transport_error)
+                           + "); the URL is answered as it is");
+    }
+
+    download_at++;
+    return image_download();
 }
 
 
@@ -2435,6 +2509,9 @@ llmgw_tjob_s::next_request()
 
     case WAIT_LOOKED:
         return wait_looked();
+
+    case DOWNLOADED:
+        return image_downloaded();
 
     case RENDERED:
         if (route_kind == LLMGW_TROUTE_PROTOCOL) {

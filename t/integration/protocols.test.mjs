@@ -9,7 +9,8 @@
 //     as for any task; the marketplace spelling openai_video;
 //   - host_image: a synchronous upstream (an immediate terminal result) is
 //     answered inline and not retained, a failed one is 400 with its reason;
-//     the host adds `created`; an asynchronous one is polled inside the
+//     the host adds `created`; response_format b64_json downloads the
+//     URLs (without credentials) and adds their base64; an asynchronous one is polled inside the
 //     request until it ends (results retained), and past
 //     llmgw_task_wait_timeout the answer is 504 task_timeout while the task
 //     goes on and is settled by the background pollers.
@@ -256,6 +257,39 @@ describe('host protocols', { timeout: 180000 }, () => {
             { code: 'plugin_error' });
         } finally {
             vendor.onSubmit = null;
+        }
+    });
+
+    test('host_image with response_format b64_json: URLs downloaded and encoded, kept; a failed one stays a URL', async () => {
+        const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0, 1, 2, 255]);
+        vendor.onOther = (rec) => (rec.path === '/img/a.png'
+            ? { status: 200, headers: { 'Content-Type': 'image/png' }, body: png }
+            : { status: 404, body: { error: { message: 'no such image' } } });
+        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
+            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+        } : undefined);
+        try {
+            const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/gone.png`];
+            const r = assertOk(await image({ model: env.model, response_format: 'b64_json',
+                sync: { status: 'SUCCESS', data: { images: urls } } }), 'b64_json');
+            assert.equal(r.json.data[0].url, urls[0]);
+            assert.equal(r.json.data[0].b64_json, png.toString('base64'));
+            assert.equal(r.json.data[1].url, urls[1]);
+            assert.equal(r.json.data[1].b64_json, undefined);
+            await waitFor(() => /downloading an image for b64_json failed \(HTTP 404\)/
+                .test(gw.errorLog()), 3000, { what: 'the warning' });
+            /* without it, nothing is downloaded */
+            const before = vendor.requests.filter((q) => q.path === '/img/a.png').length;
+            const plain = assertOk(await image({ model: env.model,
+                sync: { status: 'SUCCESS', data: { images: urls } } }));
+            assert.equal(plain.json.data[0].b64_json, undefined);
+            assert.equal(vendor.requests.filter((q) => q.path === '/img/a.png').length, before);
+            /* no credentials go with a download */
+            const got = vendor.requests.filter((q) => q.path === '/img/a.png').at(-1);
+            assert.equal(got.headers.authorization, undefined);
+        } finally {
+            vendor.onSubmit = null;
+            vendor.onOther = () => ({ status: 404, body: { error: { message: 'no such endpoint' } } });
         }
     });
 

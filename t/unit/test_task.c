@@ -509,6 +509,45 @@ test_route_unrelated_paths_are_none(void **state)
 }
 
 
+static void
+check_proto(const char *method, const char *path, llmgw_tproto_e proto,
+    int method_ok, const char *allow)
+{
+    llmgw_troute_t r;
+
+    llmgw_task_route(snap, S(method), S(path), &r);
+    if (r.kind != LLMGW_TROUTE_PROTOCOL || r.proto != proto
+        || r.method_ok != method_ok || strcmp(r.allow, allow) != 0)
+    {
+        fail_msg("%s %s: kind %d proto %d ok %d allow %s", method, path,
+                 r.kind, r.proto, r.method_ok, r.allow);
+    }
+}
+
+
+static void
+test_route_host_protocol_paths(void **state)
+{
+    (void) state;
+
+    check_proto("POST", "/v1/videos", LLMGW_TPROTO_VIDEO_CREATE, 1, "POST");
+    check_proto("GET", "/v1/videos/", LLMGW_TPROTO_VIDEO_CREATE, 0, "POST");
+    check_proto("GET", "/v1/videos/task_1", LLMGW_TPROTO_VIDEO_GET, 1, "GET");
+    check_proto("DELETE", "/v1/videos/task_1", LLMGW_TPROTO_VIDEO_GET, 0,
+                "GET");
+    check_proto("POST", "/v1/images/generations",
+                LLMGW_TPROTO_IMAGE_GENERATE, 1, "POST");
+    check_proto("POST", "/v1/images/edits", LLMGW_TPROTO_IMAGE_EDIT, 1,
+                "POST");
+    check_proto("GET", "/v1/images/edits", LLMGW_TPROTO_IMAGE_EDIT, 0,
+                "POST");
+    check_route("POST", "/v1/images/variations", LLMGW_TROUTE_NONE, -1, -1, 0);
+    check_route("GET", "/v1/videos/task_1/content", LLMGW_TROUTE_NONE, -1, -1,
+                0);
+    check_route("POST", "/v2/videos", LLMGW_TROUTE_NONE, -1, -1, 0);
+}
+
+
 /*
  * Two plugins whose routes overlap (stored with force): "aa-b" sorts first
  * and claims every first segment; "zz-a" names its own.  A third route
@@ -2026,6 +2065,7 @@ main(void)
         cmocka_unit_test(test_route_generic_submit_and_get),
         cmocka_unit_test(test_route_native_paths_with_parameters),
         cmocka_unit_test(test_route_unrelated_paths_are_none),
+        cmocka_unit_test(test_route_host_protocol_paths),
         cmocka_unit_test(test_route_most_specific_wins_over_plugin_order),
         cmocka_unit_test(
             test_get_task_answers_the_view_without_private_fields),
