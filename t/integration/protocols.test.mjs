@@ -35,24 +35,31 @@ const FIXTURE = 'task-protocols.js';
 
 const now = () => Math.floor(Date.now() / 1000);
 
-describe('host protocols', { timeout: 180000 }, () => {
-    let db, gw, vendor, env;
-
+/* A gateway with the fixture bound to one vendor: {db, gw, vendor, env}. */
+function protocolSuite(http) {
+    const s = {};
     before(async () => {
-        db = await createDb();
-        gw = await startGateway({ db, v8host: true, http: HTTP });
-        vendor = await startVendor();
-        env = await taskSetup(gw, { fixture: FIXTURE, vendors: [vendor], models: 1 });
+        s.db = await createDb();
+        s.gw = await startGateway({ db: s.db, v8host: true, http });
+        s.vendor = await startVendor();
+        s.env = await taskSetup(s.gw, { fixture: FIXTURE, vendors: [s.vendor], models: 1 });
     });
-
     after(async () => {
         try {
-            await stopAll(gw);
+            await stopAll(s.gw);
         } finally {
-            await vendor?.close();
-            await dropDb(db);
+            await s.vendor?.close();
+            await dropDb(s.db);
         }
     });
+    return s;
+}
+
+describe('host protocols', { timeout: 180000 }, () => {
+    const s = protocolSuite(HTTP);
+    let db, gw, vendor, env;
+
+    before(() => ({ db, gw, vendor, env } = s));
 
     const video = (body, { key = env.acct.key, headers } = {}) =>
         gw.req('POST', '/v1/videos', { key, body, headers });
@@ -336,24 +343,10 @@ describe('host protocols', { timeout: 180000 }, () => {
 });
 
 describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
+    const s = protocolSuite(`${HTTP}\n  llmgw_task_wait_timeout 1s;`);
     let db, gw, vendor, env;
 
-    before(async () => {
-        db = await createDb();
-        gw = await startGateway({ db, v8host: true,
-            http: `${HTTP}\n  llmgw_task_wait_timeout 1s;` });
-        vendor = await startVendor();
-        env = await taskSetup(gw, { fixture: FIXTURE, vendors: [vendor], models: 1 });
-    });
-
-    after(async () => {
-        try {
-            await stopAll(gw);
-        } finally {
-            await vendor?.close();
-            await dropDb(db);
-        }
-    });
+    before(() => ({ db, gw, vendor, env } = s));
 
     test('504 task_timeout, and the task still ends and is settled in the background', async () => {
         const up = uniq('up-slow');
