@@ -835,6 +835,14 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *start_protocol();
     const llmgw_tstep_t *protocol_decode(json_t *dbody);
 
+    /* The task asked for is not the caller's to see (or not there). */
+    const llmgw_tstep_t *task_not_found()
+    {
+        return fail(404, "gateway_error", "task_not_found",
+                    "task " + std::string(utf8_prefix(query_id, 100))
+                    + " not found");
+    }
+
     /* The caller's task by its public id (a lookup statement). */
     const llmgw_tstep_t *lookup(const std::string &id, Phase next)
     {
@@ -1839,10 +1847,11 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
 
 /*
  * host_image with an asynchronous upstream: the request waits for its task,
- * polling it with the ordinary query hooks every few seconds (under a lease,
- * so never while a background poller does) until it ends or llmgw_task_wait
- * has passed: then 504 task_timeout, and the task goes on and is settled by
- * the background pollers, as it is when the client leaves.
+ * polling it with the ordinary query hooks every few seconds (under a
+ * lease, so never while a background poller does) until it ends or
+ * llmgw_task_wait_timeout has passed: then 504 task_timeout, and the task
+ * goes on and is settled by the background pollers, as it is when the
+ * client leaves.
  */
 const llmgw_tstep_t *
 llmgw_tjob_s::image_wait()
@@ -2173,9 +2182,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
     if (row == nullptr
         || std::string_view(json_str(row, "task_id")) != query_id)
     {
-        return fail(404, "gateway_error", "task_not_found",
-                    "task " + std::string(utf8_prefix(query_id, 100))
-                    + " not found");
+        return task_not_found();
     }
 
     if (route_kind == LLMGW_TROUTE_PROTOCOL) {
@@ -2186,9 +2193,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
                                              &pinfo)
                                : nullptr;
         if (manifest == nullptr || !snap_claims(manifest, protocol, model)) {
-            return fail(404, "gateway_error", "task_not_found",
-                        "task " + std::string(utf8_prefix(query_id, 100))
-                        + " not found");
+            return task_not_found();
         }
         sha = pinfo.sha;
         json_object_set_new(decode_ctx.get(), "model", jstr(model));
@@ -2198,9 +2203,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
     if (route_kind == LLMGW_TROUTE_NATIVE) {
         long p = snap_plugin_find(snap, json_str(row, "plugin_key"));
         if (p != plugin) {
-            return fail(404, "gateway_error", "task_not_found",
-                        "task " + std::string(utf8_prefix(query_id, 100))
-                        + " not found");
+            return task_not_found();
         }
         std::string renderer(json_str(route, "render"));
         json_t *a = json_array();

@@ -20,11 +20,9 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
+import { assertError, assertOk, psql, uniq } from '../lib/harness.mjs';
 import {
-    assertError, assertOk, createDb, dropDb, psql, startGateway, stopAll, uniq,
-} from '../lib/harness.mjs';
-import {
-    account, expectUsed, pluginSource, startVendor, taskSetup, uploadPlugin,
+    account, expectUsed, pluginSource, taskSetup, uploadPlugin, vendorSuite,
     waitFor, waitLedger,
 } from '../lib/vendor.mjs';
 
@@ -37,20 +35,9 @@ const now = () => Math.floor(Date.now() / 1000);
 
 /* A gateway with the fixture bound to one vendor: {db, gw, vendor, env}. */
 function protocolSuite(http) {
-    const s = {};
+    const s = vendorSuite({ http });
     before(async () => {
-        s.db = await createDb();
-        s.gw = await startGateway({ db: s.db, v8host: true, http });
-        s.vendor = await startVendor();
         s.env = await taskSetup(s.gw, { fixture: FIXTURE, vendors: [s.vendor], models: 1 });
-    });
-    after(async () => {
-        try {
-            await stopAll(s.gw);
-        } finally {
-            await s.vendor?.close();
-            await dropDb(s.db);
-        }
     });
     return s;
 }
@@ -210,6 +197,15 @@ describe('host protocols', { timeout: 180000 }, () => {
         const r = assertOk(await video({ model, up_id: uniq('up-mk') }));
         assert.equal(r.json.seen.protocol, 'host_video');
         assert.equal(r.json.model, model);
+        /* and openai_image as host_image */
+        vendor.onSubmit = (rec) => ({ status: 200, body: { id: `mk-${rec.n}`,
+            immediate: { status: 'SUCCESS', data: { images: ['https://cdn.example/mk.png'] } } } });
+        try {
+            const i = assertOk(await image({ model }), 'openai_image');
+            assert.equal(i.json.data[0].url, 'https://cdn.example/mk.png');
+        } finally {
+            vendor.onSubmit = null;
+        }
     });
 
     test('host_image, synchronous: the result inline, not retained; created added', async () => {
@@ -271,18 +267,24 @@ describe('host protocols', { timeout: 180000 }, () => {
         const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 0, 1, 2, 255]);
         vendor.onOther = (rec) => (rec.path === '/img/a.png'
             ? { status: 200, headers: { 'Content-Type': 'image/png' }, body: png }
-            : { status: 404, body: { error: { message: 'no such image' } } });
+            : rec.path === '/img/moved.png'
+                ? { status: 302, headers: { Location: '/img/a.png' }, body: '' }
+                : { status: 404, body: { error: { message: 'no such image' } } });
         vendor.onSubmit = (rec) => (rec.json.input.sync ? {
             status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
         } : undefined);
         try {
-            const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/gone.png`];
+            const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/gone.png`,
+                `${vendor.url}/img/moved.png`];
             const r = assertOk(await image({ model: env.model, response_format: 'b64_json',
                 sync: { status: 'SUCCESS', data: { images: urls } } }), 'b64_json');
             assert.equal(r.json.data[0].url, urls[0]);
             assert.equal(r.json.data[0].b64_json, png.toString('base64'));
             assert.equal(r.json.data[1].url, urls[1]);
             assert.equal(r.json.data[1].b64_json, undefined);
+            /* a redirect is not followed */
+            assert.equal(r.json.data[2].url, urls[2]);
+            assert.equal(r.json.data[2].b64_json, undefined);
             await waitFor(() => /downloading an image for b64_json failed \(HTTP 404\)/
                 .test(gw.errorLog()), 3000, { what: 'the warning' });
             /* without it, nothing is downloaded */
