@@ -61,6 +61,10 @@ typedef struct {
     size_t                     task_max_files_total;
     ngx_flag_t                 task_ssl_verify;
     ngx_str_t                  task_ssl_trusted_certificate;
+    ngx_str_t                  crypto_secret;         /* artifact links */
+    ngx_str_t                  task_public_address;
+    ngx_str_t                  server_address;
+    ngx_msec_t                 artifact_link_ttl;
     ngx_resolver_t            *resolver;              /* http{} level */
     ngx_msec_t                 resolver_timeout;
 } ngx_llmgw_main_conf_t;
@@ -238,6 +242,7 @@ struct ngx_llmgw_ctx_s {
     unsigned                   retry_same:1;
     unsigned                   config_waited:1;
     unsigned                   query_key_taken:1;
+    unsigned                   signed_link:1; /* content by a signed link */
     unsigned                   model_priced:1;
 };
 

@@ -80,11 +80,12 @@ static ngx_int_t ngx_llmgw_find_key(ngx_http_request_t *r,
 ngx_int_t
 ngx_llmgw_gateway_handler(ngx_http_request_t *r)
 {
-    ngx_int_t         rc;
-    ngx_str_t         key;
-    llmgw_token_t    *t;
-    llmgw_verdict_t   v;
-    ngx_llmgw_ctx_t  *ctx;
+    ngx_int_t               rc;
+    ngx_str_t               key;
+    llmgw_token_t          *t;
+    llmgw_verdict_t         v;
+    ngx_llmgw_ctx_t        *ctx;
+    ngx_llmgw_main_conf_t  *mcf;
 
     ctx = ngx_llmgw_get_ctx(r);
     if (ctx == NULL) {
@@ -154,6 +155,31 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
                                 "gateway_error", "service_unavailable",
                                 "the gateway has not loaded its "
                                 "configuration yet; retry shortly");
+    }
+
+    if (ctx->endpoint.ep == LLMGW_EP_TASK
+        && ctx->troute.kind == LLMGW_TROUTE_CONTENT)
+    {
+        /* a signed artifact link stands for the key */
+        mcf = ngx_http_get_module_main_conf(r, ngx_http_llmgw_module);
+        rc = llmgw_artifact_link_check(
+                 (llmgw_str_t) { (char *) mcf->crypto_secret.data,
+                                 mcf->crypto_secret.len },
+                 (llmgw_str_t) { (char *) r->uri.data, r->uri.len },
+                 ctx->args.data
+                 ? (llmgw_str_t) { (char *) ctx->args.data, ctx->args.len }
+                 : (llmgw_str_t) { (char *) r->args.data, r->args.len },
+                 (int64_t) ngx_time(), &v);
+
+        if (rc < 0) {
+            return ngx_llmgw_send_error(r, ctx, &v);
+        }
+
+        if (rc == 0) {
+            ctx->signed_link = 1;
+            rc = ngx_http_read_client_request_body(r, ngx_llmgw_body_ready);
+            return rc >= NGX_HTTP_SPECIAL_RESPONSE ? rc : NGX_DONE;
+        }
     }
 
     if (ngx_llmgw_find_key(r, ctx, &key) != NGX_OK

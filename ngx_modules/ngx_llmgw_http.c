@@ -156,6 +156,7 @@ struct ngx_llmgw_http_s {
     unsigned                   answered:1;   /* a response byte came */
     unsigned                   keepalive:1;  /* HTTP/1.1, no "close" */
     unsigned                   ended:1;      /* by the framing, exactly */
+    unsigned                   paused:1;     /* the reader asked to wait */
 };
 
 
@@ -429,6 +430,29 @@ ngx_llmgw_http_cancel(ngx_llmgw_http_t *h)
     }
 
     ngx_llmgw_http_free(h);
+}
+
+
+void
+ngx_llmgw_http_pause(ngx_llmgw_http_t *h)
+{
+    h->paused = 1;
+}
+
+
+void
+ngx_llmgw_http_resume(ngx_llmgw_http_t *h)
+{
+    if (!h->paused) {
+        return;
+    }
+
+    h->paused = 0;
+
+    if (h->peer.connection != NULL && h->phase == NGX_LLMGW_HTTP_READ) {
+        ngx_add_timer(&h->timer, h->timeout);
+        ngx_post_event(h->peer.connection->read, &ngx_posted_events);
+    }
 }
 
 
@@ -1367,6 +1391,14 @@ ngx_llmgw_http_read(ngx_llmgw_http_t *h)
     }
 
     for (i = 0; i < NGX_LLMGW_HTTP_READS; i++) {
+
+        if (h->paused) {
+            /* nothing is read, and no time runs out, until resumed */
+            if (h->timer.timer_set) {
+                ngx_del_timer(&h->timer);
+            }
+            return NGX_AGAIN;
+        }
 
         if (ngx_llmgw_http_room(h) != NGX_OK) {
             return NGX_ERROR;

@@ -110,5 +110,13 @@ ngx_llmgw_http_t *ngx_llmgw_http_start(ngx_llmgw_http_opts_t *opts,
  */
 void ngx_llmgw_http_cancel(ngx_llmgw_http_t *h);
 
+/*
+ * A streaming reader that cannot take more for now: after the bytes
+ * already read are handed over, nothing more is read (and the idle
+ * timeout does not run) until ngx_llmgw_http_resume().
+ */
+void ngx_llmgw_http_pause(ngx_llmgw_http_t *h);
+void ngx_llmgw_http_resume(ngx_llmgw_http_t *h);
+
 
 #endif /* NGX_LLMGW_HTTP_H */

@@ -40,6 +40,8 @@ static char *ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data);
 static char *ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_llmgw_check_ca_file(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_check_secret(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_check_address(ngx_conf_t *cf, void *post, void *data);
 static char *ngx_llmgw_set_thread_pool(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 
@@ -104,6 +106,14 @@ static ngx_conf_post_t  ngx_llmgw_header_name = {
 
 static ngx_conf_post_t  ngx_llmgw_ca_file = {
     ngx_llmgw_check_ca_file
+};
+
+static ngx_conf_post_t  ngx_llmgw_secret = {
+    ngx_llmgw_check_secret
+};
+
+static ngx_conf_post_t  ngx_llmgw_address = {
+    ngx_llmgw_check_address
 };
 
 
@@ -346,6 +356,34 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_ssl_trusted_certificate),
       &ngx_llmgw_ca_file },
+
+    { ngx_string("llmgw_crypto_secret"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, crypto_secret),
+      &ngx_llmgw_secret },
+
+    { ngx_string("llmgw_task_public_address"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, task_public_address),
+      &ngx_llmgw_address },
+
+    { ngx_string("llmgw_server_address"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, server_address),
+      &ngx_llmgw_address },
+
+    { ngx_string("llmgw_artifact_link_ttl"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, artifact_link_ttl),
+      &ngx_llmgw_interval_bounds },
 
     { ngx_string("llmgw_gateway"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
@@ -1094,6 +1132,7 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->task_timeout = NGX_CONF_UNSET_MSEC;
     mcf->task_lease = NGX_CONF_UNSET_MSEC;
     mcf->task_wait_timeout = NGX_CONF_UNSET_MSEC;
+    mcf->artifact_link_ttl = NGX_CONF_UNSET_MSEC;
     mcf->task_http_timeout = NGX_CONF_UNSET_MSEC;
     mcf->task_sse_idle_timeout = NGX_CONF_UNSET_MSEC;
     mcf->task_max_response = NGX_CONF_UNSET_SIZE;
@@ -1181,6 +1220,7 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_msec_value(mcf->task_timeout, 24 * 3600 * 1000);
     ngx_conf_init_msec_value(mcf->task_lease, 60000);
     ngx_conf_init_msec_value(mcf->task_wait_timeout, 300000);
+    ngx_conf_init_msec_value(mcf->artifact_link_ttl, 3600 * 1000);
     ngx_conf_init_msec_value(mcf->task_http_timeout, 60000);
     ngx_conf_init_msec_value(mcf->task_sse_idle_timeout, 30000);
     ngx_conf_init_size_value(mcf->task_max_response, 16 * 1024 * 1024);
@@ -1507,6 +1547,66 @@ ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post, void *data)
  * one at its directive, whether verification is on or not; the gateway
  * loads it again per location, the task client in each worker.
  */
+/* Artifact links are only as strong as the key they are signed with. */
+static char *
+ngx_llmgw_check_secret(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_str_t  *secret = data;
+
+    if (secret->len < 32) {
+        return "must be at least 32 characters long";
+    }
+
+    if (secret->len > 1024) {
+        return "must be at most 1024 characters long";
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* The address clients reach the gateway at: http(s)://host[:port][/path]. */
+static char *
+ngx_llmgw_check_address(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_str_t  *a = data;
+
+    size_t   i, start;
+
+    if (a->len > 7 && ngx_strncasecmp(a->data, (u_char *) "http://", 7) == 0)
+    {
+        start = 7;
+
+    } else if (a->len > 8
+               && ngx_strncasecmp(a->data, (u_char *) "https://", 8) == 0)
+    {
+        start = 8;
+
+    } else {
+        return "must be an http:// or https:// address";
+    }
+
+    if (a->data[start] == '/' || a->len > 2048) {
+        return "must be an http:// or https:// address with a host";
+    }
+
+    for (i = start; i < a->len; i++) {
+        if (a->data[i] <= ' ' || a->data[i] == 0x7f || a->data[i] == '?'
+            || a->data[i] == '#' || a->data[i] == '"' || a->data[i] == '\\')
+        {
+            return "must be an address without spaces, query or fragment";
+        }
+    }
+
+    /* links are made by appending "/v1/...": no slash at the end */
+    while (a->len > start && a->data[a->len - 1] == '/') {
+        a->len--;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 static char *
 ngx_llmgw_check_ca_file(ngx_conf_t *cf, void *post, void *data)
 {

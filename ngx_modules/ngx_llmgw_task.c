@@ -29,6 +29,11 @@ typedef struct ngx_llmgw_runner_s  ngx_llmgw_runner_t;
 #define NGX_LLMGW_POLL_STOP_WATCH  200       /* ms */
 /* before a statement the pool could not take is answered as failed */
 #define NGX_LLMGW_SQL_PAUSE        1000      /* ms */
+/* content passed to a client: buffers, and the bytes not yet sent to it
+ * above which the vendor is not read (and below which it is again) */
+#define NGX_LLMGW_PIPE_BUFFER      (32 * 1024)
+#define NGX_LLMGW_PIPE_HIGH        (512 * 1024)
+#define NGX_LLMGW_PIPE_LOW         (128 * 1024)
 
 struct ngx_llmgw_runner_s {
     llmgw_tjob_t              *job;
@@ -59,6 +64,11 @@ struct ngx_llmgw_runner_s {
     unsigned                   driving:1;
     unsigned                   poll:1;      /* a poll job */
     unsigned                   lease_over:1;
+    unsigned                   pipe:1;      /* a content request out */
+    unsigned                   piping:1;    /* its answer is the client's */
+    unsigned                   pipe_paused:1;
+    ngx_chain_t               *pipe_free;   /* buffers, of the request */
+    ngx_chain_t               *pipe_busy;
 };
 
 
@@ -78,6 +88,14 @@ static void ngx_llmgw_task_respond(ngx_http_request_t *r,
 static void ngx_llmgw_task_tried(ngx_llmgw_runner_t *rn);
 static void ngx_llmgw_task_log_vars(ngx_llmgw_runner_t *rn,
     ngx_http_request_t *r);
+static void ngx_llmgw_task_detach(ngx_llmgw_runner_t *rn,
+    ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_pipe_headers(void *data,
+    ngx_llmgw_http_resp_t *resp);
+static ngx_int_t ngx_llmgw_pipe_data(void *data, u_char *p, size_t len);
+static void ngx_llmgw_pipe_done(void *data, ngx_int_t rc,
+    ngx_llmgw_http_resp_t *resp, const char *err);
+static void ngx_llmgw_pipe_write(ngx_http_request_t *r);
 
 
 static ngx_llmgw_main_conf_t  *ngx_llmgw_task_mcf;
@@ -116,6 +134,15 @@ ngx_llmgw_task_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_task_conf.max_tries = 3;
     ngx_llmgw_task_conf.wait_ms = (int64_t) mcf->task_wait_timeout;
     ngx_llmgw_task_conf.lease_ms = (int64_t) mcf->task_lease;
+    ngx_llmgw_task_conf.link_secret = (llmgw_str_t) {
+        (char *) mcf->crypto_secret.data, mcf->crypto_secret.len };
+    ngx_llmgw_task_conf.public_address = mcf->task_public_address.len
+        ? (llmgw_str_t) { (char *) mcf->task_public_address.data,
+                          mcf->task_public_address.len }
+        : (llmgw_str_t) { (char *) mcf->server_address.data,
+                          mcf->server_address.len };
+    ngx_llmgw_task_conf.link_ttl_s =
+        (int64_t) ngx_max(mcf->artifact_link_ttl / 1000, 1);
 
     ngx_queue_init(&ngx_llmgw_poll_waiting);
     ngx_queue_init(&ngx_llmgw_poll_active);
@@ -241,6 +268,12 @@ ngx_llmgw_task_request_gone(void *data)
 
     rn->request = NULL;
     rn->gone = 1;
+
+    if (rn->pipe && !rn->driving) {
+        /* content for nobody: the call is stopped */
+        ngx_llmgw_runner_free(rn);
+        return;
+    }
 
     /*
      * A stream being read (an SSE submit the vendor accepted) goes on, as
@@ -471,7 +504,8 @@ ngx_llmgw_task_stream_data(void *data, u_char *p, size_t len)
 
 
 static ngx_int_t
-ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st)
+ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
+    ngx_uint_t pipe)
 {
     ngx_llmgw_http_opts_t    opts;
     const llmgw_outbound_t  *o = st->out;
@@ -499,7 +533,14 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st)
     /* a poll may be asked twice; a submit must not be */
     opts.resend = st->resend;
 
-    if (o->sse) {
+    if (pipe) {
+        /* the content streams to the client, whatever its size */
+        opts.on_headers = ngx_llmgw_pipe_headers;
+        opts.on_data = ngx_llmgw_pipe_data;
+        opts.done = ngx_llmgw_pipe_done;
+        opts.max_body = NGX_MAX_SIZE_T_VALUE / 2;
+
+    } else if (o->sse) {
         opts.timeout = (ngx_msec_t) st->timeout_ms;
         opts.on_headers = ngx_llmgw_task_stream_headers;
         opts.on_data = ngx_llmgw_task_stream_data;
@@ -559,7 +600,7 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
             if (rn->request != NULL) {
                 ngx_llmgw_task_tried(rn);
             }
-            if (ngx_llmgw_task_http(rn, st) != NGX_OK) {
+            if (ngx_llmgw_task_http(rn, st, 0) != NGX_OK) {
                 llmgw_tjob_http_done(rn->job, -1, 0, 0, NULL, NULL, 0, NULL,
                                      0, "out of memory");
                 continue;
@@ -569,6 +610,22 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
                 /* stream calls and the end drive the job */
                 continue;
             }
+            rn->driving = 0;
+            return;
+
+        case LLMGW_TSTEP_PIPE:
+            if (rn->request == NULL) {
+                rn->driving = 0;
+                ngx_llmgw_runner_free(rn);
+                return;
+            }
+            if (ngx_llmgw_task_http(rn, st, 1) != NGX_OK) {
+                llmgw_tjob_http_done(rn->job, -1, 0, 0, NULL, NULL, 0, NULL,
+                                     0, "out of memory");
+                continue;
+            }
+            rn->pipe = 1;
+            rn->inflight = 1;
             rn->driving = 0;
             return;
 
@@ -748,7 +805,6 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
     int               auth;
     size_t            notes;
     const char       *first;
-    ngx_llmgw_ctx_t  *ctx;
 
     /* what a request's own polls and downloads had to say */
     notes = llmgw_tjob_poll_notes(rn->job, &auth, &first);
@@ -756,6 +812,22 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
         ngx_log_error(NGX_LOG_WARN, ngx_llmgw_task_log, 0,
                       "llmgw: %s (%uz notes)", first, notes);
     }
+
+    ngx_llmgw_task_detach(rn, r);
+
+    if (r != NULL) {
+        ngx_llmgw_task_respond(r, st);    /* copies the body */
+    }
+
+    ngx_llmgw_runner_free(rn);
+}
+
+
+/* The request and the runner part: what the log needs goes with it. */
+static void
+ngx_llmgw_task_detach(ngx_llmgw_runner_t *rn, ngx_http_request_t *r)
+{
+    ngx_llmgw_ctx_t  *ctx;
 
     if (r != NULL) {
         ctx = ngx_llmgw_get_ctx(r);
@@ -773,10 +845,310 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
 
     if (r != NULL) {
         ngx_llmgw_task_log_vars(rn, r);
-        ngx_llmgw_task_respond(r, st);    /* copies the body */
+    }
+}
+
+
+/* ------------------------------------------------------------------ */
+/* content passed from a vendor to the client                          */
+
+static ngx_uint_t  ngx_llmgw_pipe_tag;
+
+
+/* The answer's head: the client's now, or the job goes on without it. */
+static ngx_int_t
+ngx_llmgw_pipe_headers(void *data, ngx_llmgw_http_resp_t *resp)
+{
+    int                  pass;
+    size_t               n, i;
+    u_char              *p;
+    ngx_int_t            rc;
+    ngx_pool_t          *pool;
+    llmgw_str_t         *names, *values;
+    ngx_table_elt_t     *h;
+    ngx_http_request_t  *r;
+    ngx_llmgw_runner_t  *rn = data;
+    llmgw_tpipe_head_t   head;
+
+    pool = ngx_create_pool(1024, ngx_llmgw_task_log);
+    if (pool == NULL) {
+        return NGX_ERROR;
     }
 
+    ngx_llmgw_task_headers(resp, &names, &values, &n, pool);
+    pass = llmgw_tjob_pipe_head(rn->job, (int) resp->status, names, values,
+                                n, &head);
+    ngx_destroy_pool(pool);
+
+    if (!pass) {
+        /* a redirect to follow, or an error to answer */
+        ngx_llmgw_http_cancel(rn->http);
+        rn->http = NULL;
+        ngx_llmgw_task_resume(rn);
+        return NGX_OK;
+    }
+
+    r = rn->request;
+    if (r == NULL) {
+        return NGX_ERROR;
+    }
+
+    r->headers_out.status = head.status;
+    r->headers_out.content_length_n = -1;
+    /* the vendor's validators and ranges are answered as the vendor did */
+    r->disable_not_modified = 1;
+
+    for (i = 0; i < head.n; i++) {
+        p = ngx_pnalloc(r->pool, head.values[i].len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+        ngx_memcpy(p, head.values[i].data, head.values[i].len);
+
+        if (head.names[i].len == sizeof("content-type") - 1
+            && ngx_strncmp(head.names[i].data, "content-type",
+                           head.names[i].len) == 0)
+        {
+            r->headers_out.content_type.data = p;
+            r->headers_out.content_type.len = head.values[i].len;
+            r->headers_out.content_type_len = head.values[i].len;
+            continue;
+        }
+
+        if (head.names[i].len == sizeof("content-length") - 1
+            && ngx_strncmp(head.names[i].data, "content-length",
+                           head.names[i].len) == 0)
+        {
+            r->headers_out.content_length_n = ngx_atoof(p,
+                                                        head.values[i].len);
+            continue;
+        }
+
+        h = ngx_list_push(&r->headers_out.headers);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+
+        h->hash = 1;
+        h->key.data = (u_char *) head.names[i].data;   /* static */
+        h->key.len = head.names[i].len;
+        h->value.data = p;
+        h->value.len = head.values[i].len;
+    }
+
+    rn->piping = 1;
+    r->write_event_handler = ngx_llmgw_pipe_write;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    /* HEAD: the head is the whole answer */
+    return r->header_only ? NGX_DONE : NGX_OK;
+}
+
+
+static size_t
+ngx_llmgw_pipe_unsent(ngx_llmgw_runner_t *rn)
+{
+    size_t        n;
+    ngx_chain_t  *cl;
+
+    n = 0;
+    for (cl = rn->pipe_busy; cl; cl = cl->next) {
+        n += ngx_buf_size(cl->buf);
+    }
+
+    return n;
+}
+
+
+/* The client's connection: the vendor is read only as fast as it takes. */
+static void
+ngx_llmgw_pipe_flow(ngx_llmgw_runner_t *rn, ngx_http_request_t *r)
+{
+    size_t                     unsent;
+    ngx_connection_t          *c;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    c = r->connection;
+    unsent = ngx_llmgw_pipe_unsent(rn);
+
+    if (unsent >= NGX_LLMGW_PIPE_HIGH && !rn->pipe_paused
+        && rn->http != NULL)
+    {
+        rn->pipe_paused = 1;
+        ngx_llmgw_http_pause(rn->http);
+
+    } else if (unsent <= NGX_LLMGW_PIPE_LOW && rn->pipe_paused) {
+        rn->pipe_paused = 0;
+        if (rn->http != NULL) {
+            ngx_llmgw_http_resume(rn->http);
+        }
+    }
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (unsent > 0 || c->buffered) {
+        if (!c->write->ready && !c->write->timer_set) {
+            ngx_add_timer(c->write, clcf->send_timeout);
+        }
+        if (ngx_handle_write_event(c->write, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+        }
+
+    } else if (c->write->timer_set) {
+        ngx_del_timer(c->write);
+    }
+}
+
+
+static ngx_int_t
+ngx_llmgw_pipe_data(void *data, u_char *p, size_t len)
+{
+    size_t               n;
+    ngx_buf_t           *b;
+    ngx_int_t            rc;
+    ngx_chain_t         *out, **last, *cl;
+    ngx_http_request_t  *r;
+    ngx_llmgw_runner_t  *rn = data;
+
+    r = rn->request;
+    if (r == NULL || !rn->piping) {
+        return NGX_ERROR;
+    }
+
+    out = NULL;
+    last = &out;
+
+    while (len > 0) {
+        cl = ngx_chain_get_free_buf(r->pool, &rn->pipe_free);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        b = cl->buf;
+
+        if (b->start == NULL) {
+            b->start = ngx_palloc(r->pool, NGX_LLMGW_PIPE_BUFFER);
+            if (b->start == NULL) {
+                return NGX_ERROR;
+            }
+            b->end = b->start + NGX_LLMGW_PIPE_BUFFER;
+            b->temporary = 1;
+            b->tag = (ngx_buf_tag_t) &ngx_llmgw_pipe_tag;
+        }
+
+        b->pos = b->start;
+        n = ngx_min(len, (size_t) (b->end - b->start));
+        b->last = ngx_cpymem(b->start, p, n);
+        b->flush = 1;
+
+        p += n;
+        len -= n;
+
+        *last = cl;
+        last = &cl->next;
+    }
+
+    rc = ngx_http_output_filter(r, out);
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    ngx_chain_update_chains(r->pool, &rn->pipe_free, &rn->pipe_busy, &out,
+                            (ngx_buf_tag_t) &ngx_llmgw_pipe_tag);
+
+    ngx_llmgw_pipe_flow(rn, r);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_llmgw_pipe_write(ngx_http_request_t *r)
+{
+    ngx_int_t            rc;
+    ngx_chain_t         *out;
+    ngx_connection_t    *c;
+    ngx_llmgw_ctx_t     *ctx;
+    ngx_llmgw_runner_t  *rn;
+
+    c = r->connection;
+    ctx = ngx_llmgw_get_ctx(r);
+    rn = ctx ? ctx->task : NULL;
+
+    if (c->write->timedout) {
+        c->timedout = 1;
+        ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT,
+                      "llmgw: client timed out while content was sent");
+        ngx_http_finalize_request(r, NGX_HTTP_REQUEST_TIME_OUT);
+        return;
+    }
+
+    rc = ngx_http_output_filter(r, NULL);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_finalize_request(r, NGX_ERROR);
+        return;
+    }
+
+    if (rn == NULL) {
+        return;
+    }
+
+    out = NULL;
+    ngx_chain_update_chains(r->pool, &rn->pipe_free, &rn->pipe_busy, &out,
+                            (ngx_buf_tag_t) &ngx_llmgw_pipe_tag);
+
+    ngx_llmgw_pipe_flow(rn, r);
+}
+
+
+static void
+ngx_llmgw_pipe_done(void *data, ngx_int_t rc, ngx_llmgw_http_resp_t *resp,
+    const char *err)
+{
+    ngx_connection_t    *c;
+    ngx_http_request_t  *r;
+    ngx_llmgw_runner_t  *rn = data;
+
+    if (!rn->piping) {
+        /* it failed before its head: the job answers */
+        ngx_llmgw_task_http_done(data, rc, resp, err);
+        return;
+    }
+
+    rn->http = NULL;
+    rn->inflight = 0;
+    r = rn->request;
+
+    ngx_llmgw_task_detach(rn, r);
     ngx_llmgw_runner_free(rn);
+
+    if (r == NULL) {
+        return;
+    }
+
+    c = r->connection;
+
+    if (rc != NGX_OK) {
+        /* the head went out: a cut body can only end the connection */
+        ngx_log_error(NGX_LOG_WARN, c->log, 0,
+                      "llmgw: content cut short: %s",
+                      err ? err : "the request failed");
+        ngx_http_finalize_request(r, NGX_ERROR);
+
+    } else {
+        r->write_event_handler = ngx_http_request_empty_handler;
+        ngx_http_finalize_request(r, ngx_http_send_special(r,
+                                                           NGX_HTTP_LAST));
+    }
+
+    ngx_http_run_posted_requests(c);
 }
 
 
@@ -924,6 +1296,8 @@ ngx_llmgw_task_body(ngx_http_request_t *r, ngx_llmgw_task_body_t *rn)
 void
 ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
+    u_char                 *p;
+    ngx_str_t               host;
     llmgw_buf_t             headers;
     llmgw_treq_t            req;
     llmgw_tjob_t           *job;
@@ -966,6 +1340,28 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     req.group = (llmgw_str_t) { (char *) ctx->group.data, ctx->group.len };
     req.group_ratio = ctx->group_ratio;
     req.seed = ((uint64_t) ngx_random() << 32) ^ (uint64_t) ngx_random();
+    req.signed_link = ctx->signed_link;
+
+    /* where the client reached us: artifact links lead back there unless
+       llmgw_task_public_address (or llmgw_server_address) says otherwise */
+    host = r->headers_in.server;
+    if (r->headers_in.host != NULL) {
+        host = r->headers_in.host->value;
+    }
+    p = ngx_pnalloc(r->pool, sizeof("https://") - 1 + host.len);
+    if (p != NULL) {
+        req.origin.data = (char *) p;
+#if (NGX_HTTP_SSL)
+        if (r->connection->ssl != NULL) {
+            p = ngx_cpymem(p, "https://", sizeof("https://") - 1);
+        } else
+#endif
+        {
+            p = ngx_cpymem(p, "http://", sizeof("http://") - 1);
+        }
+        p = ngx_cpymem(p, host.data, host.len);
+        req.origin.len = p - (u_char *) req.origin.data;
+    }
 
     job = llmgw_tjob_request(ctx->snapshot, &ngx_llmgw_task_conf,
                              &ctx->troute, &req);

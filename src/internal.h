@@ -182,6 +182,18 @@ const json_t *snap_price_entry(const llmgw_snapshot_t *s,
 bool plugin_admin_members(const json_t *root,
     std::initializer_list<const char *> known, llmgw_verdict_t *v);
 
+/* ---- task artifacts (artifact.cpp) ---- */
+
+/* 1-128 characters of A-Z a-z 0-9 . _ - */
+bool artifact_key_ok(std::string_view key);
+/* A listArtifacts result: [{key, type, mimeType?}], keys unique, at most
+ * 64; false with err saying what is wrong. */
+bool artifact_list_check(const json_t *list, std::string &err);
+/* base + "/v1/tasks/<id>/artifacts/<key>/content", signed (expires and
+ * signature) when secret is not empty. */
+std::string artifact_link(std::string_view base, std::string_view secret,
+    std::string_view task_id, std::string_view key, int64_t expires);
+
 } /* namespace llmgw */
 
 #endif /* LLMGW_INTERNAL_H */

@@ -441,6 +441,8 @@ struct llmgw_tjob_s {
         CREATED, RENDERED, ERROR_RENDERED,
         /* a request waiting for its task */
         WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, DOWNLOADED,
+        /* artifacts */
+        ART_LOOKED, ART_LISTED, CONTENT_BUILT, PIPED,
         /* poll */
         POLL_BUILD, POLL_BUILT, POLL_SENT, POLL_PARSED, POLL_USAGE,
         POLL_SAVE, POLL_SAVED,
@@ -474,6 +476,15 @@ struct llmgw_tjob_s {
     /* host_image with response_format b64_json: the answer, its downloads */
     Json                     image_out;
     size_t                   download_at = 0;
+
+    /* artifacts: the task, the key asked for, the answer's head */
+    Json                     art_row;
+    std::string              artifact_key;
+    std::string              origin;
+    bool                     signed_link = false;
+    bool                     pipe_redirect = false;
+    std::string              pipe_error;
+    std::vector<std::string> pipe_hdrs;        /* name, value, ... */
 
     /* the client request */
     std::string              method, path, args, content_type, request_id;
@@ -834,6 +845,14 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *wait_looked();
     const llmgw_tstep_t *start_protocol();
     const llmgw_tstep_t *protocol_decode(json_t *dbody);
+    const llmgw_tstep_t *start_artifacts();
+    const llmgw_tstep_t *artifacts_looked();
+    const llmgw_tstep_t *artifacts_listed(const json_t *list);
+    const llmgw_tstep_t *content_built();
+    const llmgw_tstep_t *piped();
+    const llmgw_tstep_t *pipe(bool again);
+    int pipe_head(int status, const llmgw_str_t *names,
+        const llmgw_str_t *values, size_t n, llmgw_tpipe_head_t *head);
 
     /* The task asked for is not the caller's to see (or not there). */
     const llmgw_tstep_t *task_not_found()
@@ -1089,6 +1108,13 @@ llmgw_tjob_s::start_request()
     if (route_kind == LLMGW_TROUTE_GET) {
         query_id = std::string(segments(path).back());
         return lookup(query_id, LOOKED_UP_QUERY);
+    }
+
+    if (route_kind == LLMGW_TROUTE_ARTIFACTS
+        || route_kind == LLMGW_TROUTE_CONTENT
+        || proto == LLMGW_TPROTO_VIDEO_CONTENT)
+    {
+        return start_artifacts();
     }
 
     if (route_kind == LLMGW_TROUTE_NATIVE) {
@@ -2157,6 +2183,404 @@ llmgw_tjob_s::image_downloaded()
 }
 
 
+/* ------------------------------------------------------------------ */
+/* artifacts                                                           */
+
+namespace {
+
+/* The client's headers a content request may pass on: ranges and
+ * conditions, nothing that identifies the client. */
+constexpr const char *kContentHeaders[] = {
+    "range", "if-range", "if-none-match", "if-modified-since", "if-match",
+    "if-unmodified-since",
+};
+
+/* The vendor's headers a content answer passes on to the client. */
+constexpr const char *kContentAnswerHeaders[] = {
+    "content-type", "content-length", "content-range", "accept-ranges",
+    "etag", "last-modified", "cache-control", "content-disposition",
+    "expires", "content-encoding",
+};
+
+bool
+header_value_ok(std::string_view v)
+{
+    return v.find_first_of(std::string_view("\r\n\0", 3))
+           == std::string_view::npos;
+}
+
+} /* namespace */
+
+
+/*
+ * GET /v1/tasks/{id}/artifacts, GET|HEAD /v1/tasks/{id}/artifacts/{key}/
+ * content and GET|HEAD /v1/videos/{id}/content: the caller's task (or,
+ * through a signed link, the task the link names).
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::start_artifacts()
+{
+    auto seg = segments(path);
+
+    query_id = std::string(seg.size() > 2 ? seg[2] : "");
+
+    if (route_kind == LLMGW_TROUTE_CONTENT) {
+        artifact_key = std::string(seg[4]);
+
+    } else if (proto == LLMGW_TPROTO_VIDEO_CONTENT) {
+        protocol = "host_video";
+        llmgw_buf_t q = llmgw_query_json(str(args));
+        Json qj = json_parse(q.data, q.len);
+        llmgw_buf_free(&q);
+        const char *v = json_string_value(
+            json_array_get(json_object_get(qj.get(), "variant"), 0));
+        artifact_key = v ? v : "";
+    }
+
+    if (signed_link) {
+        /* the link names the task; it was checked before the job */
+        param[0] = query_id;
+        return sql("select jsonb_build_object('tasks', coalesce((select "
+                   "jsonb_agg(llmgw_task_json(t)) from tasks t where "
+                   "t.task_id = $1), '[]'::jsonb))", ART_LOOKED, 1, 0);
+    }
+
+    return lookup(query_id, ART_LOOKED);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::artifacts_looked()
+{
+    if (!sql_error.empty()) {
+        return fail(503, "gateway_error", "service_unavailable",
+                    "tasks cannot be read right now; retry shortly");
+    }
+
+    json_t *row = json_array_get(json_object_get(sql_result.get(), "tasks"),
+                                 0);
+
+    if (row == nullptr
+        || std::string_view(json_str(row, "task_id")) != query_id)
+    {
+        return task_not_found();
+    }
+
+    art_row = Json(json_incref(row));
+    model = std::string(json_str(row, "model"));
+    upstream_model = std::string(json_str(row, "upstream_model"));
+    action = std::string(json_str(row, "action"));
+    task_id = query_id;
+
+    plugin = snap_poll_plugin_find(snap, json_str(row, "plugin_key"));
+    manifest = plugin >= 0 ? snap_plugin(snap, static_cast<size_t>(plugin),
+                                         &pinfo)
+                           : nullptr;
+
+    if (proto == LLMGW_TPROTO_VIDEO_CONTENT
+        && (manifest == nullptr || !snap_claims(manifest, protocol, model)))
+    {
+        return task_not_found();
+    }
+
+    if (manifest == nullptr || !exports_has(manifest, "listArtifacts")) {
+        /* nothing lists artifacts for this task */
+        Json none(json_array());
+        return artifacts_listed(none.get());
+    }
+
+    sha = pinfo.sha;
+
+    const llmgw_channel_t *c = snap_poll_channel(snap,
+                                                 json_int(row, "channel_id",
+                                                          0),
+                                                 &base_url,
+                                                 &channel_settings);
+    channels[0] = c;
+    nchannels = c != nullptr ? 1 : 0;
+    current = 0;
+
+    json_t *t = json_object();
+    json_object_set_new(t, "taskId", jstr(query_id));
+    json_object_set_new(t, "status", jstr(json_str(row, "status")));
+    json_object_set_new(t, "action", jstr(action));
+    json_t *d = json_object_get(row, "data");
+    json_object_set_new(t, "data", d ? json_incref(d) : json_null());
+    json_object_set_new(t, "producerVersion",
+                        jstr(json_str(row, "plugin_version")));
+
+    json_t *a = json_array();
+    json_array_append_new(a, t);
+    return call("listArtifacts", a, ART_LISTED);
+}
+
+
+/* The artifacts a plugin listed: the listing, or the content of one. */
+const llmgw_tstep_t *
+llmgw_tjob_s::artifacts_listed(const json_t *list)
+{
+    std::string err;
+
+    if (!artifact_list_check(list, err)) {
+        return fail(500, "gateway_error", "plugin_error",
+                    "listArtifacts " + err);
+    }
+
+    if (route_kind == LLMGW_TROUTE_ARTIFACTS) {
+        std::string_view base = sv(conf.public_address);
+        if (base.empty()) {
+            base = origin;
+        }
+        int64_t expires = static_cast<int64_t>(std::time(nullptr))
+                          + conf.link_ttl_s;
+
+        Json data(json_array());
+        size_t i;
+        json_t *a;
+
+        json_array_foreach(list, i, a) {
+            json_t *e = json_deep_copy(a);
+            json_object_set_new(e, "url",
+                                jstr(artifact_link(base, sv(conf.link_secret),
+                                                   query_id,
+                                                   json_str(a, "key"),
+                                                   expires)));
+            json_array_append_new(data.get(), e);
+        }
+
+        Json answer(json_object());
+        json_object_set_new(answer.get(), "object", json_string("list"));
+        json_object_set_new(answer.get(), "task_id", jstr(query_id));
+        json_object_set(answer.get(), "data", data.get());
+        return respond_json(200, answer.get());
+    }
+
+    /* the key asked for; for a video without a variant, its video */
+    const json_t *chosen = nullptr;
+    size_t i;
+    json_t *a;
+
+    json_array_foreach(list, i, a) {
+        std::string_view k = json_str(a, "key");
+
+        if (!artifact_key.empty() ? k == artifact_key
+            : chosen == nullptr || (json_str(chosen, "type") != "video"
+                                    && json_str(a, "type") == "video"))
+        {
+            chosen = a;
+        }
+    }
+
+    if (chosen == nullptr) {
+        return fail(404, "gateway_error", "artifact_not_found",
+                    "task " + std::string(utf8_prefix(query_id, 100))
+                    + (artifact_key.empty()
+                       ? std::string(" has no artifacts")
+                       : " has no artifact "
+                         + std::string(utf8_prefix(artifact_key, 128))));
+    }
+
+    artifact_key = std::string(json_str(chosen, "key"));
+
+    if (nchannels == 0) {
+        return fail(404, "gateway_error", "artifact_not_found",
+                    "the channel of task "
+                    + std::string(utf8_prefix(query_id, 100))
+                    + " no longer exists");
+    }
+
+    const json_t *row = art_row.get();
+    json_t *ctx = channel_ctx(channels[0], base_url, channel_settings,
+                              json_object());
+    json_object_set_new(ctx, "model", jstr(model));
+    json_object_set_new(ctx, "upstreamModel", jstr(upstream_model));
+    json_object_set_new(ctx, "action", jstr(action));
+    json_object_set_new(ctx, "publicTaskId", jstr(query_id));
+    json_object_set_new(ctx, "artifactKey", jstr(artifact_key));
+    json_t *d = json_object_get(row, "data");
+    json_object_set_new(ctx, "data", d ? json_incref(d) : json_null());
+    json_object_set_new(ctx, "upstreamTaskId",
+                        jstr(json_str(row, "upstream_task_id")));
+    json_object_set_new(ctx, "producerVersion",
+                        jstr(json_str(row, "plugin_version")));
+
+    Json hdrs = json_parse(headers_json.data(), headers_json.size());
+    json_t *safe = json_object();
+    for (const char *h : kContentHeaders) {
+        json_t *v = json_object_get(hdrs.get(), h);
+        if (json_is_string(v) && header_value_ok(json_string_value(v))) {
+            json_object_set(safe, h, v);
+        }
+    }
+    json_t *cr = json_object();
+    json_object_set_new(cr, "method", jstr(method == "HEAD" ? "HEAD" : "GET"));
+    json_object_set_new(cr, "headers", safe);
+    json_object_set_new(ctx, "clientRequest", cr);
+
+    json_t *args_ = json_array();
+    json_array_append_new(args_, ctx);
+    return call("buildContentRequest", args_, CONTENT_BUILT);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::content_built()
+{
+    if (!hook.ok) {
+        return plugin_failed(nullptr);
+    }
+
+    if (send("buildContentRequest", true) == nullptr) {
+        return fail(500, "gateway_error", "invalid_descriptor", send_error);
+    }
+
+    if (out.credentialless) {
+        /* a public address gets no plugin headers, but the client's own
+           ranges and conditions still apply */
+        Json hdrs = json_parse(headers_json.data(), headers_json.size());
+        std::string lines(out.headers.data ? out.headers.data : "",
+                          out.headers.len);
+
+        for (const char *h : kContentHeaders) {
+            json_t *v = json_object_get(hdrs.get(), h);
+            if (json_is_string(v) && header_value_ok(json_string_value(v))) {
+                lines.append(h).append(": ").append(json_string_value(v))
+                     .append("\r\n");
+            }
+        }
+
+        llmgw_buf_free(&out.headers);
+        out.headers = make_buf(lines);
+    }
+
+    return pipe(false);
+}
+
+
+/* The content request goes out; its answer is the client's. */
+const llmgw_tstep_t *
+llmgw_tjob_s::pipe(bool again)
+{
+    if (again) {
+        step = llmgw_tstep_t {};
+        step.out = &out;
+        step.channel_id = channel_id();
+    }
+    step.kind = LLMGW_TSTEP_PIPE;
+    step.head_only = method == "HEAD";
+    step.resend = 1;            /* nothing of it has reached the client */
+    http_status = 0;
+    transport_error.clear();
+    phase = PIPED;
+    busy = true;
+    return &step;
+}
+
+
+int
+llmgw_tjob_s::pipe_head(int status, const llmgw_str_t *names,
+    const llmgw_str_t *values, size_t n, llmgw_tpipe_head_t *head)
+{
+    busy = false;
+    http_status = status;
+
+    if (status >= 301 && status <= 308 && status != 304 && status != 305
+        && status != 306 && redirects < conf.max_redirects)
+    {
+        std::string_view loc;
+        for (size_t i = 0; i < n; i++) {
+            if (sv(names[i]) == "location") {
+                loc = sv(values[i]);
+            }
+        }
+
+        if (!loc.empty()) {
+            llmgw_desc_policy_t p;
+            std::vector<llmgw_str_t> hosts;
+            std::vector<llmgw_file_t> f;
+            llmgw_outbound_t nxt {};
+            char e[512];
+
+            policy(p, hosts, f, false, true);
+
+            if (llmgw_descriptor_redirect(&out, status, str(loc), &p, &nxt, e,
+                                          sizeof(e)) != 0)
+            {
+                pipe_error = std::string("redirect refused: ") + e;
+                return 0;
+            }
+
+            llmgw_outbound_free(&out);
+            out = nxt;
+            redirects++;
+            pipe_redirect = true;
+            return 0;
+        }
+    }
+
+    if (!((status >= 200 && status <= 299) || status == 304 || status == 416))
+    {
+        return 0;
+    }
+
+    pipe_hdrs.clear();
+    for (const char *h : kContentAnswerHeaders) {
+        for (size_t i = 0; i < n; i++) {
+            if (sv(names[i]) == h && header_value_ok(sv(values[i]))) {
+                pipe_hdrs.emplace_back(h);
+                pipe_hdrs.emplace_back(sv(values[i]));
+                break;
+            }
+        }
+    }
+
+    head->status = status;
+    head->n = 0;
+    for (size_t i = 0; i + 1 < pipe_hdrs.size()
+                       && head->n < sizeof(head->names) / sizeof(head->names[0]);
+         i += 2)
+    {
+        head->names[head->n] = str(pipe_hdrs[i]);
+        head->values[head->n] = str(pipe_hdrs[i + 1]);
+        head->n++;
+    }
+
+    phase = FINISHED;
+    return 1;
+}
+
+
+/* The content request ended before its answer reached the client. */
+const llmgw_tstep_t *
+llmgw_tjob_s::piped()
+{
+    if (pipe_redirect) {
+        pipe_redirect = false;
+        return pipe(true);
+    }
+
+    if (!pipe_error.empty()) {
+        return fail(502, "gateway_error", "invalid_descriptor", pipe_error);
+    }
+
+    if (!transport_error.empty()) {
+        return fail(transport_timeout ? 504 : 502, "gateway_error",
+                    "do_request_failed",
+                    "the content request failed: " + transport_error);
+    }
+
+    if (http_status == 404 || http_status == 410) {
+        return fail(404, "gateway_error", "artifact_not_found",
+                    "the vendor no longer has artifact " + artifact_key
+                    + " of task " + std::string(utf8_prefix(query_id, 100)));
+    }
+
+    return fail(502, "upstream_error", "bad_response_status_code",
+                "the vendor answered HTTP " + std::to_string(http_status)
+                + " to the content request");
+}
+
+
 const llmgw_tstep_t *
 llmgw_tjob_s::answer_query(json_t *rows)
 {
@@ -2515,6 +2939,21 @@ llmgw_tjob_s::next_request()
 
     case DOWNLOADED:
         return image_downloaded();
+
+    case ART_LOOKED:
+        return artifacts_looked();
+
+    case ART_LISTED:
+        if (!hook.ok) {
+            return plugin_failed(nullptr);
+        }
+        return artifacts_listed(hook.result.get());
+
+    case CONTENT_BUILT:
+        return content_built();
+
+    case PIPED:
+        return piped();
 
     case RENDERED:
         if (route_kind == LLMGW_TROUTE_PROTOCOL) {
@@ -3106,6 +3545,11 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         } else if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "videos") {
             proto = LLMGW_TPROTO_VIDEO_GET;
             allow = "GET";
+        } else if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "videos"
+                   && seg[3] == "content")
+        {
+            proto = LLMGW_TPROTO_VIDEO_CONTENT;
+            allow = "GET, HEAD";
         } else if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "images"
                    && (seg[2] == "generations" || seg[2] == "edits"))
         {
@@ -3116,9 +3560,29 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         if (proto != LLMGW_TPROTO_NONE) {
             out->kind = LLMGW_TROUTE_PROTOCOL;
             out->proto = proto;
-            out->method_ok = m == allow;
+            out->method_ok = m == allow
+                             || (proto == LLMGW_TPROTO_VIDEO_CONTENT
+                                 && (m == "GET" || m == "HEAD"));
             std::snprintf(out->allow, sizeof(out->allow), "%s", allow);
             return;
+        }
+
+        /* a task's artifacts, and the content of one */
+        if (seg.size() >= 4 && seg[0] == "v1" && seg[1] == "tasks"
+            && seg[3] == "artifacts")
+        {
+            if (seg.size() == 4) {
+                out->kind = LLMGW_TROUTE_ARTIFACTS;
+                out->method_ok = m == "GET";
+                std::snprintf(out->allow, sizeof(out->allow), "GET");
+                return;
+            }
+            if (seg.size() == 6 && seg[5] == "content") {
+                out->kind = LLMGW_TROUTE_CONTENT;
+                out->method_ok = m == "GET" || m == "HEAD";
+                std::snprintf(out->allow, sizeof(out->allow), "GET, HEAD");
+                return;
+            }
         }
 
         if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "tasks") {
@@ -3216,6 +3680,8 @@ llmgw_tjob_request(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
         j->group = std::string(sv(req->group));
         j->group_ratio = req->group_ratio;
         j->seed = req->seed;
+        j->origin = std::string(sv(req->origin));
+        j->signed_link = req->signed_link != 0;
 
         if (j->plugin >= 0) {
             j->manifest = snap_plugin(s, static_cast<size_t>(j->plugin),
@@ -3699,6 +4165,19 @@ llmgw_tjob_stream_data(llmgw_tjob_t *j, const char *data, size_t len)
 
     } catch (...) {
         return -1;
+    }
+}
+
+
+extern "C" int
+llmgw_tjob_pipe_head(llmgw_tjob_t *j, int status, const llmgw_str_t *names,
+    const llmgw_str_t *values, size_t nheaders, llmgw_tpipe_head_t *head)
+{
+    try {
+        return j->pipe_head(status, names, values, nheaders, head);
+    } catch (...) {
+        j->pipe_error = "out of memory";
+        return 0;
     }
 }
 

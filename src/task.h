@@ -32,6 +32,11 @@ typedef struct {
     int       max_tries;           /* channels tried by one submit */
     int64_t   wait_ms;             /* host_image: waiting for a task */
     int64_t   lease_ms;            /* a poller's hold on a task */
+    /* artifact links: llmgw_crypto_secret (empty: links are not signed),
+     * the address they start with (empty: the request's own), their life */
+    llmgw_str_t  link_secret;
+    llmgw_str_t  public_address;
+    int64_t      link_ttl_s;
 } llmgw_task_conf_t;
 
 
@@ -42,7 +47,9 @@ typedef enum {
     LLMGW_TROUTE_SUBMIT,           /* POST /v1/tasks/{pluginKey} */
     LLMGW_TROUTE_GET,              /* GET /v1/tasks/{taskId} */
     LLMGW_TROUTE_NATIVE,           /* a plugin's meta.routes entry */
-    LLMGW_TROUTE_PROTOCOL          /* a host protocol's path */
+    LLMGW_TROUTE_PROTOCOL,         /* a host protocol's path */
+    LLMGW_TROUTE_ARTIFACTS,        /* GET /v1/tasks/{taskId}/artifacts */
+    LLMGW_TROUTE_CONTENT           /* GET|HEAD .../artifacts/{key}/content */
 } llmgw_troute_e;
 
 /* The host protocol paths served (meta.protocols). */
@@ -50,6 +57,7 @@ typedef enum {
     LLMGW_TPROTO_NONE = 0,
     LLMGW_TPROTO_VIDEO_CREATE,     /* POST /v1/videos */
     LLMGW_TPROTO_VIDEO_GET,        /* GET /v1/videos/{id} */
+    LLMGW_TPROTO_VIDEO_CONTENT,    /* GET|HEAD /v1/videos/{id}/content */
     LLMGW_TPROTO_IMAGE_GENERATE,   /* POST /v1/images/generations */
     LLMGW_TPROTO_IMAGE_EDIT        /* POST /v1/images/edits */
 } llmgw_tproto_e;
@@ -81,6 +89,10 @@ typedef enum {
     LLMGW_TSTEP_RESERVE,           /* amount: llmgw_tjob_reserve_done */
     LLMGW_TSTEP_WAIT,              /* nothing to do until a stream call */
     LLMGW_TSTEP_SLEEP,             /* amount ms, then llmgw_tjob_next */
+    LLMGW_TSTEP_PIPE,              /* out: the answer to it is the client's
+                                      (llmgw_tjob_pipe_head), head_only for
+                                      HEAD; a failure before its head:
+                                      llmgw_tjob_http_done */
     LLMGW_TSTEP_RESPOND,           /* status + body; the job is finished */
     LLMGW_TSTEP_DONE               /* a poll job is finished */
 } llmgw_tstep_e;
@@ -99,6 +111,7 @@ typedef struct {
     int64_t                  amount;
     int                      status;
     int64_t                  channel_id; /* the channel a step is for */
+    int                      head_only;  /* PIPE: a HEAD request */
 } llmgw_tstep_t;
 
 /* The client request a submit or query job serves. */
@@ -115,6 +128,9 @@ typedef struct {
     llmgw_str_t               group;
     double                    group_ratio;
     uint64_t                  seed;
+    llmgw_str_t               origin;        /* "scheme://host" it came to */
+    int                       signed_link;   /* a content request allowed by
+                                                its signed link: no token */
 } llmgw_treq_t;
 
 /* NULL only when out of memory.  The snapshot must outlive the job. */
@@ -193,6 +209,32 @@ void llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int flags, int status,
 int llmgw_tjob_stream_headers(llmgw_tjob_t *j, int status,
     const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders);
 int llmgw_tjob_stream_data(llmgw_tjob_t *j, const char *data, size_t len);
+
+/*
+ * The head of the answer to a PIPE step.  1: it goes to the client as
+ * *head says (status and the headers passed on, valid while the job
+ * lives), and the body after it; the job is finished.  0: the call is
+ * stopped, and llmgw_tjob_next says what follows (a redirect followed,
+ * an error answered).
+ */
+typedef struct {
+    int          status;
+    llmgw_str_t  names[12];
+    llmgw_str_t  values[12];
+    size_t       n;
+} llmgw_tpipe_head_t;
+
+int llmgw_tjob_pipe_head(llmgw_tjob_t *j, int status,
+    const llmgw_str_t *names, const llmgw_str_t *values, size_t nheaders,
+    llmgw_tpipe_head_t *head);
+
+/*
+ * A signed artifact link (?expires=&signature=) on a content path: 1 the
+ * query has neither (the API key decides), 0 valid, -1 not (*v: 403
+ * invalid_signature or link_expired).
+ */
+int llmgw_artifact_link_check(llmgw_str_t secret, llmgw_str_t path,
+    llmgw_str_t args, int64_t now, llmgw_verdict_t *v);
 
 /* err NULL: the statement's single JSON value. */
 void llmgw_tjob_sql_done(llmgw_tjob_t *j, const char *json, size_t len,

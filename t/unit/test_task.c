@@ -542,9 +542,35 @@ test_route_host_protocol_paths(void **state)
     check_proto("GET", "/v1/images/edits", LLMGW_TPROTO_IMAGE_EDIT, 0,
                 "POST");
     check_route("POST", "/v1/images/variations", LLMGW_TROUTE_NONE, -1, -1, 0);
-    check_route("GET", "/v1/videos/task_1/content", LLMGW_TROUTE_NONE, -1, -1,
+    check_proto("GET", "/v1/videos/task_1/content",
+                LLMGW_TPROTO_VIDEO_CONTENT, 1, "GET, HEAD");
+    check_proto("HEAD", "/v1/videos/task_1/content",
+                LLMGW_TPROTO_VIDEO_CONTENT, 1, "GET, HEAD");
+    check_proto("POST", "/v1/videos/task_1/content",
+                LLMGW_TPROTO_VIDEO_CONTENT, 0, "GET, HEAD");
+    check_route("GET", "/v1/videos/task_1/other", LLMGW_TROUTE_NONE, -1, -1,
                 0);
     check_route("POST", "/v2/videos", LLMGW_TROUTE_NONE, -1, -1, 0);
+}
+
+
+static void
+test_route_artifacts_and_content(void **state)
+{
+    (void) state;
+
+    check_route("GET", "/v1/tasks/task_1/artifacts", LLMGW_TROUTE_ARTIFACTS,
+                -1, -1, 1);
+    check_route("POST", "/v1/tasks/task_1/artifacts", LLMGW_TROUTE_ARTIFACTS,
+                -1, -1, 0);
+    check_route("GET", "/v1/tasks/task_1/artifacts/video/content",
+                LLMGW_TROUTE_CONTENT, -1, -1, 1);
+    check_route("HEAD", "/v1/tasks/task_1/artifacts/video/content",
+                LLMGW_TROUTE_CONTENT, -1, -1, 1);
+    check_route("DELETE", "/v1/tasks/task_1/artifacts/video/content",
+                LLMGW_TROUTE_CONTENT, -1, -1, 0);
+    check_route("GET", "/v1/tasks/task_1/artifacts/video",
+                LLMGW_TROUTE_NONE, -1, -1, 0);
 }
 
 
@@ -2066,6 +2092,7 @@ main(void)
         cmocka_unit_test(test_route_native_paths_with_parameters),
         cmocka_unit_test(test_route_unrelated_paths_are_none),
         cmocka_unit_test(test_route_host_protocol_paths),
+        cmocka_unit_test(test_route_artifacts_and_content),
         cmocka_unit_test(test_route_most_specific_wins_over_plugin_order),
         cmocka_unit_test(
             test_get_task_answers_the_view_without_private_fields),
