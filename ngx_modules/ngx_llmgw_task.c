@@ -67,6 +67,7 @@ struct ngx_llmgw_runner_s {
     unsigned                   pipe:1;      /* a content request out */
     unsigned                   piping:1;    /* its answer is the client's */
     unsigned                   pipe_paused:1;
+    unsigned                   emitting:1;  /* an event stream's head sent */
     ngx_chain_t               *pipe_free;   /* buffers, of the request */
     ngx_chain_t               *pipe_busy;
 };
@@ -96,6 +97,10 @@ static ngx_int_t ngx_llmgw_pipe_data(void *data, u_char *p, size_t len);
 static void ngx_llmgw_pipe_done(void *data, ngx_int_t rc,
     ngx_llmgw_http_resp_t *resp, const char *err);
 static void ngx_llmgw_pipe_write(ngx_http_request_t *r);
+static void ngx_llmgw_pipe_flow(ngx_llmgw_runner_t *rn,
+    ngx_http_request_t *r);
+static ngx_int_t ngx_llmgw_task_emit(ngx_llmgw_runner_t *rn,
+    ngx_http_request_t *r, const llmgw_tstep_t *st, ngx_uint_t last);
 
 
 static ngx_llmgw_main_conf_t  *ngx_llmgw_task_mcf;
@@ -629,6 +634,23 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
             rn->driving = 0;
             return;
 
+        case LLMGW_TSTEP_EMIT:
+            r = rn->request;
+            if (r == NULL) {
+                /* the stream's reader left: the task goes on without it */
+                rn->driving = 0;
+                ngx_llmgw_runner_free(rn);
+                return;
+            }
+            if (ngx_llmgw_task_emit(rn, r, st, 0) != NGX_OK) {
+                rn->driving = 0;
+                ngx_llmgw_task_detach(rn, r);
+                ngx_llmgw_runner_free(rn);
+                ngx_http_finalize_request(r, NGX_ERROR);
+                return;
+            }
+            continue;
+
         case LLMGW_TSTEP_HTTP_CANCEL:
             if (rn->http != NULL) {
                 ngx_llmgw_http_cancel(rn->http);
@@ -804,6 +826,7 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
 {
     int               auth;
     size_t            notes;
+    ngx_int_t         rc;
     const char       *first;
 
     /* what a request's own polls and downloads had to say */
@@ -813,6 +836,15 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
                       "llmgw: %s (%uz notes)", first, notes);
     }
 
+    if (r != NULL && rn->emitting) {
+        /* an event stream: the answer is its last bytes */
+        rc = ngx_llmgw_task_emit(rn, r, st, 1);
+        ngx_llmgw_task_detach(rn, r);
+        ngx_llmgw_runner_free(rn);
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
     ngx_llmgw_task_detach(rn, r);
 
     if (r != NULL) {
@@ -820,6 +852,82 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
     }
 
     ngx_llmgw_runner_free(rn);
+}
+
+
+/*
+ * The next bytes of an event stream (host_responses): the first send the
+ * head.  Flushed at once; a slow reader's bytes wait in nginx's output,
+ * written as the connection takes them.
+ */
+static ngx_int_t
+ngx_llmgw_task_emit(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
+    const llmgw_tstep_t *st, ngx_uint_t last)
+{
+    ngx_int_t         rc;
+    ngx_buf_t        *b;
+    ngx_chain_t       out;
+    ngx_table_elt_t  *h;
+
+    if (!rn->emitting) {
+        r->headers_out.status = NGX_HTTP_OK;
+        r->headers_out.content_length_n = -1;
+        ngx_str_set(&r->headers_out.content_type, "text/event-stream");
+        r->headers_out.content_type_len = r->headers_out.content_type.len;
+
+        h = ngx_list_push(&r->headers_out.headers);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+        h->hash = 1;
+        ngx_str_set(&h->key, "Cache-Control");
+        ngx_str_set(&h->value, "no-cache");
+
+        rc = ngx_http_send_header(r);
+        if (rc == NGX_ERROR || rc > NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        rn->emitting = 1;
+        r->write_event_handler = ngx_llmgw_pipe_write;
+    }
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (st->body.len > 0) {
+        b->start = ngx_pnalloc(r->pool, st->body.len);
+        if (b->start == NULL) {
+            return NGX_ERROR;
+        }
+        b->pos = b->start;
+        b->last = ngx_cpymem(b->start, st->body.data, st->body.len);
+        b->end = b->last;
+        b->temporary = 1;
+    }
+
+    b->flush = 1;
+    b->last_buf = last ? 1 : 0;
+    if (last) {
+        r->write_event_handler = ngx_http_request_empty_handler;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    rc = ngx_http_output_filter(r, &out);
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (!last) {
+        ngx_llmgw_pipe_flow(rn, r);
+    }
+
+    return last ? rc : NGX_OK;
 }
 
 

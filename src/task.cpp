@@ -443,6 +443,8 @@ struct llmgw_tjob_s {
         WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, DOWNLOADED,
         /* artifacts */
         ART_LOOKED, ART_LISTED, CONTENT_BUILT, PIPED,
+        /* host_responses */
+        RESP_ARTIFACTS, RESP_FINAL, RESP_EVENTS, EMITTED,
         /* poll */
         POLL_BUILD, POLL_BUILT, POLL_SENT, POLL_PARSED, POLL_USAGE,
         POLL_SAVE, POLL_SAVED,
@@ -485,6 +487,16 @@ struct llmgw_tjob_s {
     bool                     pipe_redirect = false;
     std::string              pipe_error;
     std::vector<std::string> pipe_hdrs;        /* name, value, ... */
+
+    /* host_responses: the request's mode, a stream's progress */
+    bool                     resp_stream = false;
+    bool                     resp_background = false;
+    bool                     emitting = false;   /* the stream's head sent */
+    bool                     stream_done = false;
+    bool                     arts_injected = false;
+    Json                     resp_state;
+    std::string              last_rendered;      /* the view last rendered */
+    std::string              producer_version;
 
     /* the client request */
     std::string              method, path, args, content_type, request_id;
@@ -754,6 +766,18 @@ struct llmgw_tjob_s {
                                          str(err_code), str(request_id));
         std::string text(b.data ? b.data : "", b.len);
         llmgw_buf_free(&b);
+
+        if (emitting) {
+            /* a stream under way ends with the error as its last event */
+            Json e = json_parse(text.data(), text.size());
+            json_t *err = json_object_get(e.get(), "error");
+            json_object_set_new(err, "type", json_string("error"));
+            json_object_set_new(err, "status", json_integer(err_status));
+            json_object_set_new(err, "error_type", jstr(err_type));
+            return respond(200, "event: error\ndata: " + json_dump(err)
+                                + "\n\n");
+        }
+
         return respond(err_status, text);
     }
 
@@ -845,6 +869,23 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *wait_looked();
     const llmgw_tstep_t *start_protocol();
     const llmgw_tstep_t *protocol_decode(json_t *dbody);
+    const llmgw_tstep_t *responses_mode(const json_t *dbody);
+    const llmgw_tstep_t *responses_render();
+    const llmgw_tstep_t *responses_hook();
+    const llmgw_tstep_t *responses_artifacts();
+    const llmgw_tstep_t *responses_final();
+    const llmgw_tstep_t *responses_events();
+    const llmgw_tstep_t *responses_emitted();
+    const llmgw_tstep_t *responses_answer(json_t *obj);
+    json_t *pending_response();
+    json_t *artifact_task_arg(const json_t *view);
+    void note_row(const json_t *row)
+    {
+        producer_version = std::string(json_str(row, "plugin_version"));
+        if (action.empty()) {
+            action = std::string(json_str(row, "action"));
+        }
+    }
     const llmgw_tstep_t *start_artifacts();
     const llmgw_tstep_t *artifacts_looked();
     const llmgw_tstep_t *artifacts_listed(const json_t *list);
@@ -1777,6 +1818,7 @@ const llmgw_tstep_t *
 llmgw_tjob_s::render_created()
 {
     if (route_kind == LLMGW_TROUTE_PROTOCOL) {
+        note_row(json_object_get(created.get(), "task"));
         return render_protocol(created_view(false));
     }
 
@@ -1803,22 +1845,28 @@ llmgw_tjob_s::start_protocol()
 {
     bool image = proto == LLMGW_TPROTO_IMAGE_GENERATE
                  || proto == LLMGW_TPROTO_IMAGE_EDIT;
+    bool responses = proto == LLMGW_TPROTO_RESPONSES_CREATE
+                     || proto == LLMGW_TPROTO_RESPONSES_GET;
+    bool get = proto == LLMGW_TPROTO_VIDEO_GET
+               || proto == LLMGW_TPROTO_RESPONSES_GET;
 
-    protocol = image ? "host_image" : "host_video";
+    protocol = image ? "host_image"
+               : responses ? "host_responses" : "host_video";
     decode_ctx = Json(native_ctx());
 
     json_t *ctx = decode_ctx.get();
     json_object_set_new(ctx, "protocol", jstr(protocol));
     json_object_set_new(ctx, "operation",
                         json_string(proto == LLMGW_TPROTO_IMAGE_EDIT ? "edit"
-                                    : proto == LLMGW_TPROTO_VIDEO_GET
-                                      ? "retrieve" : "generate"));
+                                    : get ? "retrieve"
+                                    : responses ? "create" : "generate"));
     json_object_set_new(ctx, "model", json_string(""));
     json_object_set_new(ctx, "stream", json_false());
 
-    if (proto == LLMGW_TPROTO_VIDEO_GET) {
+    if (get) {
         query_id = std::string(segments(path).back());
-        json_object_set_new(json_object_get(ctx, "params"), "video_id",
+        json_object_set_new(json_object_get(ctx, "params"),
+                            responses ? "response_id" : "video_id",
                             jstr(query_id));
         return lookup(query_id, LOOKED_UP_QUERY);
     }
@@ -1863,6 +1911,13 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
     manifest = snap_plugin(snap, static_cast<size_t>(plugin), &pinfo);
     sha = pinfo.sha;
     json_object_set_new(ctx, "model", jstr(model));
+
+    if (protocol == "host_responses") {
+        refused = responses_mode(dbody);
+        if (refused != nullptr) {
+            return refused;
+        }
+    }
 
     json_t *a = json_array();
     json_array_append(a, ctx);
@@ -1917,6 +1972,7 @@ llmgw_tjob_s::wait_claimed()
     }
 
     if (terminal(json_str(row, "status"))) {
+        note_row(row);
         return render_protocol(task_view(row));
     }
 
@@ -1953,8 +2009,9 @@ llmgw_tjob_s::wait_looked()
                                  0);
 
     if (sql_error.empty() && json_is_object(row)
-        && terminal(json_str(row, "status")))
+        && (terminal(json_str(row, "status")) || resp_stream))
     {
+        note_row(row);
         return render_protocol(task_view(row));
     }
 
@@ -1967,6 +2024,10 @@ const llmgw_tstep_t *
 llmgw_tjob_s::render_protocol(json_t *view_steal)
 {
     proto_view = Json(view_steal);
+
+    if (protocol == "host_responses") {
+        return responses_render();
+    }
 
     if (protocol == "host_image") {
         std::string_view status = json_str(proto_view.get(), "status");
@@ -2180,6 +2241,399 @@ llmgw_tjob_s::image_downloaded()
 
     download_at++;
     return image_download();
+}
+
+
+/* ------------------------------------------------------------------ */
+/* host_responses                                                      */
+
+namespace {
+
+/* The claim a manifest makes for a protocol, or nullptr. */
+const json_t *
+claim_of(const json_t *manifest, std::string_view protocol)
+{
+    size_t i;
+    json_t *c;
+
+    json_array_foreach(json_object_get(manifest, "protocols"), i, c) {
+        if (json_str(c, "name") == protocol) {
+            return c;
+        }
+    }
+    return nullptr;
+}
+
+/* One event of renderEvents as SSE: {event?, id?, data} is framed as it
+ * says; any other value is the data, named by its "type" when it has one. */
+bool
+sse_event(const json_t *e, std::string &out)
+{
+    const json_t *data = json_object_get(e, "data");
+    bool framed = json_is_object(e) && data != nullptr;
+    const char *k;
+    json_t *v;
+
+    json_object_foreach(const_cast<json_t *>(e), k, v) {
+        std::string_view m(k);
+        if (m != "event" && m != "id" && m != "data") {
+            framed = false;
+        }
+    }
+
+    std::string name, id, text;
+
+    if (framed) {
+        const json_t *ev = json_object_get(e, "event");
+        const json_t *i = json_object_get(e, "id");
+        if ((ev != nullptr && !json_is_string(ev))
+            || (i != nullptr && !json_is_string(i)))
+        {
+            return false;
+        }
+        name = ev ? json_string_value(ev) : "";
+        id = i ? json_string_value(i) : "";
+        text = json_is_string(data) ? std::string(json_string_value(data))
+                                    : json_dump(data);
+    } else {
+        if (json_is_object(e) && json_is_string(json_object_get(e, "type"))) {
+            name = json_str(e, "type");
+        }
+        text = json_dump(e);
+    }
+
+    for (const std::string &f : { name, id }) {
+        if (f.find_first_of("\r\n") != std::string::npos) {
+            return false;
+        }
+    }
+
+    if (!name.empty()) {
+        out += "event: " + name + "\n";
+    }
+    if (!id.empty()) {
+        out += "id: " + id + "\n";
+    }
+
+    size_t at = 0;
+    do {
+        size_t nl = text.find('\n', at);
+        std::string line = text.substr(at, nl == std::string::npos
+                                               ? std::string::npos
+                                               : nl - at);
+        if (!line.empty() && line.back() == '\r') {
+            line.pop_back();
+        }
+        out += "data: " + line + "\n";
+        at = nl == std::string::npos ? text.size() + 1 : nl + 1;
+    } while (at <= text.size());
+
+    out += "\n";
+    return true;
+}
+
+} /* namespace */
+
+
+/*
+ * POST /v1/responses: stream, background or sync, as the request asks;
+ * one the plugin does not declare is refused naming those it does.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_mode(const json_t *dbody)
+{
+    const json_t *supports = json_object_get(claim_of(manifest, protocol),
+                                             "supports");
+
+    resp_stream = json_is_true(body_member(dbody, "stream"));
+    resp_background = !resp_stream
+                      && json_is_true(body_member(dbody, "background"));
+
+    const char *mode = resp_stream ? "stream"
+                       : resp_background ? "background" : "sync";
+
+    json_object_set_new(decode_ctx.get(), "stream",
+                        json_boolean(resp_stream));
+    json_object_set_new(decode_ctx.get(), "background",
+                        json_boolean(resp_background));
+
+    if (json_is_true(json_object_get(supports, mode))) {
+        return nullptr;
+    }
+
+    std::string forms;
+    for (const char *m : { "sync", "stream", "background" }) {
+        if (json_is_true(json_object_get(supports, m))) {
+            forms += std::string(forms.empty() ? "" : ", ")
+                     + (std::string_view(m) == "stream" ? "stream: true"
+                        : std::string_view(m) == "background"
+                          ? "background: true"
+                          : "neither stream nor background");
+        }
+    }
+
+    return fail(400, "gateway_error", "invalid_request",
+                "model " + std::string(utf8_prefix(model, 200))
+                + " does not support "
+                + (resp_stream ? "stream: true"
+                   : resp_background ? "background: true"
+                                     : "requests without stream or "
+                                       "background")
+                + "; it supports " + forms);
+}
+
+
+/* The Response the host makes while a task runs (or when no hook can). */
+json_t *
+llmgw_tjob_s::pending_response()
+{
+    const json_t *view = proto_view.get();
+    std::string_view status = json_str(view, "status");
+    json_t *o = json_object();
+
+    json_object_set_new(o, "id", jstr(json_str(view, "task_id")));
+    json_object_set_new(o, "object", json_string("response"));
+    json_object_set_new(o, "created_at",
+                        unix_seconds(json_object_get(view, "created_at")));
+    json_object_set_new(o, "status", json_string(video_status(status)));
+    json_object_set_new(o, "model", jstr(model));
+    json_object_set_new(o, "background", json_boolean(resp_background));
+    json_object_set_new(o, "output", json_array());
+
+    if (status == "FAILURE") {
+        json_t *e = json_object();
+        json_object_set_new(e, "code", json_string("task_failed"));
+        json_object_set_new(e, "message", jstr(json_str(view, "fail_reason")));
+        json_object_set_new(o, "error", e);
+    } else {
+        json_object_set_new(o, "error", json_null());
+    }
+
+    json_object_set_new(o, "incomplete_details", json_null());
+    return o;
+}
+
+
+/* listArtifacts' input for a task seen through its view. */
+json_t *
+llmgw_tjob_s::artifact_task_arg(const json_t *view)
+{
+    json_t *t = json_object();
+    json_object_set_new(t, "taskId", jstr(json_str(view, "task_id")));
+    json_object_set_new(t, "status", jstr(json_str(view, "status")));
+    json_object_set_new(t, "action", jstr(action));
+    json_t *d = json_object_get(view, "data");
+    json_object_set_new(t, "data", d ? json_incref(d) : json_null());
+    json_object_set_new(t, "producerVersion", jstr(producer_version));
+    return t;
+}
+
+
+/*
+ * A task to answer (proto_view): a retrieval or a background request
+ * gets the host's pending Response until the task ends; a sync request
+ * waits for the end; a stream renders every change.  A finished task's
+ * artifacts are listed first, for ctx.artifacts.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_render()
+{
+    const json_t *view = proto_view.get();
+    bool term = terminal(json_str(view, "status"));
+
+    if (resp_stream) {
+        std::string now = json_dump(view);
+        if (emitting && now == last_rendered) {
+            return image_wait();                 /* nothing new */
+        }
+        last_rendered = now;
+
+    } else if (!term) {
+        if (proto == LLMGW_TPROTO_RESPONSES_GET || resp_background) {
+            Json o(pending_response());
+            return respond_json(200, o.get());
+        }
+        return image_wait();
+    }
+
+    if (json_str(view, "status") == "SUCCESS" && !arts_injected
+        && exports_has(manifest, "listArtifacts"))
+    {
+        json_t *a = json_array();
+        json_array_append_new(a, artifact_task_arg(view));
+        return call("listArtifacts", a, RESP_ARTIFACTS);
+    }
+
+    return responses_hook();
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_artifacts()
+{
+    std::string err;
+
+    if (!hook.ok) {
+        return plugin_failed(nullptr);
+    }
+    if (!artifact_list_check(hook.result.get(), err)) {
+        return fail(500, "gateway_error", "plugin_error",
+                    "listArtifacts " + err);
+    }
+
+    std::string_view base = sv(conf.public_address);
+    if (base.empty()) {
+        base = origin;
+    }
+    int64_t expires = static_cast<int64_t>(std::time(nullptr))
+                      + conf.link_ttl_s;
+    std::string id(json_str(proto_view.get(), "task_id"));
+
+    json_t *arts = json_object();
+    size_t i;
+    json_t *a;
+
+    json_array_foreach(hook.result.get(), i, a) {
+        json_t *e = json_deep_copy(a);
+        json_object_set_new(e, "url",
+                            jstr(artifact_link(base, sv(conf.link_secret), id,
+                                               json_str(a, "key"), expires)));
+        json_object_set_new(arts, json_string_value(json_object_get(a, "key")),
+                            e);
+    }
+
+    json_object_set_new(decode_ctx.get(), "artifacts", arts);
+    arts_injected = true;
+    return responses_hook();
+}
+
+
+/* renderFinal, or renderEvents for a stream (and for a retrieval from a
+   plugin that only streams). */
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_hook()
+{
+    bool events = resp_stream
+                  || !exports_has(manifest,
+                                  "protocols.host_responses.renderFinal");
+    json_t *a = json_array();
+
+    json_array_append(a, decode_ctx.get());
+    json_array_append(a, proto_view.get());
+
+    if (!events) {
+        return call("protocols.host_responses.renderFinal", a, RESP_FINAL);
+    }
+
+    json_array_append(a, resp_stream && resp_state ? resp_state.get()
+                                                   : json_null());
+    return call("protocols.host_responses.renderEvents", a, RESP_EVENTS);
+}
+
+
+/* A Response object completed by the host: its id is the task's. */
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_answer(json_t *obj)
+{
+    const json_t *view = proto_view.get();
+    std::string_view status = json_str(view, "status");
+
+    json_object_set_new(obj, "id", jstr(json_str(view, "task_id")));
+    json_object_set_new(obj, "object", json_string("response"));
+    json_object_set_new(obj, "model", jstr(model));
+    json_object_set_new(obj, "created_at",
+                        unix_seconds(json_object_get(view, "created_at")));
+    if (!json_is_string(json_object_get(obj, "status"))) {
+        json_object_set_new(obj, "status", json_string(video_status(status)));
+    }
+
+    return respond_json(200, obj);
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_final()
+{
+    if (!hook.ok) {
+        return plugin_failed(nullptr);
+    }
+    if (!json_is_object(hook.result.get())) {
+        return fail(500, "gateway_error", "plugin_error",
+                    hook_name_ + " must return a Response object");
+    }
+    return responses_answer(hook.result.get());
+}
+
+
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_events()
+{
+    if (!hook.ok) {
+        return plugin_failed(nullptr);
+    }
+
+    const json_t *r = hook.result.get();
+    const json_t *events = json_object_get(r, "events");
+    const json_t *done = json_object_get(r, "done");
+
+    if (!json_is_object(r) || !json_is_array(events)
+        || !json_is_boolean(done) || json_object_get(r, "state") == nullptr)
+    {
+        return fail(500, "gateway_error", "plugin_error",
+                    hook_name_ + " must return {events, state, done}");
+    }
+
+    std::string text;
+    const json_t *last_response = nullptr;
+    size_t i;
+    json_t *e;
+
+    json_array_foreach(events, i, e) {
+        if (!sse_event(e, text)) {
+            return fail(500, "gateway_error", "plugin_error",
+                        hook_name_ + ": event " + std::to_string(i)
+                        + " has an event name or id that is not one line");
+        }
+        if (json_is_object(json_object_get(e, "response"))) {
+            last_response = json_object_get(e, "response");
+        }
+    }
+
+    if (!resp_stream) {
+        /* a retrieval from a plugin that only streams: the Response the
+           events carry last, else the host's */
+        Json obj(last_response ? json_deep_copy(last_response)
+                               : pending_response());
+        return responses_answer(obj.get());
+    }
+
+    resp_state = Json(json_incref(json_object_get(r, "state")));
+    stream_done = json_is_true(done)
+                  || terminal(json_str(proto_view.get(), "status"));
+
+    if (text.empty() && emitting) {
+        return responses_emitted();
+    }
+
+    step_body = text;
+    step = llmgw_tstep_t {};
+    step.status = 200;
+    step.body = str(step_body);
+    step.channel_id = channel_id();
+    emitting = true;
+    phase = EMITTED;
+    return emit(LLMGW_TSTEP_EMIT);
+}
+
+
+/* Events sent: the stream ends, or waits for the task to move. */
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_emitted()
+{
+    if (stream_done) {
+        return respond(200, "");
+    }
+    return image_wait();
 }
 
 
@@ -2621,6 +3075,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
         }
         sha = pinfo.sha;
         json_object_set_new(decode_ctx.get(), "model", jstr(model));
+        note_row(row);
         return render_protocol(task_view(row));
     }
 
@@ -2942,6 +3397,18 @@ llmgw_tjob_s::next_request()
 
     case ART_LOOKED:
         return artifacts_looked();
+
+    case RESP_ARTIFACTS:
+        return responses_artifacts();
+
+    case RESP_FINAL:
+        return responses_final();
+
+    case RESP_EVENTS:
+        return responses_events();
+
+    case EMITTED:
+        return responses_emitted();
 
     case ART_LISTED:
         if (!hook.ok) {
@@ -3550,6 +4017,15 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         {
             proto = LLMGW_TPROTO_VIDEO_CONTENT;
             allow = "GET, HEAD";
+        } else if (seg.size() == 2 && seg[0] == "v1"
+                   && seg[1] == "responses")
+        {
+            proto = LLMGW_TPROTO_RESPONSES_CREATE;
+        } else if (seg.size() == 3 && seg[0] == "v1"
+                   && seg[1] == "responses")
+        {
+            proto = LLMGW_TPROTO_RESPONSES_GET;
+            allow = "GET";
         } else if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "images"
                    && (seg[2] == "generations" || seg[2] == "edits"))
         {

@@ -59,7 +59,9 @@ typedef enum {
     LLMGW_TPROTO_VIDEO_GET,        /* GET /v1/videos/{id} */
     LLMGW_TPROTO_VIDEO_CONTENT,    /* GET|HEAD /v1/videos/{id}/content */
     LLMGW_TPROTO_IMAGE_GENERATE,   /* POST /v1/images/generations */
-    LLMGW_TPROTO_IMAGE_EDIT        /* POST /v1/images/edits */
+    LLMGW_TPROTO_IMAGE_EDIT,       /* POST /v1/images/edits */
+    LLMGW_TPROTO_RESPONSES_CREATE, /* POST /v1/responses */
+    LLMGW_TPROTO_RESPONSES_GET     /* GET /v1/responses/{id} */
 } llmgw_tproto_e;
 
 typedef struct {
@@ -93,6 +95,12 @@ typedef enum {
                                       (llmgw_tjob_pipe_head), head_only for
                                       HEAD; a failure before its head:
                                       llmgw_tjob_http_done */
+    LLMGW_TSTEP_EMIT,              /* body: the next bytes of an event
+                                      stream to the client (the first
+                                      sends its head: status, text/event-
+                                      stream); then llmgw_tjob_next.  A
+                                      RESPOND after it ends the stream
+                                      with its body */
     LLMGW_TSTEP_RESPOND,           /* status + body; the job is finished */
     LLMGW_TSTEP_DONE               /* a poll job is finished */
 } llmgw_tstep_e;

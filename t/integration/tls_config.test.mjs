@@ -178,6 +178,12 @@ describe('nginx -t names the directive of a bad value and its line', () => {
         ['llmgw_reserve_tokens 9223372036854775807;', /invalid value|must be between 0 and 10000000/],
         ['llmgw_reserve_tokens 10000001;', /must be between 0 and 10000000/],
         ['llmgw_thread_pool "";', /needs a pool name/],
+        ['llmgw_crypto_secret short-secret;', /must be at least 32 characters long/],
+        ['llmgw_task_public_address public.example;', /must be an http:\/\/ or https:\/\/ address/],
+        ['llmgw_task_public_address "http://a b";', /without spaces, query or fragment/],
+        ['llmgw_server_address http:///x;', /with a host/],
+        ['llmgw_server_address https://gw.example/?x=1;', /without spaces, query or fragment/],
+        ['llmgw_artifact_link_ttl 0;', /must be between 1ms and 366d/],
     ];
 
     for (const [line, re] of cases) {
@@ -252,6 +258,10 @@ describe('nginx -t accepts the bounds', () => {
         'llmgw_task_max_file_size 1k;',
         'llmgw_task_max_files_total 1k;',
         'llmgw_task_wait_timeout 1ms;',
+        'llmgw_crypto_secret 0123456789abcdef0123456789abcdef;',
+        'llmgw_task_public_address https://gw.example:8443/llm/;',
+        'llmgw_server_address http://10.0.0.1;',
+        'llmgw_artifact_link_ttl 7d;',
     ];
 
     for (const line of lines) {

@@ -436,11 +436,15 @@ function replaceConst(src, name, value, file) {
 /*
  * A fixture of t/integration/fixtures/plugins with its `const` lines set:
  * key, models, and for task-vendor.js nativeModels (default the first
- * model), allowedHosts and errorRenderer.
+ * model), allowedHosts and errorRenderer; `consts` sets any other const
+ * line by name.
  */
 export function pluginSource(file, { key, models, nativeModels, allowedHosts,
-    errorRenderer } = {}) {
+    errorRenderer, consts = {} } = {}) {
     let src = fs.readFileSync(path.join(PLUGIN_FIXTURES, file), 'utf8');
+    for (const [name, value] of Object.entries(consts)) {
+        src = replaceConst(src, name, value, file);
+    }
     if (key !== undefined) {
         assert.ok(key.length <= 30, `plugin key over 30 characters: ${key}`);
         src = replaceConst(src, 'KEY', key, file);
@@ -577,14 +581,14 @@ let setupCounter = 0;
  */
 export async function taskSetup(gw, { fixture = 'task-vendor.js', vendors, price = 'call',
     mapping = false, allowedHosts, errorRenderer, nativeModels, models: nModels = 2,
-    wait = true } = {}) {
+    wait = true, consts } = {}) {
     assert.ok(vendors && vendors.length, 'taskSetup needs {vendors}');
     const t0 = Date.now();
     setupCounter++;
     const key = `tk${setupCounter}-${hex(4)}`;
     const models = Array.from({ length: nModels }, () => `${key}-m${hex(3)}`);
     await uploadPlugin(gw, pluginSource(fixture, {
-        key, models, nativeModels, allowedHosts, errorRenderer,
+        key, models, nativeModels, allowedHosts, errorRenderer, consts,
     }));
 
     const prices = {};
