@@ -352,17 +352,20 @@ export interface NativeDecodeContext {
 /** Given to `protocols.<p>.decodeRequest`; decoders must be deterministic (they may run several times). */
 export interface ProtocolDecodeContext extends NativeDecodeContext {
     readonly protocol: ProtocolName;
-    /** host_image: "generate" or "edit"; host_video: "generate" (POST /v1/videos) or "retrieve" (GET /v1/videos/{id}). */
+    /** host_image: "generate" or "edit"; host_video: "generate" (POST /v1/videos) or "retrieve" (GET /v1/videos/{id}); host_responses: "create" (POST /v1/responses) or "retrieve" (GET /v1/responses/{id}). */
     readonly operation: string;
     /** Fixed by the host. */
     readonly model: string;
+    /** host_responses: the request asked for an event stream. */
     readonly stream: boolean;
+    /** host_responses: the request asked for background: true (and no stream). */
+    readonly background?: boolean;
 }
 
 /** Given to protocol render hooks. */
 export interface ProtocolRenderContext extends ProtocolDecodeContext {
     /** host_responses: artifact links injected by the host; absent for host_image. */
-    readonly artifacts?: { readonly [key: string]: { readonly url: string } };
+    readonly artifacts?: { readonly [key: string]: { readonly key: string; readonly type: ArtifactType; readonly mimeType?: string; readonly url: string } };
 }
 
 export interface SubmitIntent {
@@ -461,6 +464,8 @@ export interface ContentRequestContext extends DriverContext {
     readonly artifactKey: string;
     readonly data: ReadonlyJSON;
     readonly upstreamTaskId: string;
+    /** The plugin version that made the task. */
+    readonly producerVersion: string;
     /** Only safe Range and conditional headers are passed on. */
     readonly clientRequest: {
         readonly method: "GET" | "HEAD";
@@ -646,6 +651,7 @@ export interface HostError {
 
 /** host_responses renderEvents: events to send, the state for the next call, end of stream. */
 export interface RenderEventsResult {
+    /** Each sent as one SSE event: `{event?, id?, data}` framed as it says (data a string, or JSON), any other value as JSON data named by its `type`. */
     readonly events: readonly JSONValue[];
     readonly state: JSONValue;
     readonly done: boolean;
