@@ -96,6 +96,21 @@ std::string redact(std::string_view s, std::string_view credential);
 /* The spellings redact() looks for (none for a credential too short). */
 std::vector<std::string> credential_forms(std::string_view credential);
 
+/* The first object of a JSON array whose string member is v, or nullptr. */
+inline const json_t *
+json_find_by(const json_t *arr, const char *member, std::string_view v)
+{
+    size_t   i;
+    json_t  *e;
+
+    json_array_foreach(arr, i, e) {
+        if (json_str(e, member) == v) {
+            return e;
+        }
+    }
+    return nullptr;
+}
+
 /* Whether a JSON array holds the string v. */
 inline bool
 json_has_string(const json_t *arr, std::string_view v)

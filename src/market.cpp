@@ -148,15 +148,7 @@ read_index(const char *index, size_t len, llmgw_verdict_t *v)
 const json_t *
 find_plugin(const json_t *root, std::string_view key)
 {
-    size_t   i;
-    json_t  *p;
-
-    json_array_foreach(json_object_get(root, "plugins"), i, p) {
-        if (json_str(p, "key") == key) {
-            return p;
-        }
-    }
-    return nullptr;
+    return json_find_by(json_object_get(root, "plugins"), "key", key);
 }
 
 char *

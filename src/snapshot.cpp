@@ -1001,18 +1001,14 @@ bool
 snap_claims(const json_t *manifest, std::string_view protocol,
     std::string_view model)
 {
-    size_t   i;
-    json_t  *c;
-
-    json_array_foreach(json_object_get(manifest, "protocols"), i, c) {
-        if (json_str(c, "name") != protocol) {
-            continue;
-        }
-        const json_t *models = json_object_get(c, "models");
-        return models == nullptr || json_has_string(models, model);
+    const json_t *c = json_find_by(json_object_get(manifest, "protocols"),
+                                   "name", protocol);
+    if (c == nullptr) {
+        return false;
     }
 
-    return false;
+    const json_t *models = json_object_get(c, "models");
+    return models == nullptr || json_has_string(models, model);
 }
 
 

@@ -2249,21 +2249,6 @@ llmgw_tjob_s::image_downloaded()
 
 namespace {
 
-/* The claim a manifest makes for a protocol, or nullptr. */
-const json_t *
-claim_of(const json_t *manifest, std::string_view protocol)
-{
-    size_t i;
-    json_t *c;
-
-    json_array_foreach(json_object_get(manifest, "protocols"), i, c) {
-        if (json_str(c, "name") == protocol) {
-            return c;
-        }
-    }
-    return nullptr;
-}
-
 /* One event of renderEvents as SSE: {event?, id?, data} is framed as it
  * says; any other value is the data, named by its "type" when it has one. */
 bool
@@ -2342,8 +2327,10 @@ sse_event(const json_t *e, std::string &out)
 const llmgw_tstep_t *
 llmgw_tjob_s::responses_mode(const json_t *dbody)
 {
-    const json_t *supports = json_object_get(claim_of(manifest, protocol),
-                                             "supports");
+    const json_t *supports = json_object_get(
+        json_find_by(json_object_get(manifest, "protocols"), "name",
+                     protocol),
+        "supports");
 
     resp_stream = json_is_true(body_member(dbody, "stream"));
     resp_background = !resp_stream
