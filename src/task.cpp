@@ -2227,6 +2227,40 @@ llmgw_tjob_s::image_downloaded()
     json_t *e = json_array_get(json_object_get(image_out.get(), "data"),
                                download_at);
 
+    const char *loc = json_string_value(json_array_get(
+        json_object_get(http_headers.get(), "location"), 0));
+
+    if (transport_error.empty() && loc != nullptr
+        && (http_status == 301 || http_status == 302 || http_status == 303
+            || http_status == 307 || http_status == 308)
+        && redirects < conf.max_redirects)
+    {
+        /* followed as a content request's, each address checked again */
+        llmgw_desc_policy_t p;
+        std::vector<llmgw_str_t> hosts;
+        std::vector<llmgw_file_t> f;
+        llmgw_outbound_t nxt {};
+        char err[512];
+
+        policy(p, hosts, f, false, true);
+
+        if (llmgw_descriptor_redirect(&out, http_status, str(loc), &p, &nxt,
+                                      err, sizeof(err)) == 0)
+        {
+            llmgw_outbound_free(&out);
+            out = nxt;
+            redirects++;
+            step = llmgw_tstep_t {};
+            step.out = &out;
+            step.channel_id = channel_id();
+            step.resend = 1;
+            phase = DOWNLOADED;
+            return emit(LLMGW_TSTEP_HTTP);
+        }
+
+        transport_error = std::string("redirect refused: ") + err;
+    }
+
     if (transport_error.empty() && http_status >= 200 && http_status < 300) {
         std::string b64;
         append_base64(b64, http_body);

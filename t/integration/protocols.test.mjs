@@ -282,9 +282,9 @@ describe('host protocols', { timeout: 180000 }, () => {
             assert.equal(r.json.data[0].b64_json, png.toString('base64'));
             assert.equal(r.json.data[1].url, urls[1]);
             assert.equal(r.json.data[1].b64_json, undefined);
-            /* a redirect is not followed */
+            /* a redirect is followed (each address checked) */
             assert.equal(r.json.data[2].url, urls[2]);
-            assert.equal(r.json.data[2].b64_json, undefined);
+            assert.equal(r.json.data[2].b64_json, png.toString('base64'));
             await waitFor(() => /downloading an image for b64_json failed \(HTTP 404\)/
                 .test(gw.errorLog()), 3000, { what: 'the warning' });
             /* without it, nothing is downloaded */
