@@ -933,6 +933,45 @@ struct llmgw_tjob_s {
         return nullptr;
     }
     const llmgw_tstep_t *render_protocol(json_t *view);
+
+    /* The route's renderer over a task view (or a list of them). */
+    const llmgw_tstep_t *render_native(json_t *view_steal)
+    {
+        std::string renderer(json_str(route, "render"));
+        json_t *a = json_array();
+        json_array_append(a, decode_ctx.get());
+        json_array_append_new(a, view_steal);
+        return call(("native." + renderer).c_str(), a, RENDERED);
+    }
+
+    /*
+     * The request that follows a redirect answer to out, checked against
+     * the same rules (content: a content request's): out becomes it; else
+     * false and err says why.
+     */
+    bool follow_redirect(int status, std::string_view location, bool content,
+        std::string &err)
+    {
+        llmgw_desc_policy_t p;
+        std::vector<llmgw_str_t> hosts;
+        std::vector<llmgw_file_t> f;
+        llmgw_outbound_t nxt {};
+        char e[512];
+
+        policy(p, hosts, f, mode == REQUEST && !content, content);
+
+        if (llmgw_descriptor_redirect(&out, status, str(location), &p, &nxt,
+                                      e, sizeof(e)) != 0)
+        {
+            err = std::string("redirect refused: ") + e;
+            return false;
+        }
+
+        llmgw_outbound_free(&out);
+        out = nxt;
+        redirects++;
+        return true;
+    }
     const llmgw_tstep_t *protocol_rendered();
     json_t *native_ctx();
     const llmgw_tstep_t *after_intent();
@@ -1490,25 +1529,12 @@ llmgw_tjob_s::after_send()
         }
 
         if (loc != nullptr && redirects < conf.max_redirects) {
-            llmgw_desc_policy_t p;
-            std::vector<llmgw_str_t> hosts;
-            std::vector<llmgw_file_t> f;
-            llmgw_outbound_t nxt {};
-            char e[512];
+            std::string err;
 
-            policy(p, hosts, f, mode == REQUEST, false);
-
-            if (llmgw_descriptor_redirect(&out, http_status,
-                                          llmgw_str_t { loc, strlen(loc) },
-                                          &p, &nxt, e, sizeof(e)) != 0)
-            {
-                return fail(502, "gateway_error", "invalid_descriptor",
-                            std::string("redirect refused: ") + e);
+            if (!follow_redirect(http_status, loc, false, err)) {
+                return fail(502, "gateway_error", "invalid_descriptor", err);
             }
 
-            llmgw_outbound_free(&out);
-            out = nxt;
-            redirects++;
             step = llmgw_tstep_t {};
             step.out = &out;
             step.channel_id = channel_id();
@@ -1823,11 +1849,7 @@ llmgw_tjob_s::render_created()
     }
 
     if (route_kind == LLMGW_TROUTE_NATIVE) {
-        std::string renderer(json_str(route, "render"));
-        json_t *a = json_array();
-        json_array_append(a, decode_ctx.get());
-        json_array_append_new(a, created_view(false));
-        return call(("native." + renderer).c_str(), a, RENDERED);
+        return render_native(created_view(false));
     }
 
     Json v(created_view(true));
@@ -2236,20 +2258,9 @@ llmgw_tjob_s::image_downloaded()
         && redirects < conf.max_redirects)
     {
         /* followed as a content request's, each address checked again */
-        llmgw_desc_policy_t p;
-        std::vector<llmgw_str_t> hosts;
-        std::vector<llmgw_file_t> f;
-        llmgw_outbound_t nxt {};
-        char err[512];
+        std::string err;
 
-        policy(p, hosts, f, false, true);
-
-        if (llmgw_descriptor_redirect(&out, http_status, str(loc), &p, &nxt,
-                                      err, sizeof(err)) == 0)
-        {
-            llmgw_outbound_free(&out);
-            out = nxt;
-            redirects++;
+        if (follow_redirect(http_status, loc, true, err)) {
             step = llmgw_tstep_t {};
             step.out = &out;
             step.channel_id = channel_id();
@@ -2258,7 +2269,7 @@ llmgw_tjob_s::image_downloaded()
             return emit(LLMGW_TSTEP_HTTP);
         }
 
-        transport_error = std::string("redirect refused: ") + err;
+        transport_error = err;
     }
 
     if (transport_error.empty() && http_status >= 200 && http_status < 300) {
@@ -2970,25 +2981,7 @@ llmgw_tjob_s::pipe_head(int status, const llmgw_str_t *names,
         }
 
         if (!loc.empty()) {
-            llmgw_desc_policy_t p;
-            std::vector<llmgw_str_t> hosts;
-            std::vector<llmgw_file_t> f;
-            llmgw_outbound_t nxt {};
-            char e[512];
-
-            policy(p, hosts, f, false, true);
-
-            if (llmgw_descriptor_redirect(&out, status, str(loc), &p, &nxt, e,
-                                          sizeof(e)) != 0)
-            {
-                pipe_error = std::string("redirect refused: ") + e;
-                return 0;
-            }
-
-            llmgw_outbound_free(&out);
-            out = nxt;
-            redirects++;
-            pipe_redirect = true;
+            pipe_redirect = follow_redirect(status, loc, true, pipe_error);
             return 0;
         }
     }
@@ -3069,11 +3062,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
                 json_array_append_new(views, task_view(row));
             }
         }
-        std::string renderer(json_str(route, "render"));
-        json_t *a = json_array();
-        json_array_append(a, decode_ctx.get());
-        json_array_append_new(a, views);
-        return call(("native." + renderer).c_str(), a, RENDERED);
+        return render_native(views);
     }
 
     json_t *row = json_array_get(rows, 0);
@@ -3105,11 +3094,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
         if (p != plugin) {
             return task_not_found();
         }
-        std::string renderer(json_str(route, "render"));
-        json_t *a = json_array();
-        json_array_append(a, decode_ctx.get());
-        json_array_append_new(a, task_view(row));
-        return call(("native." + renderer).c_str(), a, RENDERED);
+        return render_native(task_view(row));
     }
 
     Json v(api_view(row));
