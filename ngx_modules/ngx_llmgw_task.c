@@ -1099,6 +1099,14 @@ ngx_llmgw_pipe_flow(ngx_llmgw_runner_t *rn, ngx_http_request_t *r)
 
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
 
+    /* a write delayed by limit_rate has its own timer: it stays */
+    if (c->write->delayed) {
+        if (ngx_handle_write_event(c->write, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+        }
+        return;
+    }
+
     if (unsent > 0 || c->buffered) {
         if (!c->write->ready && !c->write->timer_set) {
             ngx_add_timer(c->write, clcf->send_timeout);

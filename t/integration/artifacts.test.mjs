@@ -787,6 +787,26 @@ describe('task artifacts', { timeout: 180000 }, () => {
         }
     });
 
+    test('under limit_rate the content still flows to its end (the delayed writes keep their timers)', async () => {
+        let gwD;
+        try {
+            gwD = await startGateway({ db, rootToken: gw.rootToken, v8host: true,
+                http: `${HTTP_A}\n  limit_rate 2m;` });
+            const r = await waitFor(async () => {
+                const x = await bin(gwD.url + contentPath(T.main.id, 'video'),
+                    { key: env.acct.key, timeoutMs: 20000 });
+                return x.status === 200 ? x : null;
+            }, 25000, { what: 'the rate-limited download' });
+            assert.equal(sha(r.body), sha(VIDEO));
+        } finally {
+            if (gwD) {
+                await gwD.stop();
+                logs.push(gwD.errorLog());
+                assertCleanLog(gwD);
+            }
+        }
+    });
+
     test('the channel key and the secrets reach no answer and no log line; the client\'s key no upstream', () => {
         assert.deepEqual(leaks, []);
         logs.push(gw.errorLog());
