@@ -99,6 +99,8 @@ static void ngx_llmgw_pipe_done(void *data, ngx_int_t rc,
 static void ngx_llmgw_pipe_write(ngx_http_request_t *r);
 static void ngx_llmgw_pipe_flow(ngx_llmgw_runner_t *rn,
     ngx_http_request_t *r);
+static void ngx_llmgw_emit_release(ngx_llmgw_runner_t *rn,
+    ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_task_emit(ngx_llmgw_runner_t *rn,
     ngx_http_request_t *r, const llmgw_tstep_t *st, ngx_uint_t last);
 
@@ -106,6 +108,7 @@ static ngx_int_t ngx_llmgw_task_emit(ngx_llmgw_runner_t *rn,
 static ngx_llmgw_main_conf_t  *ngx_llmgw_task_mcf;
 static ngx_log_t              *ngx_llmgw_task_log;
 static llmgw_task_conf_t       ngx_llmgw_task_conf;
+static ngx_uint_t              ngx_llmgw_pipe_tag;    /* its buffers' tag */
 static ngx_event_t             ngx_llmgw_poll_ev;
 static ngx_event_t             ngx_llmgw_poll_stop_ev;
 static u_char                  ngx_llmgw_poll_owner[128];
@@ -866,7 +869,7 @@ ngx_llmgw_task_emit(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
 {
     ngx_int_t         rc;
     ngx_buf_t        *b;
-    ngx_chain_t       out;
+    ngx_chain_t      *cl, *out;
     ngx_table_elt_t  *h;
 
     if (!rn->emitting) {
@@ -890,12 +893,17 @@ ngx_llmgw_task_emit(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
 
         rn->emitting = 1;
         r->write_event_handler = ngx_llmgw_pipe_write;
+        r->read_event_handler = ngx_http_test_reading;
     }
 
-    b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
+    cl = ngx_chain_get_free_buf(r->pool, &rn->pipe_free);
+    if (cl == NULL) {
         return NGX_ERROR;
     }
+
+    b = cl->buf;
+    ngx_memzero(b, sizeof(ngx_buf_t));
+    b->tag = (ngx_buf_tag_t) &ngx_llmgw_pipe_tag;
 
     if (st->body.len > 0) {
         b->start = ngx_pnalloc(r->pool, st->body.len);
@@ -914,16 +922,17 @@ ngx_llmgw_task_emit(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
         r->write_event_handler = ngx_http_request_empty_handler;
     }
 
-    out.buf = b;
-    out.next = NULL;
-
-    rc = ngx_http_output_filter(r, &out);
+    out = cl;
+    rc = ngx_http_output_filter(r, out);
 
     if (rc == NGX_ERROR) {
         return NGX_ERROR;
     }
 
     if (!last) {
+        ngx_chain_update_chains(r->pool, &rn->pipe_free, &rn->pipe_busy,
+                                &out, (ngx_buf_tag_t) &ngx_llmgw_pipe_tag);
+        ngx_llmgw_emit_release(rn, r);
         ngx_llmgw_pipe_flow(rn, r);
     }
 
@@ -959,9 +968,6 @@ ngx_llmgw_task_detach(ngx_llmgw_runner_t *rn, ngx_http_request_t *r)
 
 /* ------------------------------------------------------------------ */
 /* content passed from a vendor to the client                          */
-
-static ngx_uint_t  ngx_llmgw_pipe_tag;
-
 
 /* The answer's head: the client's now, or the job goes on without it. */
 static ngx_int_t
@@ -1037,15 +1043,37 @@ ngx_llmgw_pipe_headers(void *data, ngx_llmgw_http_resp_t *resp)
             return NGX_ERROR;
         }
 
+        /* the job's strings go with the job, before the log phase */
         h->hash = 1;
-        h->key.data = (u_char *) head.names[i].data;   /* static */
+        h->key.data = ngx_pstrdup(r->pool, &(ngx_str_t) {
+                                      head.names[i].len,
+                                      (u_char *) head.names[i].data });
+        if (h->key.data == NULL) {
+            return NGX_ERROR;
+        }
         h->key.len = head.names[i].len;
         h->value.data = p;
         h->value.len = head.values[i].len;
+
+        /* nginx's filters must know these (gzip, not_modified) */
+        if (head.names[i].len == sizeof("content-encoding") - 1
+            && ngx_strncmp(head.names[i].data, "content-encoding",
+                           head.names[i].len) == 0)
+        {
+            r->headers_out.content_encoding = h;
+
+        } else if (head.names[i].len == sizeof("etag") - 1
+                   && ngx_strncmp(head.names[i].data, "etag",
+                                  head.names[i].len) == 0)
+        {
+            r->headers_out.etag = h;
+        }
     }
 
     rn->piping = 1;
     r->write_event_handler = ngx_llmgw_pipe_write;
+    /* a client that leaves is noticed while the vendor is read */
+    r->read_event_handler = ngx_http_test_reading;
 
     rc = ngx_http_send_header(r);
 
@@ -1184,6 +1212,22 @@ ngx_llmgw_pipe_data(void *data, u_char *p, size_t len)
 }
 
 
+/* Sent events give their memory back (a large block goes to the system;
+   content buffers are reused as they are). */
+static void
+ngx_llmgw_emit_release(ngx_llmgw_runner_t *rn, ngx_http_request_t *r)
+{
+    ngx_chain_t  *cl;
+
+    for (cl = rn->pipe_free; cl; cl = cl->next) {
+        if (cl->buf->start != NULL) {
+            (void) ngx_pfree(r->pool, cl->buf->start);
+            cl->buf->start = NULL;
+        }
+    }
+}
+
+
 static void
 ngx_llmgw_pipe_write(ngx_http_request_t *r)
 {
@@ -1219,6 +1263,10 @@ ngx_llmgw_pipe_write(ngx_http_request_t *r)
     out = NULL;
     ngx_chain_update_chains(r->pool, &rn->pipe_free, &rn->pipe_busy, &out,
                             (ngx_buf_tag_t) &ngx_llmgw_pipe_tag);
+
+    if (rn->emitting) {
+        ngx_llmgw_emit_release(rn, r);
+    }
 
     ngx_llmgw_pipe_flow(rn, r);
 }

@@ -74,7 +74,8 @@ query_value(const json_t *q, const char *name)
 bool
 llmgw::artifact_key_ok(std::string_view key)
 {
-    if (key.empty() || key.size() > kMaxKey) {
+    /* "." and ".." would be path segments nginx folds away */
+    if (key.empty() || key.size() > kMaxKey || key == "." || key == "..") {
         return false;
     }
     for (char c : key) {

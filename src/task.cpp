@@ -2345,18 +2345,19 @@ sse_event(const json_t *e, std::string &out)
         out += "id: " + id + "\n";
     }
 
+    /* one data line per line of the text, whatever ends it (CR LF, LF or
+       a lone CR, as SSE readers split) */
     size_t at = 0;
     do {
-        size_t nl = text.find('\n', at);
-        std::string line = text.substr(at, nl == std::string::npos
-                                               ? std::string::npos
-                                               : nl - at);
-        if (!line.empty() && line.back() == '\r') {
-            line.pop_back();
+        size_t nl = text.find_first_of("\r\n", at);
+        out += "data: " + text.substr(at, nl == std::string::npos
+                                              ? std::string::npos
+                                              : nl - at) + "\n";
+        if (nl == std::string::npos) {
+            break;
         }
-        out += "data: " + line + "\n";
-        at = nl == std::string::npos ? text.size() + 1 : nl + 1;
-    } while (at <= text.size());
+        at = nl + (text.compare(nl, 2, "\r\n") == 0 ? 2 : 1);
+    } while (true);
 
     out += "\n";
     return true;
@@ -2991,8 +2992,17 @@ llmgw_tjob_s::pipe_head(int status, const llmgw_str_t *names,
         return 0;
     }
 
+    /* a length beside chunked framing is not the body's: not passed on */
+    bool chunked = false;
+    for (size_t i = 0; i < n; i++) {
+        chunked = chunked || sv(names[i]) == "transfer-encoding";
+    }
+
     pipe_hdrs.clear();
     for (const char *h : kContentAnswerHeaders) {
+        if (chunked && std::string_view(h) == "content-length") {
+            continue;
+        }
         for (size_t i = 0; i < n; i++) {
             if (sv(names[i]) == h && header_value_ok(sv(values[i]))) {
                 pipe_hdrs.emplace_back(h);

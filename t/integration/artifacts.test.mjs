@@ -296,6 +296,8 @@ describe('task artifacts', { timeout: 180000 }, () => {
             bad_space: { artifacts: [{ key: 'a b', type: 'file' }] },
             bad_empty: { artifacts: [{ key: '', type: 'file' }] },
             bad_long: { artifacts: [{ key: 'k'.repeat(129), type: 'file' }] },
+            bad_dot: { artifacts: [{ key: '.', type: 'file' }] },
+            bad_dotdot: { artifacts: [{ key: '..', type: 'file' }] },
             bad_type: { artifacts: [{ key: 'a', type: 'movie' }] },
             bad_nokey: { artifacts: [{ type: 'file' }] },
             bad_mime: { artifacts: [{ key: 'a', type: 'file', mimeType: 7 }] },
@@ -404,7 +406,7 @@ describe('task artifacts', { timeout: 180000 }, () => {
 
     test('a list the host refuses is 500 plugin_error, for the list and for the content', async () => {
         const bad = Object.keys(T).filter((n) => n.startsWith('bad_'));
-        assert.equal(bad.length, 12);
+        assert.equal(bad.length, 14);
         for (const n of bad) {
             const r = await list(T[n].id);
             assert.equal(r.status, 500, `${n}: ${r.status} ${r.text.slice(0, 300)}`);

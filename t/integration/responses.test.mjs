@@ -188,8 +188,9 @@ describe('host_responses', { timeout: 180000 }, () => {
             'response.output_text.delta', 'note', 'response.completed'], r.text);
         assert.equal(JSON.parse(events[1].data).progress, '40%');
         assert.equal(JSON.parse(events[2].data).delta, 'streamed');
-        /* a framed event: its event name, id and data as given */
-        assert.match(r.text, /event: note\nid: n1\ndata: two\ndata: lines\n\n/);
+        /* a framed event: its event name, id and data as given, a data line
+           for each line however it ends (a lone CR too) */
+        assert.match(r.text, /event: note\nid: n1\ndata: two\ndata: lines\ndata: three\ndata: four\n\n/);
         const done = JSON.parse(events[4].data).response;
         assert.equal(done.status, 'completed');
         assert.equal(done.seen.stream, true);
