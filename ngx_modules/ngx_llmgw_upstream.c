@@ -54,6 +54,8 @@ static ngx_int_t ngx_llmgw_chain(ngx_http_request_t *r, u_char *p,
 static ngx_int_t ngx_llmgw_keep(ngx_http_request_t *r, llmgw_buf_t *from,
     ngx_str_t *to);
 static llmgw_buf_t ngx_llmgw_error_answer(ngx_llmgw_ctx_t *ctx);
+static ngx_uint_t ngx_llmgw_gemini_array(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_new_resp(ngx_http_request_t *r,
     ngx_llmgw_ctx_t *ctx);
 static ngx_int_t ngx_llmgw_sniff(ngx_llmgw_ctx_t *ctx, u_char *p, size_t n);
@@ -1451,13 +1453,22 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
         && !ctx->event_stream)
     {
         ctx->whole_for_stream = 1;
+    }
+
+    /* a Gemini stream without alt=sse is one JSON array */
+    if (ctx->whole_for_stream || ngx_llmgw_gemini_array(r, ctx)) {
+        if (ngx_llmgw_gemini_array(r, ctx)) {
+            ngx_str_set(&value, "application/json");
+
+        } else {
+            ngx_str_set(&value, "text/event-stream");
+        }
 
         if (ctx->content_type) {
-            ngx_str_set(&ctx->content_type->value, "text/event-stream");
+            ctx->content_type->value = value;
 
         } else {
             ngx_str_set(&key, "Content-Type");
-            ngx_str_set(&value, "text/event-stream");
 
             if (ngx_llmgw_push_header(r, &key, &value, 0) == NULL) {
                 return NGX_ERROR;
@@ -1483,6 +1494,29 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * A Gemini stream asked for without alt=sse (absent, or alt=json): Gemini
+ * answers one JSON array then, written piece by piece.  The upstream is
+ * always asked for events; the answer is put back in the asked form.
+ */
+static ngx_uint_t
+ngx_llmgw_gemini_array(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    ngx_str_t  alt;
+
+    if (ctx->endpoint.ep != LLMGW_EP_GEMINI || !ctx->endpoint.stream) {
+        return 0;
+    }
+
+    if (ngx_http_arg(r, (u_char *) "alt", 3, &alt) != NGX_OK) {
+        return 1;
+    }
+
+    return !(alt.len == 3 && ngx_strncasecmp(alt.data, (u_char *) "sse", 3)
+                             == 0);
 }
 
 
@@ -1512,6 +1546,10 @@ ngx_llmgw_new_resp(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     if (ctx->whole_for_stream) {
         llmgw_resp_whole_for_stream(ctx->resp);
+    }
+
+    if (ngx_llmgw_gemini_array(r, ctx)) {
+        llmgw_resp_array(ctx->resp);
     }
 
     if (llmgw_resp_convert(ctx->resp, ctx->req) != 0) {

@@ -122,19 +122,6 @@ parse_entry(std::string_view text, Net *net)
 }
 
 
-std::string_view
-trim(std::string_view s)
-{
-    const char *ws = " \t\r\n";
-    size_t b = s.find_first_not_of(ws);
-
-    if (b == std::string_view::npos) {
-        return {};
-    }
-
-    return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 
 void
 set_err(char *err, size_t errlen, const char *msg, size_t index,
@@ -206,7 +193,7 @@ parse_list(const json_t *array, char *err, size_t errlen)
         std::string_view raw(json_string_value(v), json_string_length(v));
         Net net;
 
-        if (!parse_entry(trim(raw), &net)) {
+        if (!parse_entry(llmgw::trim(raw), &net)) {
             set_err(err, errlen, "is not an IP address or CIDR", i, raw);
             return nullptr;
         }

@@ -4019,19 +4019,6 @@ private:
 };
 
 
-std::string_view
-trim(std::string_view s)
-{
-    const char *ws = " \t\r\n";
-    size_t b = s.find_first_not_of(ws);
-
-    if (b == std::string_view::npos) {
-        return {};
-    }
-
-    return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 } /* namespace */
 
 

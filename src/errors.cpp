@@ -40,19 +40,6 @@ valid_utf8(std::string_view s)
 }
 
 
-std::string_view
-trim(std::string_view s)
-{
-    const char *ws = " \t\r\n\f\v";
-    size_t b = s.find_first_not_of(ws);
-
-    if (b == std::string_view::npos) {
-        return {};
-    }
-
-    return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 
 
 
@@ -127,7 +114,7 @@ upstream_message(const json_t *root, std::string_view raw, int status,
         return llmgw::redact(m, credential);
     }
 
-    std::string text = llmgw::redact(trim(raw), credential);
+    std::string text = llmgw::redact(llmgw::trim(raw, " \t\r\n\f\v"), credential);
     m = llmgw::utf8_prefix(text, kRawMessageMax);
 
     if (m.empty()) {

@@ -39,6 +39,19 @@ sv(llmgw_str_t s)
     return std::string_view(s.data ? s.data : "", s.len);
 }
 
+/* s without the bytes of ws at either end */
+inline std::string_view
+trim(std::string_view s, const char *ws = " \t\r\n")
+{
+    size_t b = s.find_first_not_of(ws);
+
+    if (b == std::string_view::npos) {
+        return {};
+    }
+
+    return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
 inline llmgw_str_t
 str(std::string_view s)
 {

@@ -466,6 +466,12 @@ int llmgw_resp_convert(llmgw_resp_t *resp, const llmgw_req_t *req);
  * held and sent as the stream the client expects at llmgw_resp_finish.
  */
 void llmgw_resp_whole_for_stream(llmgw_resp_t *resp);
+/*
+ * Before llmgw_resp_convert, for a Gemini stream the client asked for
+ * without alt=sse: what it gets is one JSON array of the stream's answers,
+ * written as they come (closed unless the stream was cut short).
+ */
+void llmgw_resp_array(llmgw_resp_t *resp);
 int llmgw_resp_rewrites(const llmgw_resp_t *resp);
 
 /* End of the upstream body; may return trailing bytes for the client. */

@@ -212,6 +212,11 @@ struct llmgw_resp_s {
     bool                              finished = false;
     /* the client asked for a stream, the upstream answered whole */
     bool                              whole_for_stream = false;
+    /* a Gemini stream asked for without alt=sse: the events' answers go
+       out as one JSON array, written as they come; array_open once its
+       "[" went out */
+    bool                              array = false;
+    bool                              array_open = false;
     std::unique_ptr<StreamConverter>  conv;
 
     /* the try's channel credential, taken out of everything the client
@@ -695,6 +700,16 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
         return;
     }
 
+    if (r->array) {
+        std::string_view d = trim(data);
+
+        if (!d.empty() && d != "[DONE]") {
+            r->out.append(r->array_open ? ",\r\n" : "[").append(d);
+            r->array_open = true;
+        }
+        return;
+    }
+
     if (!r->usage_injected || drop) {
         return;
     }
@@ -898,7 +913,7 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
         size_t b = llmgw_sse_boundary(r->sse);
         std::string_view in(data, len);
 
-        if (failed && r->conv == nullptr) {
+        if (failed && r->conv == nullptr && !r->array) {
             /*
              * An oversized event.  Filtered (the events re-framed, the
              * usage chunk hidden), what was taken of it goes out as it
@@ -953,7 +968,7 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
             }
         }
 
-        if (r->usage_injected || r->conv) {
+        if (r->usage_injected || r->conv || r->array) {
             *out = make_buf(r->out);
             if (out->data == nullptr) {
                 return -1;
@@ -1029,6 +1044,10 @@ converted_json(llmgw_resp_s &r)
                 json_object_set_new(a, "usage", j);
             }
 
+            if (r.array) {
+                return "[" + json_dump(a) + "]";
+            }
+
             return stream_of_answer(r.client, a, with_usage);
         }
         r.valid = false;
@@ -1070,6 +1089,10 @@ finish(llmgw_resp_t *r, llmgw_buf_t *out)
             std::string tail;
             r->conv->finish(tail);
             *out = make_buf(tail);
+
+        } else if (r->array && !llmgw_resp_cut(r)) {
+            /* one cut short stays unclosed: a reader sees it was */
+            *out = make_buf(r->array_open ? "]" : "[]");
         }
 
         return 0;
@@ -1367,10 +1390,18 @@ llmgw_resp_whole_for_stream(llmgw_resp_t *r)
 }
 
 
+extern "C" void
+llmgw_resp_array(llmgw_resp_t *r)
+{
+    r->array = r->ep == LLMGW_EP_GEMINI;
+}
+
+
 extern "C" int
 llmgw_resp_rewrites(const llmgw_resp_t *r)
 {
     return r->hold_json || r->conv != nullptr || r->usage_injected
+           || r->array
            || !r->secret_forms->empty();
 }
 

@@ -508,6 +508,41 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         await charged(a, r, { prompt: 12, completion: 100, quota: (12 + 100 * 2) * 0.5, isStream: true });
     });
 
+    test('Gemini stream without alt=sse: one JSON array, billed from the last usageMetadata', async () => {
+        gm.handler = (req, res) => geminiStream(res, ['a', 'b', 'c'],
+            { promptTokenCount: 10, candidatesTokenCount: 40, totalTokenCount: 50 });
+        const a = await account(gw);
+        const r = await gw.req('POST', `/v1beta/models/${M.gm}:streamGenerateContent`, {
+            key: a.key, body: { contents: [{ role: 'user', parts: [{ text: 'hello' }] }] },
+        });
+        assert.equal(r.status, 200, r.text);
+        assert.equal(JSON.parse(r.text).length, 3, r.text);
+        await charged(a, r, { prompt: 10, completion: 40, quota: (10 + 40 * 2) * 0.5, isStream: true });
+    });
+
+    test('Gemini array stream cut off: left unclosed, billed for the delivered text', async () => {
+        gm.handler = async (req, res) => {
+            sseHead(res);
+            for (const t of ['x'.repeat(40), 'y'.repeat(40)]) { /* 80 bytes */
+                res.write(`data: ${JSON.stringify({
+                    candidates: [{ content: { role: 'model', parts: [{ text: t }] }, index: 0 }],
+                })}\r\n\r\n`);
+            }
+            await sleep(100);
+            res.destroy();
+        };
+        const a = await account(gw);
+        const r = await gw.req('POST', `/v1beta/models/${M.gm}:streamGenerateContent?alt=json`, {
+            key: a.key, body: { contents: [{ role: 'user', parts: [{ text: 'hello' }] }] },
+        });
+        assert.equal(r.status, 200, r.text);
+        assert.ok(r.text.startsWith('[{') && r.text.includes('y'.repeat(40)), r.text);
+        assert.throws(() => JSON.parse(r.text), 'a cut array is not closed');
+        const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+        assert.equal(row.completion_tokens, 20, JSON.stringify(row));
+        await expectCharged(gw, a, row.quota);
+    });
+
     test('Gemini stream cut off without usage: billed for the delivered text (bytes / 4)', async () => {
         gm.handler = async (req, res) => {
             sseHead(res);

@@ -487,6 +487,43 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.deepEqual(got, want);
         });
 
+        test('streamGenerateContent without alt=sse: one JSON array, written as the events come', async () => {
+            const frames = geminiStreamFrames(['Hel', 'lo ', 'there']);
+            const want = frames.map((f) => JSON.parse(f.slice(6)));
+            gm.handler = async (req, res) => {
+                sseHead(res);
+                for (const f of frames) {
+                    res.write(f);
+                    await new Promise((s) => setTimeout(s, 150));
+                }
+                res.end();
+            };
+            for (const q of ['', '?alt=json', `?key=${key}`]) {
+                const r = await gw.req('POST', `/v1beta/models/${M.tts}:streamGenerateContent${q}`,
+                    { key: q.includes('key=') ? undefined : key, body: ttsBody('array') });
+                assertOk(r);
+                assert.match(r.headers['content-type'], /^application\/json/);
+                assert.equal(r.headers['content-length'], undefined);
+                /* the upstream is always asked for events */
+                assert.equal(last(gm).path, `/v1beta/models/${M.tts}:streamGenerateContent?alt=sse`);
+                assert.deepEqual(JSON.parse(r.text), want);
+                assert.ok(r.text.startsWith('['), r.text);
+                /* the first answer reached the client before the upstream's last */
+                const first = r.chunks.find((c) => c.text.toString().includes('Hel'));
+                assert.ok(first.t <= r.tEnd - 200, `first answer at ${first.t - r.t0} ms, end at ${r.tEnd - r.t0} ms`);
+            }
+        });
+
+        test('streamGenerateContent without alt=sse answered with one JSON body: an array of it', async () => {
+            const whole = geminiAudioText();
+            gm.handler = (req, res) => sendJson(res, 200, whole);
+            const r = await gw.req('POST', `/v1beta/models/${M.tts}:streamGenerateContent`,
+                { key, body: ttsBody('whole array') });
+            assertOk(r);
+            assert.match(r.headers['content-type'], /^application\/json/);
+            assert.deepEqual(JSON.parse(r.text), [JSON.parse(whole)]);
+        });
+
         test('streamGenerateContent answered with one JSON body: one event of that answer', async () => {
             const whole = geminiAudioText();       /* JSON text */
             gm.handler = (req, res) => sendJson(res, 200, whole);
