@@ -248,6 +248,11 @@ describe('task artifacts', { timeout: 180000 }, () => {
         if (hop) {
             return { status: 302, headers: { Location: `/cdn/hop-${Number(hop[1]) - 1}` }, body: '' };
         }
+        if (k === 'framed') {
+            /* chunked framing with a length beside it that is not the body's */
+            return { sse: ['hello world, ', 'more'], headers: { 'Content-Type': 'video/mp4',
+                'Content-Length': '5', 'Transfer-Encoding': 'chunked' } };
+        }
         if (k === 'moved') {
             return { status: 302, headers: { Location: '/cdn/video' }, body: '' };
         }
@@ -281,7 +286,7 @@ describe('task artifacts', { timeout: 180000 }, () => {
                 { key: 'video', type: 'video', mimeType: 'video/mp4' },
                 { key: 'moved', type: 'video' }, { key: 'hop-5', type: 'video' },
                 { key: 'hop-6', type: 'video' }, { key: 'leak', type: 'video' },
-                { key: 'gone', type: 'video' }] },
+                { key: 'gone', type: 'video' }, { key: 'framed', type: 'video' }] },
             echo: { echoTask: true },
             novideo: { artifacts: [{ key: 'notes', type: 'file', mimeType: 'text/plain' },
                 { key: 'poster', type: 'image' }] },
@@ -600,6 +605,13 @@ describe('task artifacts', { timeout: 180000 }, () => {
             'the channel key never went to the CDN');
 
         assertError(await contentOf(T.cdn.id, 'gone'), 404, { code: 'artifact_not_found' });
+
+        /* chunked with a Content-Length beside it: the body by its framing,
+           and no length that is not its own */
+        const fr = await contentOf(T.cdn.id, 'framed');
+        assert.equal(fr.status, 200, fr.text.slice(0, 300));
+        assert.equal(fr.text, 'hello world, more');
+        assert.notEqual(fr.headers['content-length'], '5');
         for (const q of cdn.requests) {
             assert.equal(q.headers.authorization, undefined, `the CDN got credentials at ${q.url}`);
         }
