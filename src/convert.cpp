@@ -3276,6 +3276,9 @@ protected:
         put(e.get(), "error", inner);
         emit_data(out, e.get());
         errored_ = true;
+        /* an error before the finish reason ends the stream short of it,
+           as a pass-through stream's does (its row says 502) */
+        cut = cut || !finished_;
     }
 
     /* The usage chunk (when one is due) and [DONE], once. */
@@ -3362,8 +3365,8 @@ public:
         } else if (type == "error") {
             const json_t *e = json_object_get(j, "error");
             std::string_view type = json_str(e, "type");
-            /* Anthropic's type names the error: it is the code too */
-            send_error(out, json_str(e, "message"), type, type);
+            /* Anthropic's type names the error: the code */
+            send_error(out, json_str(e, "message"), "", type);
         }
 
         /* ping: nothing to say */
@@ -3492,7 +3495,7 @@ public:
 
         if (json_is_object(e)) {
             std::string_view status = json_str(e, "status");
-            send_error(out, json_str(e, "message"), status, status);
+            send_error(out, json_str(e, "message"), "", status);
             return;
         }
 
@@ -3621,6 +3624,7 @@ public:
         if (json_is_object(e)) {
             send_error(out, e);
             errored_ = true;
+            cut = cut || (stop_reason_.empty() && !done_seen_);
             return;
         }
 

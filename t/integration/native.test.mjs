@@ -1474,9 +1474,23 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                     + '"index":0,"delta":{"type":"text_delta","text":"Hello there"}}\n\n'
                     + overloaded);
             };
-            const r = await gw.req('POST', '/v1/messages', { key, body: asks[0][1] });
-            assert.match(r.text, /Hello there/);
-            assert.equal((await rowOf(r, M.viaClaude)).type, 'consume');
+            /* passed on or converted alike: cut short, its row says 502 */
+            for (const [p, body] of asks) {
+                const r = await gw.req('POST', p, { key, body });
+                assert.match(r.text, /Hello there/);
+                const row = await rowOf(r, M.viaClaude);
+                assert.equal(row.type, 'consume', JSON.stringify(row));
+                assert.equal(row.status, 502, `${p}: ${JSON.stringify(row)}`);
+                assert.equal(row.prompt_tokens, 10, JSON.stringify(row));
+                if (p === '/v1/chat/completions') {
+                    const events = sseEvents(r.text);
+                    const last = JSON.parse(events.at(-1).data);
+                    const id = r.headers['x-request-id'];
+                    assert.deepEqual(last, { error: { message: `Overloaded (request id: ${id})`,
+                        type: 'upstream_error', code: 'overloaded_error' } });
+                    assert.ok(!r.text.includes('[DONE]'), r.text);
+                }
+            }
         });
 
         test('a stream the upstream ends without one event is a failure, not charged', async () => {
