@@ -445,6 +445,8 @@ struct llmgw_tjob_s {
         ART_LOOKED, ART_LISTED, CONTENT_BUILT, PIPED,
         /* host_responses */
         RESP_ARTIFACTS, RESP_FINAL, RESP_EVENTS, EMITTED,
+        /* a created task failed and refunded: its render failed */
+        VOIDED,
         /* poll */
         POLL_BUILD, POLL_BUILT, POLL_SENT, POLL_PARSED, POLL_USAGE,
         POLL_SAVE, POLL_SAVED,
@@ -475,6 +477,10 @@ struct llmgw_tjob_s {
     std::chrono::steady_clock::time_point wait_start;
     bool                     waiting = false;
     bool                     in_request_poll = false;
+    /* a failure from here fails and refunds the task this request created
+       (its result was not rendered); voided once that was asked */
+    bool                     void_on_fail = false;
+    bool                     voided = false;
     /* host_image with response_format b64_json: the answer, its downloads */
     Json                     image_out;
     size_t                   download_at = 0;
@@ -707,6 +713,14 @@ struct llmgw_tjob_s {
         err_type = type;
         err_code = code;
         err_message = std::move(message);
+
+        if (void_on_fail && created && !voided) {
+            voided = true;
+            param[0] = task_id;
+            param[1] = "the result could not be rendered: " + err_message;
+            return sql("select llmgw_task_void($1, $2)", VOIDED, 2, 1);
+        }
+
         return error_answer();
     }
 
@@ -2161,7 +2175,10 @@ llmgw_tjob_s::protocol_rendered()
         return respond_json(200, o);
     }
 
-    /* host_image: {data: [{url} or {b64_json}, ...]}, created added */
+    /* host_image: {data: [{url} or {b64_json}, ...]}, created added; one
+       that failed leaves the client nothing: its task is refunded */
+    void_on_fail = true;
+
     if (!hook.ok) {
         return plugin_failed(nullptr);
     }
@@ -2182,6 +2199,8 @@ llmgw_tjob_s::protocol_rendered()
                     hook_name_ + " must return {data: [{url} or {b64_json}, "
                     "...]}");
     }
+
+    void_on_fail = false;
 
     if (!json_is_number(json_object_get(r, "created"))) {
         json_object_set_new(r, "created",
@@ -2587,6 +2606,10 @@ llmgw_tjob_s::responses_answer(json_t *obj)
 const llmgw_tstep_t *
 llmgw_tjob_s::responses_final()
 {
+    /* the create's own answer failing leaves the client nothing: its task
+       is refunded (a retrieval's leaves the task as it is) */
+    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE;
+
     if (!hook.ok) {
         return plugin_failed(nullptr);
     }
@@ -3419,6 +3442,15 @@ llmgw_tjob_s::next_request()
 
     case RESP_FINAL:
         return responses_final();
+
+    case VOIDED:
+        if (sql_error.empty()
+            && json_is_true(json_object_get(sql_result.get(), "voided")))
+        {
+            err_message += "; task " + task_id
+                           + " was failed and refunded";
+        }
+        return error_answer();
 
     case RESP_EVENTS:
         return responses_events();

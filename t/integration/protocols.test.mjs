@@ -344,6 +344,58 @@ describe('host protocols', { timeout: 180000 }, () => {
     });
 });
 
+describe('host_image: a result the plugin cannot render', { timeout: 120000 }, () => {
+    const s = vendorSuite({ http: 'llmgw_task_poll_interval 200ms;' });
+    let db, gw, vendor, env;
+    before(async () => {
+        ({ db, gw, vendor } = s);
+        env = await taskSetup(gw, { fixture: 'task-protocols.js', vendors: [vendor], models: 1 });
+    });
+
+    test('the task is failed and refunded, the error names it: synchronous and asynchronous', async () => {
+        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
+            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+        } : undefined);
+        try {
+            const cases = [
+                ['sync, render throws', { sync: { status: 'SUCCESS', data: { render: 'throw' } } }, /render broke/],
+                ['sync, not {data}', { sync: { status: 'SUCCESS', data: { render: { data: 'nope' } } } },
+                    /must return/],
+                ['async, render throws', 'async', /render broke/],
+            ];
+            for (const [what, input, why] of cases) {
+                const acct = await account(gw);
+                let body = { model: env.model, prompt: 'x', ...input };
+                if (input === 'async') {
+                    const up = uniq('up-imgr');
+                    vendor.setPoll(up, { body: { status: 'done', data: { render: 'throw' } } });
+                    body = { model: env.model, prompt: 'x', up_id: up };
+                }
+                const r = await gw.req('POST', '/v1/images/generations', { key: acct.key, body });
+                assertError(r, 500, { code: 'plugin_error', message: why });
+                const rows = JSON.parse(await psql(db.conninfo, `select coalesce(json_agg(json_build_object(
+                    'id', task_id, 'status', status, 'reason', fail_reason, 'quota', quota)), '[]')
+                    from tasks where token_id = ${Number(acct.token.id)}`));
+                assert.equal(rows.length, 1, what);
+                assert.match(r.json.error.message, new RegExp(`task ${rows[0].id} was failed and refunded`),
+                    what);
+                assert.equal(rows[0].status, 'FAILURE', what);
+                assert.match(rows[0].reason, /could not be rendered/, what);
+                assert.equal(rows[0].quota, 0, what);
+                const led = await waitLedger(db, rows[0].id, ['reserve', 'refund']);
+                assert.equal(led.refund, PER_TASK, `${what}: ${JSON.stringify(led)}`);
+                await expectUsed(gw, db, acct, 0);
+                /* the task says so too */
+                const t = await gw.req('GET', `/v1/tasks/${rows[0].id}`, { key: acct.key });
+                assert.equal(t.status, 200, t.text);
+                assert.match(JSON.stringify(t.json), /FAILURE/);
+            }
+        } finally {
+            vendor.onSubmit = null;
+        }
+    });
+});
+
 describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
     const s = protocolSuite(`${HTTP}\n  llmgw_task_wait_timeout 1s;`);
     let db, gw, vendor, env;

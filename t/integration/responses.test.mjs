@@ -142,6 +142,28 @@ describe('host_responses', { timeout: 180000 }, () => {
         await expectUsed(gw, db, acct, 0);
     });
 
+    test('sync: a renderFinal that fails fails the task and refunds it; a retrieval leaves it', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-rthrow');
+        vendor.setPoll(up, { body: { status: 'done', data: { text: 'hi', render: 'throw' } } });
+        const r = await create({ model: env.model, input: 'hi', up_id: up }, { key: acct.key });
+        assertError(r, 500, { code: 'plugin_error', message: /render broke.*; task \S+ was failed and refunded/ });
+        const id = /task (\S+) was failed/.exec(r.json.error.message)[1];
+        const led = await waitLedger(db, id, ['reserve', 'refund']);
+        assert.equal(led.refund, PER_TASK, JSON.stringify(led));
+        await expectUsed(gw, db, acct, 0);
+
+        /* a background task whose retrieval fails to render stays charged */
+        const acct2 = await account(gw);
+        const up2 = uniq('up-rthrow-bg');
+        vendor.setPoll(up2, { body: { status: 'done', data: { text: 'hi', render: 'throw' } } });
+        const b = assertOk(await create({ model: env.model, input: 'hi', up_id: up2, background: true },
+            { key: acct2.key }));
+        await waitLedger(db, b.json.id, ['reserve', 'settle']);
+        assertError(await retrieve(b.json.id, { key: acct2.key }), 500, { code: 'plugin_error' });
+        await expectUsed(gw, db, acct2, PER_TASK);
+    });
+
     test('background: the host\'s pending Response at once, renderFinal once it ended', async () => {
         const up = uniq('up-bg');
         const r = assertOk(await create({ model: env.model, input: 'hi', up_id: up,

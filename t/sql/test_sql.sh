@@ -948,6 +948,25 @@ psql "$CONN" -X -At -q -c "SELECT llmgw_task_create('{\"task_id\":\"${T}_bad\",\
 expect_eq "a failed create leaves nothing" "$(sql "SELECT count(*) FROM tasks WHERE task_id = '${T}_bad'")" 0
 
 
+echo "== tasks: llmgw_task_void"
+task_create "$(tj v '{"quota_reserve":500,"final_quota":300,"status":"SUCCESS"}')"
+rq0=$(sql "SELECT remain_quota FROM tokens WHERE id = $TT")
+ANS=$(q2 "SELECT llmgw_task_void(:'a', 'the result could not be rendered: boom')" "${T}_v") || { bad "task_void failed"; ANS='{}'; }
+expect "void of a SUCCESS task refunds its net charge" ".voided == true and .refunded == 300 and .tokens[\"$TT\"] == $((rq0 + 300))"
+expect_eq "the voided task is FAILURE with the reason, quota 0" \
+    "$(tcol "${T}_v" "status || ' ' || quota || ' ' || fail_reason")" "FAILURE 0 the result could not be rendered: boom"
+expect_eq "one refund row of the net charge" "$(nlog "${T}_v" refund)" "1:300"
+ANS=$(q2 "SELECT llmgw_task_void(:'a', 'again')" "${T}_v") || { bad "task_void failed"; ANS='{}'; }
+expect "a second void does nothing" '.voided == false and .refunded == 0'
+expect_eq "... and writes no row" "$(nlog "${T}_v" refund)" "1:300"
+expect_eq "... nor moves the balance" "$(sql "SELECT remain_quota FROM tokens WHERE id = $TT")" "$((rq0 + 300))"
+ANS=$(q2 "SELECT llmgw_task_void(:'a', 'x')" "${T}_5") || { bad "task_void failed"; ANS='{}'; }
+expect "an unfinished task is not voided" '.voided == false'
+expect_eq "... and stays as it was" "$(tcol "${T}_5" status)" SUBMITTED
+ANS=$(q2 "SELECT llmgw_task_void(:'a', 'x')" "${T}_nope") || { bad "task_void failed"; ANS='{}'; }
+expect "no such task: nothing" '.voided == false'
+
+
 echo "== tasks: llmgw_task_claim"
 ANS=$(q2 "SELECT llmgw_task_claim(:'a', 1000, 60000, '{8,7}')" "S_$RUN") || { bad "task_claim with skip failed"; ANS='{}'; }
 expect_eq "claim leaves out the channels it is told to skip" "$(mine)" "[]"
