@@ -233,6 +233,12 @@ struct llmgw_resp_s {
     std::string                       own_request_id;
     /* a filtered stream's bytes since its last complete event */
     std::string                       raw_tail;
+    /* bytes since the last complete event; an event too large to read
+       that went out as it came (its bytes so far while skipping): its
+       text is delivered text like any other's */
+    size_t                            raw_since = 0;
+    size_t                            oversized = 0;
+    bool                              skipping = false;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
@@ -845,6 +851,26 @@ overflow_begin(llmgw_resp_s &r)
     }
 }
 
+/*
+ * n more bytes of an event too large to read went out as they came; once
+ * its end came (no longer skipping, when a boundary was seen) it counts as
+ * an event, its bytes as delivered text.
+ */
+void
+oversized_went(llmgw_resp_s &r, size_t n)
+{
+    r.oversized += n;
+
+    if (r.sse != nullptr && llmgw_sse_boundary(r.sse) == SIZE_MAX) {
+        return;
+    }
+
+    r.text_bytes += r.oversized;
+    r.events++;
+    r.oversized = 0;
+    r.skipping = false;
+}
+
 int
 feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
 {
@@ -912,6 +938,15 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
         bool failed = llmgw_sse_feed(r->sse, data, len, on_event, r) != 0;
         size_t b = llmgw_sse_boundary(r->sse);
         std::string_view in(data, len);
+        size_t before = b == SIZE_MAX ? r->raw_since : 0;
+
+        if (!failed) {
+            if (r->skipping) {
+                size_t fb = llmgw_sse_first_boundary(r->sse);
+                oversized_went(*r, fb == SIZE_MAX ? len : fb);
+            }
+            r->raw_since = b == SIZE_MAX ? r->raw_since + len : len - b;
+        }
 
         if (failed && r->conv == nullptr && !r->array) {
             /*
@@ -939,6 +974,12 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
 
             /* the new parser starts where the oversized event did in this
                read (its events may follow in the same read) */
+            std::string_view rest = b == SIZE_MAX ? in : in.substr(b);
+
+            r->skipping = true;
+            r->oversized = before;
+            r->raw_since = 0;
+
             for (int again = 0; again < 2; again++) {
                 llmgw_sse_free(r->sse);
                 r->sse = llmgw_sse_new(kMaxJsonBody);
@@ -946,11 +987,14 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
                     return -1;
                 }
                 if (again == 0) {
-                    std::string_view rest = b == SIZE_MAX ? in : in.substr(b);
                     r->out.clear();
                     if (llmgw_sse_feed(r->sse, rest.data(), rest.size(),
                                        on_event, r) == 0)
                     {
+                        size_t b2 = llmgw_sse_boundary(r->sse);
+                        size_t f2 = llmgw_sse_first_boundary(r->sse);
+                        oversized_went(*r, f2 == SIZE_MAX ? rest.size() : f2);
+                        r->raw_since = b2 == SIZE_MAX ? 0 : rest.size() - b2;
                         break;
                     }
                 }
@@ -1077,6 +1121,13 @@ finish(llmgw_resp_t *r, llmgw_buf_t *out)
 
     try {
         r->finished = true;
+
+        if (r->skipping) {
+            /* the stream ended inside an event too large to read */
+            r->text_bytes += r->oversized;
+            r->events++;
+            r->skipping = false;
+        }
 
         if (!r->stream) {
             finish_json(*r);

@@ -1913,7 +1913,10 @@ test_anthropic_stream_error_becomes_openai_error_chunk(void **state)
     assert_int_equal(evs.n, 1);
     assert_string_equal(str_at(evs.ev[0].data, "error/message"),
                         "Overloaded");
+    /* the contract's type; the upstream's type is the code */
     assert_string_equal(str_at(evs.ev[0].data, "error/type"),
+                        "upstream_error");
+    assert_string_equal(str_at(evs.ev[0].data, "error/code"),
                         "overloaded_error");
     evs_free(&evs);
 }

@@ -241,6 +241,115 @@ test_stream_event_over_the_limit_is_passed_whole_and_billed(void **state)
 }
 
 
+/*
+ * An event past the 16 MiB limit, with no usage reported: it went out, so
+ * its bytes are delivered text (4 a token) and it is an event (a stream
+ * of nothing else is no failure); filtered or not, whether its end comes
+ * in the read that overflows or reads later, or not at all.
+ */
+static void
+test_stream_event_over_the_limit_without_usage_is_billed_by_size(void **state)
+{
+    static const char  head[] =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    static const char  open[] = "data: {\"choices\":[{\"index\":0,\"delta\":"
+                                "{\"content\":\"";
+    static const char  close[] = "\"}}]}\n\n";
+    static const char  tail[] =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},"
+        "\"finish_reason\":\"stop\"}]}\n\n"
+        "data: [DONE]\n\n";
+    static const size_t steps[] = { 65536, (1u << 20) + 7, 5u << 20 };
+    size_t  big = (16u << 20) + 1000, ev, total, cuts[400], ncuts, at;
+    char   *body;
+    (void) state;
+
+    ev = strlen(open) + big + strlen(close);
+    total = strlen(head) + ev + strlen(tail);
+    body = malloc(total + 1);
+    assert_non_null(body);
+    at = 0;
+    memcpy(body + at, head, strlen(head));
+    at += strlen(head);
+    memcpy(body + at, open, strlen(open));
+    at += strlen(open);
+    memset(body + at, 'x', big);
+    at += big;
+    memcpy(body + at, close, strlen(close));
+    at += strlen(close);
+    memcpy(body + at, tail, strlen(tail) + 1);
+
+    for (int injected = 0; injected < 2; injected++) {
+        for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
+            for (int whole = 0; whole < 2; whole++) {
+                /* whole: the stream ends inside the big event */
+                size_t  len = whole ? strlen(head) + ev - 100 : total;
+                char    saved = body[len];
+                llmgw_resp_t  *resp = llmgw_resp_new(LLMGW_EP_CHAT, 1, 1,
+                                                     injected);
+                llmgw_buf_t    out;
+                llmgw_usage_t  u;
+                size_t         pos = 0;
+
+                body[len] = '\0';
+                ncuts = 0;
+                for (at = steps[k]; at < len && ncuts < 400; at += steps[k]) {
+                    cuts[ncuts++] = at;
+                }
+                assert_non_null(resp);
+                for (size_t i = 0; i <= ncuts; i++) {
+                    size_t end = i < ncuts ? cuts[i] : len;
+                    assert_int_equal(llmgw_resp_feed(resp, body + pos,
+                                                     end - pos, &out), 0);
+                    llmgw_buf_free(&out);
+                    pos = end;
+                }
+                assert_int_equal(llmgw_resp_finish(resp, &out), 0);
+                llmgw_buf_free(&out);
+                llmgw_resp_usage(resp, &u);
+
+                assert_int_equal(u.known, 0);
+                size_t counted = whole ? ev - 100 : ev;
+                if (u.completion_tokens < (int64_t) (counted / 4)
+                    || u.completion_tokens > (int64_t) ((counted + 64) / 4))
+                {
+                    fail_msg("injected %d, reads of %zu, cut %d: %lld "
+                             "completion tokens for %zu bytes", injected,
+                             steps[k], whole,
+                             (long long) u.completion_tokens, counted);
+                }
+                assert_int_equal(llmgw_resp_failed(resp, 0), 0);
+                llmgw_resp_free(resp);
+                body[len] = saved;
+            }
+        }
+    }
+
+    /* nothing but one such event (not even JSON), then [DONE]: an answer */
+    char *only = malloc(big + 64);
+    assert_non_null(only);
+    memcpy(only, "data: ", 6);
+    memset(only + 6, '{', big);
+    memcpy(only + 6 + big, "\n\ndata: [DONE]\n\n", 17);
+    llmgw_resp_t  *resp = llmgw_resp_new(LLMGW_EP_CHAT, 1, 1, 0);
+    llmgw_buf_t    out;
+    llmgw_usage_t  u;
+    for (at = 0; at < big + 23; at += 65536) {
+        size_t n = big + 23 - at < 65536 ? big + 23 - at : 65536;
+        assert_int_equal(llmgw_resp_feed(resp, only + at, n, &out), 0);
+        llmgw_buf_free(&out);
+    }
+    assert_int_equal(llmgw_resp_finish(resp, &out), 0);
+    llmgw_buf_free(&out);
+    llmgw_resp_usage(resp, &u);
+    assert_true(u.completion_tokens >= (int64_t) (big / 4));
+    assert_int_equal(llmgw_resp_failed(resp, 0), 0);
+    llmgw_resp_free(resp);
+    free(only);
+    free(body);
+}
+
+
 static void
 test_usage_counts_whole_reals_and_a_bounded_cache(void **state)
 {
@@ -931,6 +1040,7 @@ main(void)
         cmocka_unit_test(test_usage_counts_that_are_no_counts_are_no_usage),
         cmocka_unit_test(test_usage_counts_whole_reals_and_a_bounded_cache),
         cmocka_unit_test(test_stream_event_over_the_limit_is_passed_whole_and_billed),
+        cmocka_unit_test(test_stream_event_over_the_limit_without_usage_is_billed_by_size),
         cmocka_unit_test(
             test_json_over_the_limit_passes_and_is_billed_by_its_size),
         cmocka_unit_test(
