@@ -29,6 +29,8 @@ typedef struct ngx_llmgw_runner_s  ngx_llmgw_runner_t;
 #define NGX_LLMGW_POLL_STOP_WATCH  200       /* ms */
 /* before a statement the pool could not take is answered as failed */
 #define NGX_LLMGW_SQL_PAUSE        1000      /* ms */
+/* a poll's call to the vendor times out this long before the lease's 7/8 */
+#define NGX_LLMGW_LEASE_MARGIN     100       /* ms */
 /* content passed to a client: buffers, and the bytes not yet sent to it
  * above which the vendor is not read (and below which it is again) */
 #define NGX_LLMGW_PIPE_BUFFER      (32 * 1024)
@@ -515,6 +517,8 @@ static ngx_int_t
 ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     ngx_uint_t pipe)
 {
+    ngx_msec_t               lease, base;
+    ngx_msec_int_t           left;
     ngx_llmgw_http_opts_t    opts;
     const llmgw_outbound_t  *o = st->out;
 
@@ -553,6 +557,25 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
         opts.on_headers = ngx_llmgw_task_stream_headers;
         opts.on_data = ngx_llmgw_task_stream_data;
         rn->streaming = 1;
+    }
+
+    if (rn->poll) {
+        /*
+         * A vendor that does not answer a poll times out before 7/8 of the
+         * lease, where the poll would be given up uncounted: a timeout is
+         * a polling failure, and a vendor that hangs ends its tasks after
+         * llmgw_task_poll_max_failures polls instead of never.
+         */
+        lease = ngx_llmgw_task_mcf->task_lease;
+        left = (ngx_msec_int_t) (rn->claimed + (lease - lease / 8)
+                                 - ngx_current_msec)
+               - NGX_LLMGW_LEASE_MARGIN;
+        base = opts.timeout ? opts.timeout
+                            : ngx_llmgw_task_mcf->task_http_timeout;
+
+        if (left > 0 && (ngx_msec_t) left < base) {
+            opts.timeout = (ngx_msec_t) left;
+        }
     }
 
     rn->http = ngx_llmgw_http_start(&opts, ngx_llmgw_task_log);

@@ -521,24 +521,33 @@ describe('a poll longer than its lease', { timeout: 120000 }, () => {
         http: `${HTTP}\n  llmgw_task_lease 2s;\n  llmgw_task_poll_concurrency 1;`,
     });
 
-    test('is given up before the lease ends, uncounted: never two polls of one task at once', async () => {
+    test('times out before the lease ends and counts: a vendor that never answers fails the task, refunded once', async () => {
         const { db, gw, vendor } = s;
         const env = await taskSetup(gw, { vendors: [vendor], models: 1 });
         const up = uniq('up-long');
-        /* every poll of it takes 3 s */
+        /* every poll of it takes 3 s: longer than 7/8 of the lease (1.75 s),
+           shorter than llmgw_task_http_timeout (60 s) */
         vendor.pollAnswer = () => ({ ...running(), before: () => sleep(3000) });
         const r = await submitTask(gw, env, { model: env.model, up_id: up });
         assertOk(r, 'submit');
-        await waitFor(() => vendor.polls(up).length >= 3, 15000,
-            { what: 'three polls' });
-        const polls = vendor.polls(up).sort((a, b) => a.t - b.t).slice(0, 3);
+        const t0 = Date.now();
+        const v = await waitStatus(gw, env.acct.key, r.json.task_id, 'FAILURE', { ms: 30000 });
+        assert.match(v.fail_reason, new RegExp(`polling failed ${MAX_FAILURES} times in a row: .*timed out`),
+            v.fail_reason);
+        assert.ok(Date.now() - t0 < 25000, `failed after ${Date.now() - t0} ms`);
+        const polls = vendor.polls(up).sort((a, b) => a.t - b.t);
+        assert.equal(polls.length, MAX_FAILURES, `${polls.length} polls`);
         for (let i = 1; i < polls.length; i++) {
-            assert.ok(polls[i - 1].tEnd > 0 && polls[i].t >= polls[i - 1].tEnd,
+            assert.ok(polls[i].t >= polls[i - 1].tEnd,
                 `two polls at once: ${polls.map((p) => `${p.t}-${p.tEnd}`)}`);
         }
-        assert.ok(polls[0].closed, 'the first poll was given up');
-        assert.match(gw.errorLog(), /reached 7\/8 of llmgw_task_lease before its call/);
-        assert.equal(await pollFailures(db, r.json.task_id), 0, 'nothing counted');
+        /* each gave up within the lease: before 7/8 of it */
+        for (const p of polls) {
+            assert.ok(p.tEnd - p.t < 1750, `a poll held ${p.tEnd - p.t} ms`);
+        }
+        const led = await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve);
+        await expectUsed(gw, db, env.acct, 0);
     });
 });
 
