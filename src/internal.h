@@ -185,6 +185,11 @@ size_t snap_task_channels(const llmgw_snapshot_t *s,
     std::string_view plugin_key, const json_t *manifest,
     std::string_view model, std::string_view group, uint64_t seed,
     const llmgw_channel_t **out, size_t max);
+/* Whether channel id is one of those snap_task_channels would choose from
+   (enabled, serving model to group, binding the plugin). */
+bool snap_task_channel_serves(const llmgw_snapshot_t *s,
+    std::string_view plugin_key, const json_t *manifest,
+    std::string_view model, std::string_view group, int64_t id);
 /* Appends the base64 of in to out (descriptor.cpp). */
 void append_base64(std::string &out, std::string_view in);
 /* Whether a manifest claims a host protocol for a model. */

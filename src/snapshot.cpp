@@ -998,6 +998,28 @@ snap_task_channels(const llmgw_snapshot_t *s, std::string_view plugin_key,
 
 
 bool
+snap_task_channel_serves(const llmgw_snapshot_t *s,
+    std::string_view plugin_key, const json_t *manifest,
+    std::string_view model, std::string_view group, int64_t id)
+{
+    auto it = s->by_model.find(std::string(model));
+
+    if (it == s->by_model.end()) {
+        return false;
+    }
+
+    for (Channel *c : it->second) {
+        if (c->pub.id == id) {
+            return c->groups.count(std::string(group)) > 0
+                   && snap_channel_binds(s, id, plugin_key, manifest);
+        }
+    }
+
+    return false;
+}
+
+
+bool
 snap_claims(const json_t *manifest, std::string_view protocol,
     std::string_view model)
 {

@@ -1389,8 +1389,11 @@ llmgw_tjob_s::choose_channel()
         const llmgw_channel_t *c = snap_channel(snap, pinned_channel, nullptr,
                                                 &settings);
         nchannels = 0;
+        /* the origin's channel, when it still serves this model to the
+           key's group: the same rules as any choice */
         if (c != nullptr
-            && snap_channel_binds(snap, c->id, pinfo.key, manifest))
+            && snap_task_channel_serves(snap, pinfo.key, manifest, model,
+                                        group, c->id))
         {
             channels[nchannels++] = c;
         }
@@ -1399,6 +1402,13 @@ llmgw_tjob_s::choose_channel()
                                       static_cast<size_t>(conf.max_tries));
         nchannels = snap_task_channels(snap, pinfo.key, manifest, model,
                                        group, seed, channels, max);
+    }
+
+    if (nchannels == 0 && pinned_channel != 0) {
+        return fail(400, "gateway_error", "invalid_origin_task",
+                    "the channel of the origin tasks does not serve model "
+                    + std::string(utf8_prefix(model, 200)) + " in group "
+                    + group);
     }
 
     if (nchannels == 0) {

@@ -284,6 +284,36 @@ describe('task plugin rules of the specification', { timeout: 180000 }, () => {
         await expectUsed(gw, db, env.acct, 2 * 5000);
     });
 
+    /* an origin's channel is used only while it would be chosen anyway:
+       serving the model to the key's group */
+    test('an origin task whose channel left the key\'s group or the model: 400 invalid_origin_task, nothing sent', async () => {
+        const va = await newVendor();
+        const env = await setup({ vendors: [va] });
+        const onA = assertOk(await gen(env, { model: env.model, up_id: 'on-a' }), 'task on a').json.task_id;
+        const ch = `/api/channel/${env.channels[0].id}`;
+        const patch = async (body) => {
+            const t0 = Date.now();
+            assertOk(await gw.admin('PATCH', ch, body), `PATCH ${JSON.stringify(body)}`);
+            await settle(t0);
+        };
+
+        await patch({ groups: ['vip-only'] });
+        const n = va.submits().length;
+        assertError(await gen(env, { model: env.model, origin: [onA] }), 400,
+            { code: 'invalid_origin_task', message: /does not serve model .* in group default/ });
+        assertError(await gen(env, { model: env.model }), 503, { code: 'model_not_found' });
+
+        await patch({ groups: ['default'], models: [`${env.model}-other`] });
+        assertError(await gen(env, { model: env.model, origin: [onA] }), 400,
+            { code: 'invalid_origin_task' });
+        await sleep(200);
+        assert.equal(va.submits().length, n, 'nothing sent');
+
+        await patch({ models: [env.model] });
+        assertOk(await gen(env, { model: env.model, up_id: 'again', origin: [onA] }), 'served again');
+        assert.equal(va.submits().length, n + 1);
+    });
+
     /*
      * README, Submit: each originTaskIds entry "must be the caller's task
      * of this plugin"; a query route reads "the task named by the path
