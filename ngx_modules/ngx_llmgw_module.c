@@ -4,6 +4,7 @@
  */
 
 #include "ngx_llmgw.h"
+#include <libpq-fe.h>
 
 #include <openssl/rand.h>
 
@@ -1371,7 +1372,9 @@ ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_llmgw_main_conf_t *mcf = conf;
 
-    ngx_str_t  *value;
+    char               *err = NULL;
+    ngx_str_t          *value;
+    PQconninfoOption   *opts;
 
     if (mcf->database.data) {
         return "is duplicate";
@@ -1386,6 +1389,27 @@ ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                            "dbname=llmgw\"");
         return NGX_CONF_ERROR;
     }
+
+    /* what libpq would refuse at the first connection, refused here; its
+       message is quoted only when it names an option (another may quote a
+       piece of the string, a password say) */
+    opts = PQconninfoParse((char *) value[1].data, &err);
+
+    if (opts == NULL) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"llmgw_database\" is not a connection string "
+                           "libpq accepts%s%s",
+                           err && ngx_strstr(err, "invalid connection option")
+                           ? ": " : "",
+                           err && ngx_strstr(err, "invalid connection option")
+                           ? err : "");
+        if (err) {
+            PQfreemem(err);
+        }
+        return NGX_CONF_ERROR;
+    }
+
+    PQconninfoFree(opts);
 
     mcf->database = value[1];
 
