@@ -440,6 +440,12 @@ ngx_llmgw_prep(ngx_llmgw_prep_t *p)
                                (char *) ctx->body.data, ctx->body.len,
                                &p->v);
     if (ctx->req == NULL) {
+        /* the refusal is logged under the model it names, if any */
+        model = ctx->endpoint.model.len
+                ? ctx->endpoint.model
+                : llmgw_req_model_in((char *) ctx->body.data, ctx->body.len);
+        ctx->model.data = (u_char *) model.data;
+        ctx->model.len = model.len;
         p->refused = 1;
         return;
     }

@@ -369,6 +369,10 @@ llmgw_req_t *llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model,
 void llmgw_req_free(llmgw_req_t *r);
 
 llmgw_str_t llmgw_req_model(const llmgw_req_t *r);
+/* The "model" string of a body that was refused, as a view into it (empty
+   when it has none, or one with escapes or over 1024 bytes): what its
+   refusal is logged under. */
+llmgw_str_t llmgw_req_model_in(const char *body, size_t len);
 int llmgw_req_stream(const llmgw_req_t *r);
 /* The most output tokens the client allowed an answer (max_tokens or an
    equivalent above 0; of two given, the larger), or -1. */

@@ -513,6 +513,28 @@ llmgw_req_model(const llmgw_req_t *r)
 }
 
 
+extern "C" llmgw_str_t
+llmgw_req_model_in(const char *body, size_t len)
+{
+    try {
+        std::string scratch;
+        JsonView    m = JsonView::parse(std::string_view(body, len))
+                            .get("model");
+        std::string_view v = m.text(scratch);
+
+        /* a view into the body only: a name with escapes is left out */
+        if (!scratch.empty() || v.empty() || v.size() > 1024) {
+            return llmgw_str_t { nullptr, 0 };
+        }
+
+        return str(v);
+
+    } catch (...) {
+        return llmgw_str_t { nullptr, 0 };
+    }
+}
+
+
 extern "C" int
 llmgw_req_stream(const llmgw_req_t *r)
 {

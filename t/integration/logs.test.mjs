@@ -193,6 +193,21 @@ describe('request log and billing', { timeout: 180000 }, () => {
         }, { ms: 5000, intervalMs: 200 });
     });
 
+    test('a body refused with 400 is logged under the model it names', async () => {
+        const { token, key } = await freshKey();
+        const r = await gw.req('POST', '/v1/chat/completions', { key, body: { model: M } });
+        assert.equal(r.status, 400, r.text);
+        const row = await oneRow({ token_id: token.id });
+        assert.equal(row.model_name, M);
+        assert.equal(Number(row.status), 400);
+        assert.equal(row.quota, 0);
+        /* one that names none (or not as a string) has none */
+        const other = await freshKey();
+        const r2 = await gw.req('POST', '/v1/chat/completions', { key: other.key, body: { model: 7 } });
+        assert.equal(r2.status, 400, r2.text);
+        assert.equal((await oneRow({ token_id: other.token.id })).model_name, '');
+    });
+
     test('filters: model and user_id', async () => {
         const model = uniq('gpt-log-filter');
         await makeChannel(gw, { base_url: ok.url, models: [model] });
