@@ -104,6 +104,11 @@ ngx_llmgw_ledger_record(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         /* an answer that failed under a 200 head */
         row.status = NGX_HTTP_BAD_GATEWAY;
 
+    } else if (r->connection->error && r->connection->sent == 0) {
+        /* the client left before it got a byte (nginx calls one that
+           leaves during its body's upload a 400) */
+        row.status = NGX_HTTP_CLIENT_CLOSED_REQUEST;
+
     } else {
         row.status = (int) status;
     }

@@ -3,6 +3,7 @@
 // charge lands on the key and the user.
 
 import assert from 'node:assert/strict';
+import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
 import {
@@ -206,6 +207,27 @@ describe('request log and billing', { timeout: 180000 }, () => {
         const r2 = await gw.req('POST', '/v1/chat/completions', { key: other.key, body: { model: 7 } });
         assert.equal(r2.status, 400, r2.text);
         assert.equal((await oneRow({ token_id: other.token.id })).model_name, '');
+    });
+
+    test('a client that leaves during its body\'s upload is logged as 499', async () => {
+        const { token, key } = await freshKey();
+        const body = JSON.stringify({ model: M, messages: [{ role: 'user', content: 'hi' }] });
+        const u = new URL(gw.url);
+        await new Promise((resolve, reject) => {
+            const c = net.connect(Number(u.port), u.hostname, () => {
+                c.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n`
+                    + `Authorization: Bearer ${key}\r\nContent-Type: application/json\r\n`
+                    + `Content-Length: ${body.length + 500}\r\n\r\n${body}`);
+                setTimeout(() => c.end(), 300);
+            });
+            c.on('data', () => {});
+            c.on('close', resolve);
+            c.on('error', reject);
+            setTimeout(() => { c.destroy(); resolve(); }, 10000);
+        });
+        const row = await oneRow({ token_id: token.id });
+        assert.equal(Number(row.status), 499, JSON.stringify(row));
+        assert.equal(row.quota, 0);
     });
 
     test('filters: model and user_id', async () => {
