@@ -505,6 +505,10 @@ ngx_llmgw_cache_loaded(void *data, PGresult *res, const char *err)
     ngx_llmgw_current = h;
     ngx_llmgw_load_failed = 0;
 
+    ngx_log_error(NGX_LOG_INFO, ngx_llmgw_cache_log, 0,
+                  "llmgw: configuration revision %L loaded",
+                  llmgw_snapshot_revision(s));
+
     /*
      * The snapshot may be newer than the notices seen: those of the
      * revisions it skips will be dropped as old, and a key change among

@@ -56,6 +56,8 @@ describe('a new worker and its first configuration', { timeout: 120000 }, () => 
             assertOk(chat, 'chat during the first load');
             assertOk(admin, 'admin during the first load');
             assert.ok(Date.now() - t0 >= 900, 'they waited for the load');
+            /* each load is an info line naming its revision */
+            assert.match(gw.errorLog(), /\[info\] .*llmgw: configuration revision \d+ loaded/);
         } finally {
             locker.stdin.end();
             await Promise.race([locked, sleep(5000)]);
