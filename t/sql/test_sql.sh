@@ -893,6 +893,9 @@ api GET /log "token_id=$TT&type=settle"
 expect "GET /log filters settle rows" '.status == 200 and .body.total == 1 and .body.items[0].quota == -20'
 api GET /log "token_id=$TT&type=adjust"
 expect "GET /log filters adjust rows" '.status == 200 and .body.total == 1 and .body.items[0].quota == 70'
+api GET /log "token=$TT"
+expect_err "GET /log refuses a filter it does not know" 400 invalid_request \
+    "unknown filter: token (known: token_id, user_id, model, type, from, to, page, page_size)"
 
 
 echo "== tasks: llmgw_task_create"
