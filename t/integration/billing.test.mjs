@@ -101,6 +101,18 @@ function geminiStream(res, parts, final) {
     res.end();
 }
 
+/* A Gemini stream of texts without usage, which the upstream cuts short. */
+async function geminiCutStream(res, texts) {
+    sseHead(res);
+    for (const t of texts) {
+        res.write(`data: ${JSON.stringify({
+            candidates: [{ content: { role: 'model', parts: [{ text: t }] }, index: 0 }],
+        })}\r\n\r\n`);
+    }
+    await sleep(100);
+    res.destroy();
+}
+
 /* The three rerank answer shapes in common use. */
 function rerankAnswer(kind, docs) {
     const results = docs.map((d, i) => ({
@@ -521,16 +533,8 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
     });
 
     test('Gemini array stream cut off: left unclosed, billed for the delivered text', async () => {
-        gm.handler = async (req, res) => {
-            sseHead(res);
-            for (const t of ['x'.repeat(40), 'y'.repeat(40)]) { /* 80 bytes */
-                res.write(`data: ${JSON.stringify({
-                    candidates: [{ content: { role: 'model', parts: [{ text: t }] }, index: 0 }],
-                })}\r\n\r\n`);
-            }
-            await sleep(100);
-            res.destroy();
-        };
+        /* 80 bytes */
+        gm.handler = (req, res) => geminiCutStream(res, ['x'.repeat(40), 'y'.repeat(40)]);
         const a = await account(gw);
         const r = await gw.req('POST', `/v1beta/models/${M.gm}:streamGenerateContent?alt=json`, {
             key: a.key, body: { contents: [{ role: 'user', parts: [{ text: 'hello' }] }] },
@@ -544,16 +548,9 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
     });
 
     test('Gemini stream cut off without usage: billed for the delivered text (bytes / 4)', async () => {
-        gm.handler = async (req, res) => {
-            sseHead(res);
-            for (const t of ['x'.repeat(40), 'y'.repeat(40), 'z'.repeat(40)]) { /* 120 bytes */
-                res.write(`data: ${JSON.stringify({
-                    candidates: [{ content: { role: 'model', parts: [{ text: t }] }, index: 0 }],
-                })}\r\n\r\n`);
-            }
-            await sleep(100);
-            res.destroy();
-        };
+        /* 120 bytes */
+        gm.handler = (req, res) => geminiCutStream(res,
+            ['x'.repeat(40), 'y'.repeat(40), 'z'.repeat(40)]);
         const a = await account(gw);
         const r = await gw.req('POST',
             `/v1beta/models/${M.gm}:streamGenerateContent?alt=sse`, {

@@ -331,7 +331,7 @@ describe('proxy', { timeout: 180000 }, () => {
             const err = sseEvents(chat.text).map((e) => JSON.parse(e.data)).find((d) => d.error);
             assert.deepEqual(err, { error: {
                 message: `invalid x-api-key [credential] (request id: ${chat.headers['x-request-id']})`,
-                type: 'authentication_error', code: 'authentication_error' } });
+                type: 'upstream_error', code: 'authentication_error' } });
             const msgs = answers['messages stream, converted'];
             const ev = sseEvents(msgs.text).find((e) => e.event === 'error');
             assert.ok(ev, msgs.text);
