@@ -100,6 +100,7 @@ struct ngx_llmgw_http_s {
     ngx_str_t                  name;         /* "host:port" for messages */
     in_port_t                  port;
     ngx_msec_t                 timeout;
+    ngx_msec_t                 deadline;    /* absolute; 0: none */
     size_t                     max_body;
     ngx_buf_t                  out;
 
@@ -206,6 +207,7 @@ static ngx_int_t ngx_llmgw_http_deliver(ngx_llmgw_http_t *h, u_char *p,
 static ngx_int_t ngx_llmgw_http_eof(ngx_llmgw_http_t *h);
 static ngx_int_t ngx_llmgw_http_too_large(ngx_llmgw_http_t *h);
 static void ngx_llmgw_http_set_phase(ngx_llmgw_http_t *h, ngx_uint_t phase);
+static void ngx_llmgw_http_arm(ngx_llmgw_http_t *h);
 static void ngx_llmgw_http_timeout(ngx_event_t *ev);
 static void ngx_llmgw_http_conclude(ngx_llmgw_http_t *h, ngx_int_t rc);
 static void ngx_llmgw_http_finish(ngx_llmgw_http_t *h, ngx_int_t rc);
@@ -367,6 +369,7 @@ ngx_llmgw_http_start(ngx_llmgw_http_opts_t *opts, ngx_log_t *log)
     h->port = opts->port ? opts->port : (h->tls ? 443 : 80);
     h->timeout = opts->timeout ? opts->timeout
                  : (mcf ? mcf->task_http_timeout : 60000);
+    h->deadline = opts->deadline;
     h->max_body = opts->max_body ? opts->max_body
                   : (mcf ? mcf->task_max_response : 16 * 1024 * 1024);
     h->max_body = ngx_min(h->max_body, NGX_MAX_SIZE_T_VALUE / 2);
@@ -450,7 +453,7 @@ ngx_llmgw_http_resume(ngx_llmgw_http_t *h)
     h->paused = 0;
 
     if (h->peer.connection != NULL && h->phase == NGX_LLMGW_HTTP_READ) {
-        ngx_add_timer(&h->timer, h->timeout);
+        ngx_llmgw_http_arm(h);
         ngx_post_event(h->peer.connection->read, &ngx_posted_events);
     }
 }
@@ -1251,7 +1254,7 @@ ngx_llmgw_http_send(ngx_llmgw_http_t *h)
         }
 
         b->pos += n;
-        ngx_add_timer(&h->timer, h->timeout);
+        ngx_llmgw_http_arm(h);
     }
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, &h->log, 0,
@@ -1436,7 +1439,7 @@ ngx_llmgw_http_read(ngx_llmgw_http_t *h)
 
         h->answered = 1;
         b->last += n;
-        ngx_add_timer(&h->timer, h->timeout);
+        ngx_llmgw_http_arm(h);
 
         rc = ngx_llmgw_http_process(h);
 
@@ -2189,6 +2192,24 @@ ngx_llmgw_http_too_large(ngx_llmgw_http_t *h)
 }
 
 
+/* The timeout, or what is left to the call's deadline when that is less. */
+static void
+ngx_llmgw_http_arm(ngx_llmgw_http_t *h)
+{
+    ngx_msec_int_t  left;
+
+    if (h->deadline == 0) {
+        ngx_add_timer(&h->timer, h->timeout);
+        return;
+    }
+
+    left = (ngx_msec_int_t) (h->deadline - ngx_current_msec);
+    left = ngx_max(left, 1);
+
+    ngx_add_timer(&h->timer, ngx_min(h->timeout, (ngx_msec_t) left));
+}
+
+
 /* Every phase has the whole timeout; progress re-arms it. */
 static void
 ngx_llmgw_http_set_phase(ngx_llmgw_http_t *h, ngx_uint_t phase)
@@ -2196,7 +2217,7 @@ ngx_llmgw_http_set_phase(ngx_llmgw_http_t *h, ngx_uint_t phase)
     h->phase = phase;
     h->log.action = (char *) ngx_llmgw_http_actions[phase];
 
-    ngx_add_timer(&h->timer, h->timeout);
+    ngx_llmgw_http_arm(h);
 }
 
 

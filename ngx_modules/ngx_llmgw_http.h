@@ -50,6 +50,10 @@ typedef struct {
                                              * handshake, each send and each
                                              * read (idle); 0: the
                                              * llmgw_task_http_timeout */
+    ngx_msec_t                 deadline;    /* ngx_current_msec after
+                                             * which no wait is armed (the
+                                             * timeout is cut to it); 0:
+                                             * none */
     size_t                     max_body;    /* a longer body fails the call
                                              * with NGX_DECLINED (also counted
                                              * when streaming); 0: the

@@ -1374,6 +1374,7 @@ ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     char               *err = NULL;
     ngx_str_t          *value;
+    ngx_uint_t          bare;
     PQconninfoOption   *opts;
 
     if (mcf->database.data) {
@@ -1393,9 +1394,15 @@ ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     /* what libpq would refuse at the first connection, refused here; its
        message is quoted only when it names an option (another may quote a
        piece of the string, a password say) */
-    opts = PQconninfoParse((char *) value[1].data, &err);
+    /* a bare name is a database's (the pool expands it as libpq does) */
+    bare = ngx_strlchr(value[1].data, value[1].data + value[1].len, '=')
+               == NULL
+           && ngx_strncmp(value[1].data, "postgres://", 11) != 0
+           && ngx_strncmp(value[1].data, "postgresql://", 13) != 0;
 
-    if (opts == NULL) {
+    opts = bare ? NULL : PQconninfoParse((char *) value[1].data, &err);
+
+    if (!bare && opts == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"llmgw_database\" is not a connection string "
                            "libpq accepts%s%s",
@@ -1409,7 +1416,9 @@ ngx_llmgw_database(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    PQconninfoFree(opts);
+    if (opts != NULL) {
+        PQconninfoFree(opts);
+    }
 
     mcf->database = value[1];
 

@@ -517,8 +517,7 @@ static ngx_int_t
 ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     ngx_uint_t pipe)
 {
-    ngx_msec_t               lease, base;
-    ngx_msec_int_t           left;
+    ngx_msec_t               lease;
     ngx_llmgw_http_opts_t    opts;
     const llmgw_outbound_t  *o = st->out;
 
@@ -561,21 +560,15 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
 
     if (rn->poll) {
         /*
-         * A vendor that does not answer a poll times out before 7/8 of the
-         * lease, where the poll would be given up uncounted: a timeout is
-         * a polling failure, and a vendor that hangs ends its tasks after
-         * llmgw_task_poll_max_failures polls instead of never.
+         * A vendor that does not answer a poll times out (every wait of
+         * the call: resolving, connecting, TLS, sending, reading) before
+         * 7/8 of the lease, where the poll would be given up uncounted: a
+         * timeout is a polling failure, and a vendor that hangs ends its
+         * tasks after llmgw_task_poll_max_failures polls instead of never.
          */
         lease = ngx_llmgw_task_mcf->task_lease;
-        left = (ngx_msec_int_t) (rn->claimed + (lease - lease / 8)
-                                 - ngx_current_msec)
-               - NGX_LLMGW_LEASE_MARGIN;
-        base = opts.timeout ? opts.timeout
-                            : ngx_llmgw_task_mcf->task_http_timeout;
-
-        if (left > 0 && (ngx_msec_t) left < base) {
-            opts.timeout = (ngx_msec_t) left;
-        }
+        opts.deadline = rn->claimed + (lease - lease / 8)
+                        - NGX_LLMGW_LEASE_MARGIN;
     }
 
     rn->http = ngx_llmgw_http_start(&opts, ngx_llmgw_task_log);

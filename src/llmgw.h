@@ -638,8 +638,6 @@ int llmgw_sse_feed(llmgw_sse_t *p, const char *data, size_t len,
 /* Where in the last feed's data its last complete event ended (just past
    the blank line), or SIZE_MAX when no event ended in it. */
 size_t llmgw_sse_boundary(const llmgw_sse_t *p);
-/* The same for its first complete event. */
-size_t llmgw_sse_first_boundary(const llmgw_sse_t *p);
 
 
 /* ---- plugin management (plugin.cpp) ---- */

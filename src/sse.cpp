@@ -49,7 +49,6 @@ struct llmgw_sse_s {
     /* of the last feed: where its last event ended (SIZE_MAX: none did),
        and the byte a CR before it made part of the last line end */
     size_t       boundary = SIZE_MAX;
-    size_t       first_boundary = SIZE_MAX;
     size_t       base = 0;
 
     explicit llmgw_sse_s(size_t max)
@@ -72,7 +71,6 @@ bool
 llmgw_sse_s::feed(std::string_view in, llmgw_sse_cb cb, void *arg)
 {
     boundary = SIZE_MAX;
-    first_boundary = SIZE_MAX;
     base = 0;
 
     /* a CR ending the last feed and an LF starting this one: one line end */
@@ -148,9 +146,6 @@ llmgw_sse_s::take_lines(std::string_view in, llmgw_sse_cb cb, void *arg)
 
         if (blank) {
             boundary = base + pos;
-            if (first_boundary == SIZE_MAX) {
-                first_boundary = boundary;
-            }
         }
     }
 }
@@ -256,13 +251,6 @@ extern "C" size_t
 llmgw_sse_boundary(const llmgw_sse_t *p)
 {
     return p->boundary;
-}
-
-
-extern "C" size_t
-llmgw_sse_first_boundary(const llmgw_sse_t *p)
-{
-    return p->first_boundary;
 }
 
 

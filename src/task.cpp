@@ -2634,6 +2634,10 @@ llmgw_tjob_s::responses_final()
 const llmgw_tstep_t *
 llmgw_tjob_s::responses_events()
 {
+    /* a sync create rendered by the events of a stream-only plugin: as
+       renderFinal's, a failure leaves the client nothing */
+    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE && !resp_stream;
+
     if (!hook.ok) {
         return plugin_failed(nullptr);
     }

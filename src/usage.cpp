@@ -233,12 +233,9 @@ struct llmgw_resp_s {
     std::string                       own_request_id;
     /* a filtered stream's bytes since its last complete event */
     std::string                       raw_tail;
-    /* bytes since the last complete event; an event too large to read
-       that went out as it came (its bytes so far while skipping): its
-       text is delivered text like any other's */
-    size_t                            raw_since = 0;
-    size_t                            oversized = 0;
-    bool                              skipping = false;
+    /* an array whose stream had an event too large to read: it cannot be
+       whole, nothing more goes out and it is not closed */
+    bool                              array_broken = false;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
@@ -709,6 +706,10 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     if (r->array) {
         std::string_view d = trim(data);
 
+        if (r->array_broken) {
+            return;
+        }
+
         if (!d.empty() && d != "[DONE]") {
             r->out.append(r->array_open ? ",\r\n" : "[").append(d);
             r->array_open = true;
@@ -851,26 +852,6 @@ overflow_begin(llmgw_resp_s &r)
     }
 }
 
-/*
- * n more bytes of an event too large to read went out as they came; once
- * its end came (no longer skipping, when a boundary was seen) it counts as
- * an event, its bytes as delivered text.
- */
-void
-oversized_went(llmgw_resp_s &r, size_t n)
-{
-    r.oversized += n;
-
-    if (r.sse != nullptr && llmgw_sse_boundary(r.sse) == SIZE_MAX) {
-        return;
-    }
-
-    r.text_bytes += r.oversized;
-    r.events++;
-    r.oversized = 0;
-    r.skipping = false;
-}
-
 int
 feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
 {
@@ -938,17 +919,8 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
         bool failed = llmgw_sse_feed(r->sse, data, len, on_event, r) != 0;
         size_t b = llmgw_sse_boundary(r->sse);
         std::string_view in(data, len);
-        size_t before = b == SIZE_MAX ? r->raw_since : 0;
 
-        if (!failed) {
-            if (r->skipping) {
-                size_t fb = llmgw_sse_first_boundary(r->sse);
-                oversized_went(*r, fb == SIZE_MAX ? len : fb);
-            }
-            r->raw_since = b == SIZE_MAX ? r->raw_since + len : len - b;
-        }
-
-        if (failed && r->conv == nullptr && !r->array) {
+        if (failed && r->conv == nullptr) {
             /*
              * An oversized event.  Filtered (the events re-framed, the
              * usage chunk hidden), what was taken of it goes out as it
@@ -976,9 +948,11 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
                read (its events may follow in the same read) */
             std::string_view rest = b == SIZE_MAX ? in : in.substr(b);
 
-            r->skipping = true;
-            r->oversized = before;
-            r->raw_since = 0;
+            /* it went out (or, in an array, was lost): an event, whose
+               contents are not estimated (such events carry inline media,
+               not text) */
+            r->events++;
+            r->array_broken = r->array_broken || r->array;
 
             for (int again = 0; again < 2; again++) {
                 llmgw_sse_free(r->sse);
@@ -991,13 +965,15 @@ feed(llmgw_resp_t *r, const char *data, size_t len, llmgw_buf_t *out)
                     if (llmgw_sse_feed(r->sse, rest.data(), rest.size(),
                                        on_event, r) == 0)
                     {
-                        size_t b2 = llmgw_sse_boundary(r->sse);
-                        size_t f2 = llmgw_sse_first_boundary(r->sse);
-                        oversized_went(*r, f2 == SIZE_MAX ? rest.size() : f2);
-                        r->raw_since = b2 == SIZE_MAX ? 0 : rest.size() - b2;
                         break;
                     }
                 }
+            }
+
+            if (r->array) {
+                /* none of the events' bytes go out as they came */
+                *out = make_buf("");
+                return out->data ? 0 : -1;
             }
             return 0;
         }
@@ -1122,13 +1098,6 @@ finish(llmgw_resp_t *r, llmgw_buf_t *out)
     try {
         r->finished = true;
 
-        if (r->skipping) {
-            /* the stream ended inside an event too large to read */
-            r->text_bytes += r->oversized;
-            r->events++;
-            r->skipping = false;
-        }
-
         if (!r->stream) {
             finish_json(*r);
 
@@ -1141,9 +1110,10 @@ finish(llmgw_resp_t *r, llmgw_buf_t *out)
             r->conv->finish(tail);
             *out = make_buf(tail);
 
-        } else if (r->array && !llmgw_resp_cut(r)) {
-            /* one cut short stays unclosed: a reader sees it was */
-            *out = make_buf(r->array_open ? "]" : "[]");
+        } else if (r->array && r->array_open && !llmgw_resp_cut(r)) {
+            /* one cut short (or of no answer at all) stays unclosed: a
+               reader sees it is not whole */
+            *out = make_buf("]");
         }
 
         return 0;
@@ -1386,7 +1356,9 @@ llmgw_resp_cut(const llmgw_resp_t *r)
     /* passed on as it came: events went out, and the upstream ended the
        stream without saying it was done (also after an error event that
        came after text; one that came first makes the answer a failure) */
-    return r->stream && r->events > 0 && !r->error_first && !r->end_said;
+    return r->array_broken
+           || (r->stream && r->events > 0 && !r->error_first
+               && !r->end_said);
 }
 
 

@@ -231,6 +231,14 @@ describe('nginx -t wants the database where the gateway serves', () => {
         assert.match(r.stderr, /\[emerg\] .*"llmgw_gateway" and "llmgw_admin" need "llmgw_database"/);
     });
 
+    test('a bare database name, a key=value string and a URI are taken', () => {
+        for (const line of ['llmgw_database llmgw;', 'llmgw_database "host=/tmp dbname=llmgw";',
+            'llmgw_database "postgresql://localhost/llmgw";']) {
+            const r = nginxTest(line);
+            assert.equal(r.status, 0, `${line}: ${r.stderr}`);
+        }
+    });
+
     test('metrics alone need none', () => {
         const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-t-'));
         const conf = path.join(dir, 'nginx.conf');

@@ -243,12 +243,12 @@ test_stream_event_over_the_limit_is_passed_whole_and_billed(void **state)
 
 /*
  * An event past the 16 MiB limit, with no usage reported: it went out, so
- * its bytes are delivered text (4 a token) and it is an event (a stream
- * of nothing else is no failure); filtered or not, whether its end comes
- * in the read that overflows or reads later, or not at all.
+ * it is an event (a stream of nothing else is no failure), but its bytes
+ * are not estimated as text (such events carry inline media: an image's
+ * base64 is no completion); filtered or not, whatever the reads.
  */
 static void
-test_stream_event_over_the_limit_without_usage_is_billed_by_size(void **state)
+test_stream_event_over_the_limit_without_usage_is_an_event(void **state)
 {
     static const char  head[] =
         "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
@@ -260,12 +260,11 @@ test_stream_event_over_the_limit_without_usage_is_billed_by_size(void **state)
         "\"finish_reason\":\"stop\"}]}\n\n"
         "data: [DONE]\n\n";
     static const size_t steps[] = { 65536, (1u << 20) + 7, 5u << 20 };
-    size_t  big = (16u << 20) + 1000, ev, total, cuts[400], ncuts, at;
+    size_t  big = (40u << 20) + 1000, total, cuts[1000], ncuts, at;
     char   *body;
     (void) state;
 
-    ev = strlen(open) + big + strlen(close);
-    total = strlen(head) + ev + strlen(tail);
+    total = strlen(head) + strlen(open) + big + strlen(close) + strlen(tail);
     body = malloc(total + 1);
     assert_non_null(body);
     at = 0;
@@ -281,47 +280,19 @@ test_stream_event_over_the_limit_without_usage_is_billed_by_size(void **state)
 
     for (int injected = 0; injected < 2; injected++) {
         for (size_t k = 0; k < sizeof(steps) / sizeof(steps[0]); k++) {
-            for (int whole = 0; whole < 2; whole++) {
-                /* whole: the stream ends inside the big event */
-                size_t  len = whole ? strlen(head) + ev - 100 : total;
-                char    saved = body[len];
-                llmgw_resp_t  *resp = llmgw_resp_new(LLMGW_EP_CHAT, 1, 1,
-                                                     injected);
-                llmgw_buf_t    out;
-                llmgw_usage_t  u;
-                size_t         pos = 0;
-
-                body[len] = '\0';
-                ncuts = 0;
-                for (at = steps[k]; at < len && ncuts < 400; at += steps[k]) {
-                    cuts[ncuts++] = at;
-                }
-                assert_non_null(resp);
-                for (size_t i = 0; i <= ncuts; i++) {
-                    size_t end = i < ncuts ? cuts[i] : len;
-                    assert_int_equal(llmgw_resp_feed(resp, body + pos,
-                                                     end - pos, &out), 0);
-                    llmgw_buf_free(&out);
-                    pos = end;
-                }
-                assert_int_equal(llmgw_resp_finish(resp, &out), 0);
-                llmgw_buf_free(&out);
-                llmgw_resp_usage(resp, &u);
-
-                assert_int_equal(u.known, 0);
-                size_t counted = whole ? ev - 100 : ev;
-                if (u.completion_tokens < (int64_t) (counted / 4)
-                    || u.completion_tokens > (int64_t) ((counted + 64) / 4))
-                {
-                    fail_msg("injected %d, reads of %zu, cut %d: %lld "
-                             "completion tokens for %zu bytes", injected,
-                             steps[k], whole,
-                             (long long) u.completion_tokens, counted);
-                }
-                assert_int_equal(llmgw_resp_failed(resp, 0), 0);
-                llmgw_resp_free(resp);
-                body[len] = saved;
+            ncuts = 0;
+            for (at = steps[k]; at < total && ncuts < 1000; at += steps[k]) {
+                cuts[ncuts++] = at;
             }
+            run_t r = run_cuts(LLMGW_EP_CHAT, 1, 1, injected, body, cuts,
+                               ncuts);
+
+            /* every byte went to the client, in order */
+            assert_int_equal(r.len, total);
+            assert_memory_equal(r.out, body, total);
+            assert_int_equal(r.u.known, 0);
+            assert_true(r.u.completion_tokens <= 1);
+            free(r.out);
         }
     }
 
@@ -333,7 +304,6 @@ test_stream_event_over_the_limit_without_usage_is_billed_by_size(void **state)
     memcpy(only + 6 + big, "\n\ndata: [DONE]\n\n", 17);
     llmgw_resp_t  *resp = llmgw_resp_new(LLMGW_EP_CHAT, 1, 1, 0);
     llmgw_buf_t    out;
-    llmgw_usage_t  u;
     for (at = 0; at < big + 23; at += 65536) {
         size_t n = big + 23 - at < 65536 ? big + 23 - at : 65536;
         assert_int_equal(llmgw_resp_feed(resp, only + at, n, &out), 0);
@@ -341,12 +311,100 @@ test_stream_event_over_the_limit_without_usage_is_billed_by_size(void **state)
     }
     assert_int_equal(llmgw_resp_finish(resp, &out), 0);
     llmgw_buf_free(&out);
-    llmgw_resp_usage(resp, &u);
-    assert_true(u.completion_tokens >= (int64_t) (big / 4));
     assert_int_equal(llmgw_resp_failed(resp, 0), 0);
     llmgw_resp_free(resp);
     free(only);
     free(body);
+}
+
+
+/* A Gemini stream asked for without alt=sse: one JSON array. */
+static run_t
+run_array(const char *body, const size_t *cuts, size_t ncuts, int *cut)
+{
+    run_t          r = { NULL, 0, { 0 } };
+    llmgw_resp_t  *resp = llmgw_resp_new(LLMGW_EP_GEMINI, 24, 1, 0);
+    size_t         total = strlen(body), pos = 0;
+    llmgw_buf_t    out;
+
+    assert_non_null(resp);
+    llmgw_resp_array(resp);
+    assert_true(llmgw_resp_rewrites(resp));
+    append(&r, "", 0);
+    for (size_t i = 0; i <= ncuts; i++) {
+        size_t end = i < ncuts ? cuts[i] : total;
+        assert_int_equal(llmgw_resp_feed(resp, body + pos, end - pos, &out),
+                         0);
+        assert_non_null(out.data);      /* nothing passes as it came */
+        append(&r, out.data, out.len);
+        llmgw_buf_free(&out);
+        pos = end;
+    }
+    assert_int_equal(llmgw_resp_finish(resp, &out), 0);
+    if (out.data != NULL) {
+        append(&r, out.data, out.len);
+        llmgw_buf_free(&out);
+    }
+    *cut = llmgw_resp_cut(resp);
+    llmgw_resp_usage(resp, &r.u);
+    llmgw_resp_free(resp);
+    return r;
+}
+
+
+static void
+test_gemini_array_stream(void **state)
+{
+    static const char e1[] = "{\"candidates\":[{\"content\":{\"parts\":"
+                             "[{\"text\":\"Hel\"}]}}]}";
+    static const char e2[] = "{\"candidates\":[{\"content\":{\"parts\":"
+                             "[{\"text\":\"lo\"}]},\"finishReason\":\"STOP\"}],"
+                             "\"usageMetadata\":{\"promptTokenCount\":3,"
+                             "\"candidatesTokenCount\":2}}";
+    char    body[1024], want[1024];
+    size_t  cuts[2] = { 9, 40 };
+    int     cut;
+    (void) state;
+
+    snprintf(body, sizeof(body), "data: %s\r\n\r\ndata: %s\r\n\r\n", e1, e2);
+    snprintf(want, sizeof(want), "[%s,\r\n%s]", e1, e2);
+    run_t r = run_array(body, cuts, 2, &cut);
+    assert_string_equal(r.out, want);
+    assert_int_equal(cut, 0);
+    assert_usage(&r.u, 3, 2, 0, 0);
+    free(r.out);
+
+    /* cut short: left unclosed */
+    snprintf(body, sizeof(body), "data: %s\n\n", e1);
+    r = run_array(body, NULL, 0, &cut);
+    assert_int_equal(cut, 1);
+    assert_true(r.len == strlen(e1) + 1 && r.out[0] == '[');
+    free(r.out);
+
+    /* no answer at all: nothing, not an empty array */
+    r = run_array(": keep-alive\n\n", NULL, 0, &cut);
+    assert_int_equal(r.len, 0);
+    free(r.out);
+
+    /* an event too large to read: what follows is lost, so the array is
+       cut there and not closed */
+    size_t big = (17u << 20), n = 0, at, total;
+    char  *huge = malloc(big + 2048);
+    size_t hcuts[400];
+    assert_non_null(huge);
+    at = (size_t) sprintf(huge, "data: %s\n\ndata: {\"x\":\"", e1);
+    memset(huge + at, 'x', big);
+    at += big;
+    total = at + (size_t) sprintf(huge + at, "\"}\n\ndata: %s\n\n", e2);
+    for (at = 65536; at < total && n < 400; at += 65536) {
+        hcuts[n++] = at;
+    }
+    r = run_array(huge, hcuts, n, &cut);
+    assert_int_equal(cut, 1);
+    assert_int_equal(r.len, strlen(e1) + 1);
+    assert_memory_equal(r.out + 1, e1, strlen(e1));
+    free(r.out);
+    free(huge);
 }
 
 
@@ -1040,7 +1098,8 @@ main(void)
         cmocka_unit_test(test_usage_counts_that_are_no_counts_are_no_usage),
         cmocka_unit_test(test_usage_counts_whole_reals_and_a_bounded_cache),
         cmocka_unit_test(test_stream_event_over_the_limit_is_passed_whole_and_billed),
-        cmocka_unit_test(test_stream_event_over_the_limit_without_usage_is_billed_by_size),
+        cmocka_unit_test(test_stream_event_over_the_limit_without_usage_is_an_event),
+        cmocka_unit_test(test_gemini_array_stream),
         cmocka_unit_test(
             test_json_over_the_limit_passes_and_is_billed_by_its_size),
         cmocka_unit_test(
