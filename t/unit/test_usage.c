@@ -36,6 +36,10 @@ append(run_t *r, const char *data, size_t len)
 
 /* the channel credential of the next run_cuts(), when set */
 static const char  *run_secret;
+/* run_cuts() answers a Gemini stream as one array (llmgw_resp_array), and
+   then says in run_cut whether it was cut short */
+static int          run_array_mode;
+static int          run_cut;
 
 
 /*
@@ -56,6 +60,10 @@ run_cuts(llmgw_endpoint_e ep, int type, int stream, int injected,
     if (run_secret != NULL) {
         llmgw_resp_secret(resp, run_secret, strlen(run_secret), "rid", 3);
     }
+    if (run_array_mode) {
+        llmgw_resp_array(resp);
+        assert_true(llmgw_resp_rewrites(resp));
+    }
 
     for (size_t i = 0; i <= ncuts; i++) {
         size_t end = i < ncuts ? cuts[i] : total;
@@ -63,6 +71,8 @@ run_cuts(llmgw_endpoint_e ep, int type, int stream, int injected,
         assert_true(end >= pos && end <= total);
         assert_int_equal(llmgw_resp_feed(resp, body + pos, end - pos, &out),
                          0);
+        /* an array passes nothing as it came */
+        assert_true(!run_array_mode || out.data != NULL);
         if (out.data == NULL) {
             append(&r, body + pos, end - pos);    /* passed through */
         } else {
@@ -78,6 +88,7 @@ run_cuts(llmgw_endpoint_e ep, int type, int stream, int injected,
         llmgw_buf_free(&out);
     }
 
+    run_cut = llmgw_resp_cut(resp);
     llmgw_resp_usage(resp, &r.u);
     llmgw_resp_free(resp);
     return r;
@@ -322,32 +333,10 @@ test_stream_event_over_the_limit_without_usage_is_an_event(void **state)
 static run_t
 run_array(const char *body, const size_t *cuts, size_t ncuts, int *cut)
 {
-    run_t          r = { NULL, 0, { 0 } };
-    llmgw_resp_t  *resp = llmgw_resp_new(LLMGW_EP_GEMINI, 24, 1, 0);
-    size_t         total = strlen(body), pos = 0;
-    llmgw_buf_t    out;
-
-    assert_non_null(resp);
-    llmgw_resp_array(resp);
-    assert_true(llmgw_resp_rewrites(resp));
-    append(&r, "", 0);
-    for (size_t i = 0; i <= ncuts; i++) {
-        size_t end = i < ncuts ? cuts[i] : total;
-        assert_int_equal(llmgw_resp_feed(resp, body + pos, end - pos, &out),
-                         0);
-        assert_non_null(out.data);      /* nothing passes as it came */
-        append(&r, out.data, out.len);
-        llmgw_buf_free(&out);
-        pos = end;
-    }
-    assert_int_equal(llmgw_resp_finish(resp, &out), 0);
-    if (out.data != NULL) {
-        append(&r, out.data, out.len);
-        llmgw_buf_free(&out);
-    }
-    *cut = llmgw_resp_cut(resp);
-    llmgw_resp_usage(resp, &r.u);
-    llmgw_resp_free(resp);
+    run_array_mode = 1;
+    run_t r = run_cuts(LLMGW_EP_GEMINI, 24, 1, 0, body, cuts, ncuts);
+    run_array_mode = 0;
+    *cut = run_cut;
     return r;
 }
 
