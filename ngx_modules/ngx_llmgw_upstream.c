@@ -1232,7 +1232,7 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
 {
     ngx_int_t             rc;
     ngx_str_t             key, value;
-    ngx_uint_t            code, is_type;
+    ngx_uint_t            code, is_type, array;
     ngx_table_elt_t      *h;
     ngx_llmgw_ctx_t      *ctx;
     ngx_http_upstream_t  *u;
@@ -1456,8 +1456,10 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
     }
 
     /* a Gemini stream without alt=sse is one JSON array */
-    if (ctx->whole_for_stream || ngx_llmgw_gemini_array(r, ctx)) {
-        if (ngx_llmgw_gemini_array(r, ctx)) {
+    array = ngx_llmgw_gemini_array(r, ctx);
+
+    if (ctx->whole_for_stream || array) {
+        if (array) {
             ngx_str_set(&value, "application/json");
 
         } else {

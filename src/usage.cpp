@@ -217,6 +217,9 @@ struct llmgw_resp_s {
        "[" went out */
     bool                              array = false;
     bool                              array_open = false;
+    /* an array whose stream had an event too large to read: it cannot be
+       whole, nothing more goes out and it is not closed */
+    bool                              array_broken = false;
     std::unique_ptr<StreamConverter>  conv;
 
     /* the try's channel credential, taken out of everything the client
@@ -233,9 +236,6 @@ struct llmgw_resp_s {
     std::string                       own_request_id;
     /* a filtered stream's bytes since its last complete event */
     std::string                       raw_tail;
-    /* an array whose stream had an event too large to read: it cannot be
-       whole, nothing more goes out and it is not closed */
-    bool                              array_broken = false;
 
     ~llmgw_resp_s() { llmgw_sse_free(sse); }
 };
@@ -706,11 +706,7 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     if (r->array) {
         std::string_view d = trim(data);
 
-        if (r->array_broken) {
-            return;
-        }
-
-        if (!d.empty() && d != "[DONE]") {
+        if (!r->array_broken && !d.empty() && d != "[DONE]") {
             r->out.append(r->array_open ? ",\r\n" : "[").append(d);
             r->array_open = true;
         }

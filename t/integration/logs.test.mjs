@@ -244,6 +244,11 @@ describe('request log and billing', { timeout: 180000 }, () => {
         assert.ok(byModel.items.every((i) => i.model_name === model));
         const byUser = await waitLogs(gw, { user_id: user.id, model }, (items, l) => l.total >= 2);
         assert.equal(byUser.total, 2);
+        /* a filter it does not know is refused, not ignored */
+        const typo = await gw.admin('GET', `/api/log?token=${user.id}`);
+        assert.equal(typo.status, 400, typo.text);
+        assert.equal(typo.json.error.code, 'invalid_request');
+        assert.match(typo.json.error.message, /^unknown filter: token \(known: token_id, /);
         const none = await gw.admin('GET', `/api/log?model=${uniq('nothing')}-${hex(2)}`);
         assert.equal(none.status, 200, none.text);
         assert.equal(none.json.total, 0);
