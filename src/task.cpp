@@ -816,10 +816,9 @@ struct llmgw_tjob_s {
         return fail(500, "gateway_error", "plugin_error", m);
     }
 
-    /* A usage hook's facts priced into *into (null facts leave it alone
-     * unless always: the reservation prices even no facts); nullptr, or
-     * the refusal to answer. */
-    const llmgw_tstep_t *take_usage(int64_t *into, bool always = false)
+    /* extractUsage's facts priced into *into (no facts price too: the
+     * per-call price); nullptr, or the refusal to answer. */
+    const llmgw_tstep_t *take_usage(int64_t *into)
     {
         std::string err;
         int64_t q = 0;
@@ -831,10 +830,38 @@ struct llmgw_tjob_s {
             return fail(500, "gateway_error", "plugin_error",
                         hook_name_ + ": " + err);
         }
-        if (always || !json_is_null(hook.result.get())) {
+        *into = q;
+        return nullptr;
+    }
+
+    /*
+     * A usage hook's facts once the vendor has accepted the task: it is
+     * created whatever the hook did, since the vendor works on it (and
+     * bills for it) already.  A hook that fails, or facts the schema
+     * refuses, leave *into alone (the charge so far stands, as when a
+     * poll's extractUsageOnComplete fails) and are noted in the error log.
+     */
+    void take_usage_after_submit(int64_t *into)
+    {
+        std::string err;
+        int64_t q = 0;
+
+        if (!hook.ok) {
+            err = hook.kind == "timeout" ? "the hook ran past its deadline"
+                : hook.kind == "memory" ? "the hook ran out of memory"
+                : hook.message;
+            poll_log.push_back(task_id + ": " + hook_name_ + " failed: " + err
+                               + "; the charge so far stands");
+            return;
+        }
+        if (!usage_quota(hook.result.get(), &q, err)) {
+            poll_log.push_back(task_id + ": " + hook_name_ + ": " + err
+                               + "; the charge so far stands");
+            return;
+        }
+        if (!json_is_null(hook.result.get())) {
             *into = q;
         }
-        return nullptr;
     }
 
     /*
@@ -3290,7 +3317,7 @@ llmgw_tjob_s::next_request()
 
     case USAGE: {
         int64_t q = 0;
-        const llmgw_tstep_t *refused = take_usage(&q, true);
+        const llmgw_tstep_t *refused = take_usage(&q);
         if (refused != nullptr) {
             return refused;
         }
@@ -3393,15 +3420,13 @@ llmgw_tjob_s::next_request()
         }
         return after_parse();
 
-    case SUBMIT_USAGE: {
-        const llmgw_tstep_t *refused = take_usage(&quota_submit);
-        return refused ? refused : after_submit_usage();
-    }
+    case SUBMIT_USAGE:
+        take_usage_after_submit(&quota_submit);
+        return after_submit_usage();
 
-    case FINAL_USAGE: {
-        const llmgw_tstep_t *refused = take_usage(&final_quota);
-        return refused ? refused : create_task();
-    }
+    case FINAL_USAGE:
+        take_usage_after_submit(&final_quota);
+        return create_task();
 
     case CREATED:
         if (!sql_error.empty()

@@ -546,6 +546,49 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal((await getTask(gw, env.acct.key, r.json.task_id)).json.status, 'SUCCESS');
     });
 
+    test('usage hooks that fail once the vendor has the task: it stands at the charge so far, noted in the error log', async () => {
+        const env = await setup({ price: 'unit' });
+        const ups = [0, 1, 2, 3].map(() => `up-${hex(4)}`);
+        const answers = [
+            { id: ups[0], data: { usage_throw: 'submit usage broke' } },
+            { id: ups[1], data: { seconds: -4 } },
+            { id: ups[2], immediate: { status: 'SUCCESS', usage_throw: 'final usage broke' } },
+            { id: ups[3], data: { seconds: 3 } },
+        ];
+        let n = 0;
+        env.vendor.onSubmit = () => ({ body: answers[n++] });
+        env.vendor.queuePoll(ups[0], { body: { status: 'done', seconds: 6 } });
+        env.vendor.queuePoll(ups[1], { body: { status: 'done' } });
+        env.vendor.queuePoll(ups[3], { body: { status: 'done', seconds: 9, usage_throw: 'poll usage broke' } });
+        const ids = [];
+        for (let i = 0; i < answers.length; i++) {
+            const r = assertOk(await submit(env, { model: env.model, duration: 2 }));
+            assert.equal(r.json.status, i === 2 ? 'SUCCESS' : 'SUBMITTED', r.text);
+            ids.push(r.json.task_id);
+        }
+        for (const id of ids) {
+            await waitStatus(gw, env.acct.key, id, 'SUCCESS');
+        }
+        /* the submit hook threw: the reservation stood until the completion's facts settled it */
+        let led = await waitLedger(db, ids[0], ['reserve', 'settle']);
+        assert.deepEqual(led, { reserve: 2 * PER_SECOND, settle: 4 * PER_SECOND });
+        /* facts the schema refuses: the reservation stands */
+        led = await waitLedger(db, ids[1], ['reserve', 'settle']);
+        assert.equal(led.reserve + (led.adjust || 0) + led.settle, 2 * PER_SECOND, JSON.stringify(led));
+        /* an immediate result's completion hook threw: the reservation stands */
+        led = await waitLedger(db, ids[2], ['reserve', 'settle']);
+        assert.equal(led.reserve + (led.adjust || 0) + led.settle, 2 * PER_SECOND, JSON.stringify(led));
+        /* a poll's completion hook threw: the submit's adjusted charge stands */
+        led = await waitLedger(db, ids[3], ['reserve', 'adjust', 'settle']);
+        assert.equal(led.reserve + led.adjust + led.settle, 3 * PER_SECOND, JSON.stringify(led));
+        await expectUsed(gw, db, env.acct, (6 + 2 + 2 + 3) * PER_SECOND);
+        const log = gw.errorLog();
+        assert.match(log, new RegExp(`${ids[0]}: extractUsageOnSubmit failed: .*submit usage broke.*; the charge so far stands`));
+        assert.match(log, new RegExp(`${ids[1]}: extractUsageOnSubmit: .*; the charge so far stands`));
+        assert.match(log, new RegExp(`${ids[2]}: extractUsageOnComplete failed: .*final usage broke.*; the charge so far stands`));
+        assert.match(log, new RegExp(`${ids[3]}: extractUsageOnComplete failed: .*poll usage broke`));
+    });
+
     test('immediate FAILURE: refunded at submit, never polled', async () => {
         const env = await setup();
         const up = `up-${hex(4)}`;
