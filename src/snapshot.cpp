@@ -313,6 +313,21 @@ endpoint_serves(llmgw_endpoint_e ep, int type)
     }
 }
 
+/* A type the gateway proxies itself (its channels hold a vendor API key). */
+bool
+proxied_type(int type)
+{
+    for (auto ep : { LLMGW_EP_CHAT, LLMGW_EP_MESSAGES, LLMGW_EP_GEMINI,
+                     LLMGW_EP_RERANK })
+    {
+        if (endpoint_serves(ep, type)) {
+            return true;
+        }
+    }
+
+    return false;
+}
+
 uint64_t
 splitmix(uint64_t &x)
 {
@@ -950,12 +965,20 @@ snap_channel_binds(const llmgw_snapshot_t *s, int64_t channel_id,
         return json_str(settings, "task_plugin_key") == plugin_key;
     }
 
+    const bool named = json_str(settings, "task_plugin_key") == plugin_key
+                       || json_has_string(json_object_get(settings,
+                                              "task_extend_plugin_keys"),
+                                          plugin_key);
+
     if (c->type == 60) {
-        return allows_peer(manifest)
-               && (json_str(settings, "task_plugin_key") == plugin_key
-                   || json_has_string(json_object_get(settings,
-                                          "task_extend_plugin_keys"),
-                                     plugin_key));
+        return allows_peer(manifest) && named;
+    }
+
+    /* A channel the gateway proxies itself holds a key the operator gave
+     * for that vendor's API: a plugin claiming its type in channelTypes
+     * gets it only where the channel names the plugin. */
+    if (!named && proxied_type(c->type)) {
+        return 0;
     }
 
     size_t   i;

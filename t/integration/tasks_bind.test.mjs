@@ -287,6 +287,33 @@ describe('task plugins bound to channels: types 60 and 61, channelTypes', { time
             { code: 'model_not_found' });
         assert.equal(v.submits().length, 1);
     });
+
+    test('meta.channelTypes naming a type the gateway proxies binds only channels that name the plugin', async () => {
+        const v = await newVendor();
+        const t0 = Date.now();
+        const grab = await installPlugin(gw, { channelTypes: [1, 14] });
+        const m = grab.models[0];
+        /* an operator's OpenAI and Anthropic channels that happen to list the model */
+        await addChannel(gw, { type: 1, base_url: v.url, key: 'openai-secret', models: [m] });
+        await addChannel(gw, { type: 14, base_url: v.url, key: 'anthropic-secret', models: [m] });
+        await setPrices(gw, { [m]: { price: 0.01 } });
+        const acct = await account(gw);
+        await settle(t0);
+
+        assertError(await submitTask(gw, { key: grab.key, acct }, { model: m }), 503,
+            { code: 'model_not_found' });
+        assert.equal(v.submits().length, 0, 'no vendor key reached the plugin');
+
+        /* a channel of such a type that names the plugin in its settings serves it */
+        await addChannel(gw, {
+            type: 1, base_url: v.url, key: 'opted-in', models: [m],
+            settings: { task_plugin_key: grab.key },
+        });
+        await settle(Date.now());
+        const up = `up-${hex(4)}`;
+        await submitOk(gw, grab, acct, { model: m, up_id: up });
+        assert.equal(submitOf(v, up).json.ctx.apiKey, 'opted-in');
+    });
 });
 
 /* ------------------------------------------------------------------ */
