@@ -4542,13 +4542,14 @@ redacted_json(const json_t *v, std::string_view credential)
 /*
  * What a plugin returns is stored, shown to the client or billed: the
  * channel credential is taken out of it (a vendor answer that quotes the
- * key, or a plugin that copies ctx.apiKey).  Only what the build hooks
- * return, the requests sent to the vendor, carries it.
+ * key, or a plugin that copies ctx.apiKey), and so is the message of a
+ * hook that failed.  Only what the build hooks return, the requests sent to
+ * the vendor, carries it.
  */
 void
 llmgw_tjob_s::redact_hook_result()
 {
-    if (!hook.ok || hook_name_.compare(0, 5, "build") == 0) {
+    if (hook.ok && hook_name_.compare(0, 5, "build") == 0) {
         return;
     }
 
@@ -4564,6 +4565,12 @@ llmgw_tjob_s::redact_hook_result()
     }
 
     if (c == nullptr || std::strlen(c->key) < kCredentialMinBytes) {
+        return;
+    }
+
+    if (!hook.ok) {
+        /* a throw's message (any hook's, build's too) is logged and shown */
+        hook.message = redact(hook.message, c->key);
         return;
     }
 

@@ -234,6 +234,16 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         await expectUsed(gw, db, env.acct, 0);
     });
 
+    test('a throwing hook quoting a short channel key (no long secret-looking run): redacted too', async () => {
+        const channelKey = `pw-${hex(4)}`;
+        const env = await setup({ channelKey });
+        const r = await submit(env, { model: env.model, behave: 'throw' });
+        const e = assertError(r, 500, { code: 'plugin_error' });
+        assert.match(e.message, /vendor refused key \[credential\] for/, e.message);
+        assert.ok(!e.message.includes(channelKey), e.message);
+        assert.ok(!gw.errorLog().includes(channelKey), 'the error log does not quote the key');
+    });
+
     /* ------------------------------------------------------------------ */
     /* descriptors                                                         */
     /* ------------------------------------------------------------------ */

@@ -577,11 +577,12 @@ let setupCounter = 0;
  *   mapping       true: each model maps to "<model>-up" on the channel
  *   allowedHosts, errorRenderer, nativeModels: see pluginSource()
  *   wait          false: do not wait for propagation (the caller will)
+ *   channelKey    the channels' key (default a fresh vk-<24 hex>)
  * -> {key, models, model, upstreamModel, channels, channelKey, acct, vendor}
  */
 export async function taskSetup(gw, { fixture = 'task-vendor.js', vendors, price = 'call',
     mapping = false, allowedHosts, errorRenderer, nativeModels, models: nModels = 2,
-    wait = true, consts } = {}) {
+    wait = true, consts, channelKey = `vk-${hex(12)}` } = {}) {
     assert.ok(vendors && vendors.length, 'taskSetup needs {vendors}');
     const t0 = Date.now();
     setupCounter++;
@@ -602,7 +603,6 @@ export async function taskSetup(gw, { fixture = 'task-vendor.js', vendors, price
     const pr = await gw.admin('PUT', '/api/pricing', prices);
     assert.equal(pr.status, 200, `PUT /api/pricing: ${pr.text}`);
 
-    const channelKey = `vk-${hex(12)}`;
     const channels = [];
     for (const v of vendors) {
         const body = {
