@@ -296,14 +296,18 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         return ngx_llmgw_send_error(r, ctx, &v);
     }
 
-    if (ngx_llmgw_client_addr(r, &family, &addr) == NGX_OK) {
-        ngx_cpystrn((u_char *) addr_text, r->connection->addr_text.data,
-                    ngx_min(r->connection->addr_text.len + 1,
-                            sizeof(addr_text)));
+    /* a client of no IP address (a Unix socket without realip) matches no
+       allow-list: a key limited to addresses is refused there */
+    if (ngx_llmgw_client_addr(r, &family, &addr) != NGX_OK) {
+        family = 0;
+        addr = NULL;
+    }
 
-        if (llmgw_token_check_ip(t, family, addr, addr_text, &v) != 0) {
-            return ngx_llmgw_send_error(r, ctx, &v);
-        }
+    ngx_cpystrn((u_char *) addr_text, r->connection->addr_text.data,
+                ngx_min(r->connection->addr_text.len + 1, sizeof(addr_text)));
+
+    if (llmgw_token_check_ip(t, family, addr, addr_text, &v) != 0) {
+        return ngx_llmgw_send_error(r, ctx, &v);
     }
 
     group = llmgw_token_group(t);

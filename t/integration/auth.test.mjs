@@ -2,15 +2,20 @@
 // group restrictions, the places a key may be sent.
 
 import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, eventually, hex, makeChannel, makeKey,
+    assertError, assertOk, createDb, eventually, hex, httpRequest, makeChannel, makeKey,
     makeUser, makeUserKey, psql, settle, startGateway, tearDown, uniq, PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
 const REALIP = 'set_real_ip_from 127.0.0.1; real_ip_header X-Forwarded-For;';
+/* a Unix-socket listener too (realip trusts only 127.0.0.1) */
+const UNIX_SOCK = path.join(os.tmpdir(), `llmgw-auth-${process.pid}-${hex(4)}.sock`);
 
 describe('authentication', { timeout: 180000 }, () => {
     let db, gw, mock;
@@ -23,7 +28,7 @@ describe('authentication', { timeout: 180000 }, () => {
     before(async () => {
         db = await createDb();
         mock = await startMock();
-        gw = await startGateway({ db, server: REALIP });
+        gw = await startGateway({ db, server: `${REALIP} listen unix:${UNIX_SOCK};` });
 
         let r = await gw.admin('PUT', '/api/group',
             { default: 1, g1: 1, g2: 1, old: 1 });
@@ -59,7 +64,10 @@ describe('authentication', { timeout: 180000 }, () => {
         await settle();
     });
 
-    after(() => tearDown(db, [gw], [mock]));
+    after(async () => {
+        await tearDown(db, [gw], [mock]);
+        fs.rmSync(UNIX_SOCK, { force: true });
+    });
 
     /* k.ok is unlimited with remain_quota 0: unlimited wins. */
     test('a valid key is accepted with and without the sk- prefix', async () => {
@@ -166,6 +174,19 @@ describe('authentication', { timeout: 180000 }, () => {
         assertOk(await gw.chat(k.ipLocalNet, M), '127.0.0.0/8 listed');
         const r = await gw.chat(k.ipOther, M);
         assertError(r, 403, { code: 'access_denied' });
+    });
+
+    test('IP allow lists on a Unix-socket listener: a client of no IP address matches no list', async () => {
+        const viaUnix = (key) => httpRequest(`${gw.url}/v1/chat/completions`, {
+            method: 'POST', socketPath: UNIX_SOCK,
+            headers: { Authorization: `Bearer ${key}` },
+            body: { model: M, messages: [{ role: 'user', content: 'hi' }] },
+        });
+        assertOk(await viaUnix(k.ok), 'a key without a list is served over the socket');
+        const r = await viaUnix(k.ipLocal);
+        assertError(r, 403, { code: 'access_denied' });
+        assert.match(r.json.error.message, /IP unix: is not allowed to use this key/, r.text);
+        assertError(await viaUnix(k.ipLocalNet), 403, { code: 'access_denied' });
     });
 
     test('an allow list the gateway cannot read admits nobody', async () => {

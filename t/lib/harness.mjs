@@ -128,7 +128,7 @@ export async function dropDb(db) {
  *       aborted}
  */
 export function httpRequest(url, {
-    method = 'GET', headers = {}, body, timeoutMs = 20000,
+    method = 'GET', headers = {}, body, timeoutMs = 20000, socketPath,
 } = {}) {
     return new Promise((resolve, reject) => {
         const u = new URL(url);
@@ -147,8 +147,7 @@ export function httpRequest(url, {
         const t0 = Date.now();
         let done = false;
         const req = http.request({
-            host: u.hostname,
-            port: u.port,
+            ...(socketPath ? { socketPath } : { host: u.hostname, port: u.port }),
             path: u.pathname + u.search,
             method,
             headers: h,
