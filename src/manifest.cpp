@@ -1894,24 +1894,6 @@ Validator::check_protocols(const json_t *v, std::vector<Claim> &claims)
                         }
                     }
 
-                } else if (json_is_array(supports)) {
-                    /* the marketplace spelling: a list of modes */
-                    size_t j;
-                    json_t *m;
-
-                    json_array_foreach(supports, j, m) {
-                        std::string mode = json_is_string(m) ? sv_of(m) : "";
-
-                        if (mode != "stream" && mode != "sync"
-                            && mode != "background")
-                        {
-                            err(index(sp, j), "unknown mode (stream, sync, "
-                                "background)");
-                        } else if (!declared.insert(mode).second) {
-                            err(index(sp, j), "duplicate mode " + quote(mode));
-                        }
-                    }
-
                 } else {
                     err(sp, "must be an object of modes (stream, sync, "
                         "background)");

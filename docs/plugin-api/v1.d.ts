@@ -53,8 +53,8 @@ export type ResponsesMode = "stream" | "sync" | "background";
  * Modes a host_responses plugin serves, checked both ways against its
  * exports: `stream` needs `renderEvents`; `sync` or `background` needs
  * `renderFinal`; an exported hook no declared mode uses is rejected. At
- * least one mode is true. The marketplace's list form
- * (`["stream", "sync"]`) is accepted and normalised to this object.
+ * least one mode is true. A list of modes (`["stream", "sync"]`) is
+ * refused: `supports` is an object.
  */
 export interface ResponsesSupports {
     readonly stream?: boolean;
@@ -81,7 +81,7 @@ export type ProtocolClaim =
     | {
           readonly name: "host_responses" | "openai_responses";
           readonly models?: readonly string[];
-          readonly supports: ResponsesSupports | readonly ResponsesMode[];
+          readonly supports: ResponsesSupports;
       };
 
 export type RouteMethod = "GET" | "POST" | "PUT" | "PATCH" | "DELETE";

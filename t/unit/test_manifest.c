@@ -1516,7 +1516,8 @@ test_marketplace_alias_openai_responses_accepted(void **state)
 {
     (void) state;
     json_t *n = expect_ok(run("{'protocols':[{'name':'openai_responses',"
-                              "'supports':['stream','sync','background']}]}",
+                              "'supports':{'stream':true,'sync':true,"
+                              "'background':true}}]}",
                               "'protocols.openai_responses.decodeRequest',"
                               "'protocols.openai_responses.renderEvents',"
                               "'protocols.openai_responses.renderFinal'"));
@@ -1557,7 +1558,7 @@ test_host_video_and_image_declare_no_supports(void **state)
     REJECT("{'protocols':[{'name':'host_video','supports':{'sync':true}}]}",
            VIDEO_EXPORTS, "meta.protocols[0].supports: host_video has no "
            "request modes; remove supports");
-    REJECT("{'protocols':[{'name':'openai_image','supports':['sync']}]}",
+    REJECT("{'protocols':[{'name':'openai_image','supports':{'sync':true}}]}",
            IMAGE_EXPORTS, "meta.protocols[0].supports: host_image has no "
            "request modes; remove supports");
 }
@@ -1569,6 +1570,18 @@ test_host_responses_bare_string_rejected(void **state)
     REJECT("{'protocols':['host_responses']}", RESP "decodeRequest'",
            "meta.protocols[0]: host_responses needs an object with supports "
            "(a bare string is valid only for protocols without modes)");
+}
+
+static void
+test_host_responses_supports_list_rejected(void **state)
+{
+    (void) state;
+    REJECT("{'protocols':[{'name':'openai_responses',"
+           "'supports':['stream','sync']}]}",
+           RESP "decodeRequest','protocols.openai_responses.renderEvents',"
+           "'protocols.openai_responses.renderFinal'",
+           "meta.protocols[0].supports: must be an object of modes (stream, "
+           "sync, background)");
 }
 
 static void
@@ -1601,10 +1614,6 @@ test_supports_unknown_mode_rejected(void **state)
            RESP "decodeRequest'," RESP "renderFinal'",
            "meta.protocols[0].supports.async: unknown mode (stream, sync, "
            "background)");
-    REJECT("{'protocols':[{'name':'host_responses','supports':"
-           "['sync','poll']}]}", RESP "decodeRequest'," RESP "renderFinal'",
-           "meta.protocols[0].supports[1]: unknown mode (stream, sync, "
-           "background)");
 }
 
 static void
@@ -1624,15 +1633,6 @@ test_supports_declares_a_mode(void **state)
            "{'stream':false}}]}", RESP "decodeRequest'",
            "meta.protocols[0].supports: declare at least one of stream, "
            "sync, background");
-}
-
-static void
-test_supports_mode_list_unique(void **state)
-{
-    (void) state;
-    REJECT("{'protocols':[{'name':'host_responses','supports':"
-           "['sync','sync']}]}", RESP "decodeRequest'," RESP "renderFinal'",
-           "meta.protocols[0].supports[1]: duplicate mode \"sync\"");
 }
 
 static void
@@ -1687,7 +1687,7 @@ test_unused_render_final_rejected(void **state)
 {
     (void) state;
     REJECT("{'protocols':[{'name':'openai_responses','supports':"
-           "['stream']}]}", "'protocols.openai_responses.decodeRequest',"
+           "{'stream':true}}]}", "'protocols.openai_responses.decodeRequest',"
            "'protocols.openai_responses.renderEvents',"
            "'protocols.openai_responses.renderFinal'",
            "exports.protocols.host_responses.renderFinal: no declared mode "
@@ -2259,12 +2259,12 @@ main(void)
         cmocka_unit_test(test_host_image_needs_decode_request_and_render),
         cmocka_unit_test(test_host_video_and_image_declare_no_supports),
         cmocka_unit_test(test_host_responses_bare_string_rejected),
+        cmocka_unit_test(test_host_responses_supports_list_rejected),
         cmocka_unit_test(test_host_responses_needs_supports),
         cmocka_unit_test(test_host_responses_needs_decode_request),
         cmocka_unit_test(test_supports_unknown_mode_rejected),
         cmocka_unit_test(test_supports_mode_boolean),
         cmocka_unit_test(test_supports_declares_a_mode),
-        cmocka_unit_test(test_supports_mode_list_unique),
         cmocka_unit_test(test_stream_mode_needs_render_events),
         cmocka_unit_test(test_sync_mode_needs_render_final),
         cmocka_unit_test(test_background_mode_needs_render_final),
