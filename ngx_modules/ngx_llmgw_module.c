@@ -1220,7 +1220,8 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_uint_value(mcf->task_poll_max_failures, 20);
     ngx_conf_init_msec_value(mcf->task_timeout, 24 * 3600 * 1000);
     ngx_conf_init_msec_value(mcf->task_lease, 60000);
-    ngx_conf_init_msec_value(mcf->task_wait_timeout, 300000);
+    ngx_conf_init_msec_value(mcf->task_wait_timeout,
+                             LLMGW_TASK_WAIT_DEFAULT_MS);
     ngx_conf_init_msec_value(mcf->artifact_link_ttl, 3600 * 1000);
     ngx_conf_init_msec_value(mcf->task_http_timeout, 60000);
     ngx_conf_init_msec_value(mcf->task_sse_idle_timeout, 30000);
