@@ -1424,7 +1424,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 { error: { message: 'upstream quota exceeded', type: 'insufficient_quota' } });
             for (const stream of [false, true]) {
                 const r = await gw.req('POST', '/v1/messages', { key, body: msgBody({ stream }) });
-                assertError(r, 502, { code: 'bad_response_body' });
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
                 const row = await rowOf(r, M.viaOpenai);
                 assert.equal(row.type, 'error', JSON.stringify(row));
                 assert.equal(row.quota, 0);
@@ -1437,7 +1437,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 const r = await gw.req('POST', '/v1/chat/completions', {
                     key, body: chatBody(M.viaClaude, { stream }),
                 });
-                assertError(r, 502, { code: 'bad_response_body' });
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
                 assert.equal((await rowOf(r, M.viaClaude)).quota, 0);
             }
         });
