@@ -598,7 +598,8 @@ describe('answers and faults', { timeout: 180000 }, () => {
         await sleep(1100);
         const { key } = await makeUserKey(gw);
         const r = await gw.req('POST', `/v1beta/models/${model}:streamGenerateContent?alt=sse`, {
-            key, body: { contents: [{ role: 'user', parts: [{ text: 'say hi' }] }] },
+            key, body: { contents: [{ role: 'user', parts: [{ text: 'say hi' }] }],
+                generationConfig: { responseModalities: ['AUDIO'] } },
         });
         assertOk(r);
         assert.ok(r.text.includes(audio), 'the audio came through whole');
@@ -622,7 +623,8 @@ describe('answers and faults', { timeout: 180000 }, () => {
         await sleep(1100);
         const { key } = await makeUserKey(gw);
         const r = await gw.req('POST', `/v1beta/models/${model}:generateContent`, {
-            key, body: { contents: [{ role: 'user', parts: [{ text: 'read a long story' }] }] },
+            key, body: { contents: [{ role: 'user', parts: [{ text: 'read a long story' }] }],
+                generationConfig: { responseModalities: ['AUDIO'] } },
             timeoutMs: 60000,
         });
         assertOk(r);

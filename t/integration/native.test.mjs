@@ -564,6 +564,24 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assertError(r, 400, { code: 'invalid_request' });
             assert.equal(gm.requests.length, n);
         });
+
+        test('a speech model without generationConfig: 400 naming it, the upstream not called; a text model is served without it', async () => {
+            const n = gm.requests.length;
+            const contents = [{ role: 'user', parts: [{ text: 'Say hi' }] }];
+            for (const verb of ['generateContent', 'streamGenerateContent?alt=sse']) {
+                const r = await gw.req('POST', `/v1beta/models/${M.tts}:${verb}`,
+                    { key, body: { contents } });
+                assertError(r, 400, { code: 'invalid_request',
+                    message: 'field generationConfig is required' });
+            }
+            assert.equal(gm.requests.length, n);
+
+            gm.handler = (req, res) => sendJson(res, 200, geminiText());
+            assertOk(await gw.req('POST', `/v1beta/models/${M.viaGemini}:generateContent`,
+                { key, body: { contents } }));
+            assert.equal(gm.requests.length, n + 1);
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
+        });
     });
 
     /* ============================================================== */
