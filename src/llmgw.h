@@ -127,8 +127,9 @@ int llmgw_key_generate(char out[52]);
 
 /*
  * Overwrites with '*' the value of every "key" parameter of a query string
- * (the part after '?', up to a '#'), as ngx_http_arg() finds them; returns
- * how many.  A key sent as ?key= must not reach the logs.
+ * (the part after '?', a fragment included), as ngx_http_arg() finds them
+ * and also after a '#'; returns how many.  A key sent as ?key= must not
+ * reach the logs.
  */
 size_t llmgw_query_key_mask(char *query, size_t len);
 
