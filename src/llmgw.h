@@ -70,6 +70,13 @@ llmgw_buf_t llmgw_error_json(llmgw_str_t message, llmgw_str_t type,
     llmgw_str_t code, llmgw_str_t request_id);
 
 /*
+ * The most of an upstream error body kept to rewrite it: a longer one is
+ * cut here, and a body of this length is taken as cut (a credential
+ * across the cut is dropped whole, not left as its first bytes).
+ */
+#define LLMGW_ERROR_BODY_MAX  (64 * 1024)
+
+/*
  * Turns an upstream error body into the error contract: the upstream's own
  * message (error.message, message, error as a string, or the raw text cut to
  * 512 bytes), type "upstream_error", the upstream's code when it is a string
