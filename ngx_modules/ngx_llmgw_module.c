@@ -1064,21 +1064,23 @@ ngx_llmgw_log_handler(ngx_http_request_t *r)
 
 
 /*
- * The first log handler: a ?key= is masked before any log reads the
- * request, also in one nginx refused while reading its head (a header
- * that is bad or too large, a URI too long, a head that did not arrive in
+ * The first log handler: in a server with llmgw locations a ?key= is
+ * masked before any log reads the request, whatever location served it,
+ * also in a request nginx refused while reading its head (a header that
+ * is bad or too large, a URI too long, a head that did not arrive in
  * time), which no phase handler saw.
  */
 static ngx_int_t
 ngx_llmgw_log_mask(ngx_http_request_t *r)
 {
-    ngx_llmgw_loc_conf_t  *lcf;
+    ngx_llmgw_loc_conf_t       *slcf;
+    ngx_http_core_srv_conf_t   *cscf;
 
-    lcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
+    /* the server's own configuration, as ngx_llmgw_post_read reads it */
+    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+    slcf = cscf->ctx->loc_conf[ngx_http_llmgw_module.ctx_index];
 
-    if (r == r->main
-        && (lcf->role != NGX_LLMGW_ROLE_NONE || lcf->server_errors))
-    {
+    if (r == r->main && slcf->server_errors) {
         ngx_llmgw_mask_query_key(r);
     }
 
