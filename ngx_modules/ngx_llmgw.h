@@ -310,6 +310,7 @@ ngx_int_t ngx_llmgw_cache_wait_first(ngx_http_request_t *r,
 /* ngx_llmgw_gateway.c */
 ngx_int_t ngx_llmgw_gateway_handler(ngx_http_request_t *r);
 ngx_int_t ngx_llmgw_post_read(ngx_http_request_t *r);
+void ngx_llmgw_mask_query_key(ngx_http_request_t *r);
 void ngx_llmgw_admit_cancel(ngx_llmgw_ctx_t *ctx);
 void ngx_llmgw_gateway_log(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
 ngx_uint_t ngx_llmgw_succeeded(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);

@@ -31,12 +31,15 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
         return;
 
     case NGX_HTTP_BAD_GATEWAY:
+        /* the upstream answered, with something that is no answer: an
+           upstream_error (the spec's "type" row); only "no channel
+           answered" is the gateway's own */
         ctx = ngx_llmgw_get_ctx(r);
 
         if (ctx != NULL && ctx->bad_status && !ctx->bad_answer
             && ctx->last_error.len == 0)
         {
-            llmgw_verdict_set(v, status, "gateway_error",
+            llmgw_verdict_set(v, status, "upstream_error",
                               "bad_response_status_code", "upstream answered "
                               "with a status that is no answer (%u)",
                               ctx->status ? (unsigned) ctx->status : 304);
@@ -44,7 +47,7 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
         }
 
         if (ctx != NULL && ctx->bad_answer && ctx->too_large) {
-            llmgw_verdict_set(v, status, "gateway_error",
+            llmgw_verdict_set(v, status, "upstream_error",
                               "bad_response_body", "upstream answer is "
                               "larger than %zu bytes and cannot be "
                               "converted to this endpoint's format",
@@ -53,7 +56,7 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
         }
 
         if (ctx != NULL && ctx->bad_answer) {
-            llmgw_verdict_set(v, status, "gateway_error",
+            llmgw_verdict_set(v, status, "upstream_error",
                               "bad_response_body", "upstream answered "
                               "without a valid response body");
             return;

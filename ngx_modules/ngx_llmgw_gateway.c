@@ -939,17 +939,12 @@ ngx_llmgw_header(ngx_http_request_t *r, const char *name, size_t len)
 
 /*
  * A key sent as ?key= (the Gemini SDKs send it so) is copied for the
- * lookup, then masked where nginx keeps the request for the logs: $args,
- * $request_uri, and $request, which error-log lines repeat as "request:".
- * Over HTTP/1 the three point into one client buffer (a long request line
- * is moved to a large header buffer before they are set); HTTP/2 builds
- * $request as a copy.  A task route gets its query as it came (a copy):
- * it is the plugin's.
+ * lookup, then masked for the logs (ngx_llmgw_mask_query_key).  A task
+ * route gets its query as it came (a copy): it is the plugin's.
  */
 static ngx_int_t
 ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
-    u_char                   *copy;
     ngx_str_t                 v;
     ngx_pool_cleanup_t       *cln;
     ngx_llmgw_saved_query_t  *saved;
@@ -995,19 +990,63 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     saved->key = ctx->query_key;
     saved->args = ctx->args;
 
-    /* found before the URI is masked: the same bytes, or a copy */
-    copy = memmem(r->request_line.data, r->request_line.len,
-                  r->unparsed_uri.data, r->unparsed_uri.len);
+    ngx_llmgw_mask_query_key(r);
 
-    ngx_llmgw_mask_uri_key(r->unparsed_uri.data, r->unparsed_uri.len);
+    return NGX_OK;
+}
 
-    if (copy != NULL) {
-        ngx_llmgw_mask_uri_key(copy, r->unparsed_uri.len);
+
+/*
+ * A key=... of the query, masked where nginx keeps the request for the
+ * logs: $args, $request_uri, and $request, which error-log lines repeat
+ * as "request:".  Over HTTP/1 the three point into one client buffer (a
+ * long request line is moved to a large header buffer before they are
+ * set); HTTP/2 builds $request as a copy.  A request nginx refused while
+ * reading its head may have no URI yet: its line (cut short for a 414) is
+ * what $request shows, made from the client buffer as $request makes it.
+ */
+void
+ngx_llmgw_mask_query_key(ngx_http_request_t *r)
+{
+    u_char  *p, *q, *end, *copy;
+
+    if (r->request_line.data == NULL && r->request_start != NULL
+        && r->header_in != NULL)
+    {
+        for (p = r->request_start; p < r->header_in->last; p++) {
+            if (*p == CR || *p == LF) {
+                break;
+            }
+        }
+
+        r->request_line.data = r->request_start;
+        r->request_line.len = p - r->request_start;
+    }
+
+    if (r->unparsed_uri.len > 0) {
+        /* found before the URI is masked: the same bytes, or a copy */
+        copy = r->request_line.len == 0
+               ? NULL
+               : memmem(r->request_line.data, r->request_line.len,
+                        r->unparsed_uri.data, r->unparsed_uri.len);
+
+        ngx_llmgw_mask_uri_key(r->unparsed_uri.data, r->unparsed_uri.len);
+
+        if (copy != NULL) {
+            ngx_llmgw_mask_uri_key(copy, r->unparsed_uri.len);
+        }
+
+    } else if (r->request_line.len > 0) {
+        end = r->request_line.data + r->request_line.len;
+        q = ngx_strlchr(r->request_line.data, end, '?');
+
+        if (q != NULL) {
+            p = ngx_strlchr(q, end, ' ');
+            ngx_llmgw_mask_uri_key(q, (p ? p : end) - q);
+        }
     }
 
     (void) llmgw_query_key_mask((char *) r->args.data, r->args.len);
-
-    return NGX_OK;
 }
 
 

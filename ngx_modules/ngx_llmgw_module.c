@@ -1063,17 +1063,56 @@ ngx_llmgw_log_handler(ngx_http_request_t *r)
 }
 
 
+/*
+ * The first log handler: in a server with llmgw locations a ?key= is
+ * masked before any log reads the request, whatever location served it,
+ * also in a request nginx refused while reading its head (a header that
+ * is bad or too large, a URI too long, a head that did not arrive in
+ * time), which no phase handler saw.
+ */
+static ngx_int_t
+ngx_llmgw_log_mask(ngx_http_request_t *r)
+{
+    ngx_llmgw_loc_conf_t       *slcf;
+    ngx_http_core_srv_conf_t   *cscf;
+
+    /* the server's own configuration, as ngx_llmgw_post_read reads it */
+    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+    slcf = cscf->ctx->loc_conf[ngx_http_llmgw_module.ctx_index];
+
+    if (r == r->main && slcf->server_errors) {
+        ngx_llmgw_mask_query_key(r);
+    }
+
+    return NGX_OK;
+}
+
+
 static ngx_int_t
 ngx_llmgw_postconfiguration(ngx_conf_t *cf)
 {
+    ngx_array_t                *log;
     ngx_http_handler_pt        *h;
     ngx_llmgw_main_conf_t      *mcf;
     ngx_http_core_loc_conf_t   *clcf;
     ngx_http_core_main_conf_t  *cmcf;
 
     cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
+    log = &cmcf->phases[NGX_HTTP_LOG_PHASE].handlers;
 
-    h = ngx_array_push(&cmcf->phases[NGX_HTTP_LOG_PHASE].handlers);
+    /* nginx runs the log handlers in the array's order, and the access
+       log's (a module before this one) is in it already */
+    h = ngx_array_push(log);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h = log->elts;
+    ngx_memmove(&h[1], &h[0],
+                (log->nelts - 1) * sizeof(ngx_http_handler_pt));
+    h[0] = ngx_llmgw_log_mask;
+
+    h = ngx_array_push(log);
     if (h == NULL) {
         return NGX_ERROR;
     }
@@ -1220,7 +1259,8 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_uint_value(mcf->task_poll_max_failures, 20);
     ngx_conf_init_msec_value(mcf->task_timeout, 24 * 3600 * 1000);
     ngx_conf_init_msec_value(mcf->task_lease, 60000);
-    ngx_conf_init_msec_value(mcf->task_wait_timeout, 300000);
+    ngx_conf_init_msec_value(mcf->task_wait_timeout,
+                             LLMGW_TASK_WAIT_DEFAULT_MS);
     ngx_conf_init_msec_value(mcf->artifact_link_ttl, 3600 * 1000);
     ngx_conf_init_msec_value(mcf->task_http_timeout, 60000);
     ngx_conf_init_msec_value(mcf->task_sse_idle_timeout, 30000);

@@ -12,9 +12,6 @@
 #include "ngx_llmgw.h"
 
 
-#define NGX_LLMGW_ERROR_BODY_MAX  65536
-
-
 typedef struct {
     ngx_queue_t                queue;
     ngx_connection_t          *connection;
@@ -2021,7 +2018,7 @@ ngx_llmgw_emit(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx, u_char *pos,
         b = ctx->error_body;
 
         if (b == NULL) {
-            b = ngx_create_temp_buf(r->pool, NGX_LLMGW_ERROR_BODY_MAX);
+            b = ngx_create_temp_buf(r->pool, LLMGW_ERROR_BODY_MAX);
             if (b == NULL) {
                 return NGX_ERROR;
             }

@@ -520,6 +520,23 @@ credential_forms(std::string_view credential)
     return forms;
 }
 
+std::string_view
+without_cut_credential(std::string_view s, std::string_view credential)
+{
+    size_t drop = 0;
+
+    for (const std::string &f : credential_forms(credential)) {
+        for (size_t k = std::min(f.size() - 1, s.size()); k > drop; k--) {
+            if (s.compare(s.size() - k, k, f, 0, k) == 0) {
+                drop = k;
+                break;
+            }
+        }
+    }
+
+    return s.substr(0, s.size() - drop);
+}
+
 std::string
 redact(std::string_view s, std::string_view credential)
 {

@@ -185,6 +185,10 @@ struct UpstreamError {
         std::string_view raw(body ? body : "", body ? len : 0);
         std::string_view cred = llmgw::sv(credential);
 
+        if (raw.size() >= LLMGW_ERROR_BODY_MAX) {
+            raw = llmgw::without_cut_credential(raw, cred);
+        }
+
         /* json_object_get() of a non-object is NULL: no special case */
         root = llmgw::json_parse(raw.data(), raw.size());
         message = upstream_message(root.get(), raw, status, cred);

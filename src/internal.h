@@ -108,6 +108,10 @@ constexpr size_t kCredentialMinBytes = LLMGW_CREDENTIAL_MIN_BYTES;
 std::string redact(std::string_view s, std::string_view credential);
 /* The spellings redact() looks for (none for a credential too short). */
 std::vector<std::string> credential_forms(std::string_view credential);
+/* Text cut short, without a credential's first bytes at its end: what
+   redact() cannot find there, being only a part. */
+std::string_view without_cut_credential(std::string_view s,
+    std::string_view credential);
 
 /* The first object of a JSON array whose string member is v, or nullptr. */
 inline const json_t *

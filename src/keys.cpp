@@ -143,21 +143,34 @@ llmgw_query_key_mask(char *query, size_t len)
 {
     size_t n = 0;
 
-    /* parameters as ngx_http_arg() reads them: '&' apart, the name in any
-       case, nothing after a fragment */
-    for (size_t at = 0; at < len && query[at] != '#'; ) {
-        size_t end = at;
+    /*
+     * From "key=" (any case) to the next '&', as ngx_http_arg() reads a
+     * value.  nginx ends $args at a '#', but $request and $request_uri
+     * keep what follows as the client sent it ("?alt=sse#&key=..."): a
+     * '#' starts a parameter too, and ends none.
+     */
+    for (size_t at = 0; at < len; ) {
+        if (len - at > 4 && strncasecmp(query + at, "key=", 4) == 0) {
+            size_t end = at + 4;
 
-        while (end < len && query[end] != '&' && query[end] != '#') {
-            end++;
+            while (end < len && query[end] != '&') {
+                end++;
+            }
+
+            if (end > at + 4) {
+                std::memset(query + at + 4, '*', end - at - 4);
+                n++;
+            }
+
+            at = end;
+            continue;
         }
 
-        if (end - at > 4 && strncasecmp(query + at, "key=", 4) == 0) {
-            std::memset(query + at + 4, '*', end - at - 4);
-            n++;
+        while (at < len && query[at] != '&' && query[at] != '#') {
+            at++;
         }
 
-        at = end < len && query[end] == '&' ? end + 1 : len;
+        at++;
     }
 
     return n;

@@ -70,6 +70,13 @@ llmgw_buf_t llmgw_error_json(llmgw_str_t message, llmgw_str_t type,
     llmgw_str_t code, llmgw_str_t request_id);
 
 /*
+ * The most of an upstream error body kept to rewrite it: a longer one is
+ * cut here, and a body of this length is taken as cut (a credential
+ * across the cut is dropped whole, not left as its first bytes).
+ */
+#define LLMGW_ERROR_BODY_MAX  (64 * 1024)
+
+/*
  * Turns an upstream error body into the error contract: the upstream's own
  * message (error.message, message, error as a string, or the raw text cut to
  * 512 bytes), type "upstream_error", the upstream's code when it is a string
@@ -127,8 +134,9 @@ int llmgw_key_generate(char out[52]);
 
 /*
  * Overwrites with '*' the value of every "key" parameter of a query string
- * (the part after '?', up to a '#'), as ngx_http_arg() finds them; returns
- * how many.  A key sent as ?key= must not reach the logs.
+ * (the part after '?', a fragment included), as ngx_http_arg() finds them
+ * and also after a '#'; returns how many.  A key sent as ?key= must not
+ * reach the logs.
  */
 size_t llmgw_query_key_mask(char *query, size_t len);
 

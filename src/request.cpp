@@ -230,15 +230,45 @@ read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT],
     });
 }
 
+/*
+ * A speech model, which the Gemini path serves as the spec's audio
+ * generation: a name with "tts" as one of its dash-separated parts, as
+ * Google names them (gemini-2.5-flash-preview-tts).
+ */
+bool
+speech_model(std::string_view model)
+{
+    for (size_t at = 0; at <= model.size(); ) {
+        size_t end = std::min(model.find('-', at), model.size());
+
+        if (end - at == 3 && fold_name(model.substr(at, 3)) == "tts") {
+            return true;
+        }
+
+        at = end + 1;
+    }
+
+    return false;
+}
+
 const char *
-required_field(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
+required_field(llmgw_endpoint_e ep, std::string_view model,
+    const JsonView field[F_COUNT])
 {
     switch (ep) {
     case LLMGW_EP_CHAT:
     case LLMGW_EP_MESSAGES:
         return field[F_MESSAGES].is_array() ? nullptr : "messages";
     case LLMGW_EP_GEMINI:
-        return field[F_CONTENTS].is_array() ? nullptr : "contents";
+        if (!field[F_CONTENTS].is_array()) {
+            return "contents";
+        }
+        /* an audio generation request requires it (the spec); a text
+           generation without it is what the official SDKs send */
+        return !speech_model(model)
+               || field[F_GENERATION_CONFIG].is_object()
+               || field[F_GENERATION_CONFIG_SNAKE].is_object()
+               ? nullptr : "generationConfig";
     case LLMGW_EP_RERANK:
         if (!field[F_QUERY].is_string()) {
             return "query";
@@ -449,7 +479,7 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
             return nullptr;
         }
 
-        if (const char *f = required_field(ep, r->field)) {
+        if (const char *f = required_field(ep, r->model, r->field)) {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
                               "field %s is required", f);
             return nullptr;

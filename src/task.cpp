@@ -42,7 +42,7 @@ using namespace llmgw;
 namespace {
 
 constexpr size_t kMaxTaskBody = 1024 * 1024;     /* persisted data, events */
-constexpr size_t kErrBody = 64 * 1024;           /* kept of an error body */
+constexpr size_t kErrBody = LLMGW_ERROR_BODY_MAX;  /* kept of an error body */
 /* creates of a task the vendor took, sent again while the database cannot
    be reached: about 30 s of an outage with llmgw_pg_timeout's default */
 constexpr int kCreateTries = 6;

@@ -20,6 +20,10 @@ extern "C" {
 #endif
 
 
+/* The default of llmgw_task_wait_timeout: the spec's
+   TASK_PLUGIN_PROTOCOL_TIMEOUT_SECONDS, 600 s. */
+#define LLMGW_TASK_WAIT_DEFAULT_MS  (600 * 1000)
+
 /* Limits and intervals (nginx directives). */
 typedef struct {
     int64_t   poll_interval_ms;

@@ -19,7 +19,8 @@ using v8::FunctionCallbackInfo;
 using v8::Local;
 using v8::Value;
 
-const char *const kCapabilities[] = { "json-clone@1", "submit-sse-delta@1" };
+const std::string_view kCapabilities[] = { kJsonCloneCapability,
+                                           "submit-sse-delta@1" };
 
 /* Strings, and numbers or booleans in their string form. */
 bool
@@ -392,24 +393,11 @@ set_fn(Local<v8::Context> ctx, Local<v8::Object> target, const char *name,
     return target->CreateDataProperty(ctx, v8str(iso, name), fn).FromMaybe(false);
 }
 
-}  // namespace
-
+/* utils.json: { clone }, frozen. */
 bool
-host_has_capability(std::string_view name)
-{
-    for (const char *c : kCapabilities) {
-        if (name == c) {
-            return true;
-        }
-    }
-    return false;
-}
-
-bool
-install_utils(Local<v8::Context> ctx)
+install_json(Local<v8::Context> ctx, Local<v8::Object> utils)
 {
     v8::Isolate *iso = ctx->GetIsolate();
-    Local<v8::Object> utils = v8::Object::New(iso);
     Local<v8::Object> json = v8::Object::New(iso);
 
     /* The pristine prototypes, captured before plugin code can touch the
@@ -421,6 +409,32 @@ install_utils(Local<v8::Context> ctx)
         return false;
     }
 
+    return set_fn(ctx, json, "clone", json_clone_callback, protos)
+           && utils->CreateDataProperty(ctx, v8str(iso, "json"), json)
+                  .FromMaybe(false)
+           && json->SetIntegrityLevel(ctx, v8::IntegrityLevel::kFrozen)
+                  .FromMaybe(false);
+}
+
+}  // namespace
+
+bool
+host_has_capability(std::string_view name)
+{
+    for (std::string_view c : kCapabilities) {
+        if (name == c) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool
+install_utils(Local<v8::Context> ctx, bool json_clone)
+{
+    v8::Isolate *iso = ctx->GetIsolate();
+    Local<v8::Object> utils = v8::Object::New(iso);
+
     bool ok = set_fn(ctx, utils, "unixNow", unix_now)
               && set_fn(ctx, utils, "uuid", uuid)
               && set_fn(ctx, utils, "hmacSHA256", hmac)
@@ -430,11 +444,7 @@ install_utils(Local<v8::Context> ctx)
               && set_fn(ctx, utils, "base64URLDecode", b64url_decode)
               && set_fn(ctx, utils, "volcSignV4", volc_sign)
               && set_fn(ctx, utils, "hasCapability", has_capability)
-              && set_fn(ctx, json, "clone", json_clone_callback, protos)
-              && utils->CreateDataProperty(ctx, v8str(iso, "json"), json)
-                     .FromMaybe(false)
-              && json->SetIntegrityLevel(ctx, v8::IntegrityLevel::kFrozen)
-                     .FromMaybe(false)
+              && (!json_clone || install_json(ctx, utils))
               && utils->SetIntegrityLevel(ctx, v8::IntegrityLevel::kFrozen)
                      .FromMaybe(false);
 

@@ -234,11 +234,12 @@ deep_freeze(Local<v8::Context> ctx, Local<Value> root)
     return true;
 }
 
-/* A fresh context for one plugin: globals pruned, `utils` installed,
-   the serializer compiled.  Runs no plugin code. */
+/* A fresh context for one plugin: globals pruned, `utils` installed
+   (json.clone only with json_clone), the serializer compiled.  Runs no
+   plugin code. */
 bool
-new_plugin_context(v8::Isolate *iso, Local<v8::Context> *out_ctx,
-    Local<v8::Function> *out_serialize)
+new_plugin_context(v8::Isolate *iso, bool json_clone,
+    Local<v8::Context> *out_ctx, Local<v8::Function> *out_serialize)
 {
     Local<v8::Context> ctx = v8::Context::New(iso);
     v8::Context::Scope cs(ctx);
@@ -251,7 +252,7 @@ new_plugin_context(v8::Isolate *iso, Local<v8::Context> *out_ctx,
         }
     }
 
-    if (!install_utils(ctx)) {
+    if (!install_utils(ctx, json_clone)) {
         return false;
     }
 
@@ -479,6 +480,26 @@ read_meta(Local<v8::Context> ctx, Local<v8::Object> ns,
     return serialize_value(ctx, serialize, meta, "meta contains", json, fail);
 }
 
+/* Whether a normalized manifest names a capability in
+   requiredCapabilities. */
+bool
+declares(const std::string &manifest, std::string_view capability)
+{
+    json_t *m = json_loadb(manifest.data(), manifest.size(), 0, nullptr);
+    json_t *c;
+    size_t i;
+    bool found = false;
+
+    json_array_foreach(json_object_get(m, "requiredCapabilities"), i, c) {
+        found = found || (json_is_string(c)
+                          && capability == std::string_view(
+                                 json_string_value(c), json_string_length(c)));
+    }
+
+    json_decref(m);
+    return found;
+}
+
 /*
  * llmgw_manifest_validate (src/manifest.cpp): 0 with the normalized
  * manifest, 1 with the validation errors, -1 when it could not answer.
@@ -692,9 +713,42 @@ Runtime::load(std::string_view source, Outcome *outcome)
     return reply;
 }
 
+/*
+ * utils.json.clone is there only for a plugin that declares json-clone@1,
+ * and what a plugin declares is known only once its module has run: the
+ * source's own text is the guess, and a wrong one runs the module again
+ * in a context with the utilities its manifest declares.
+ */
 std::string
 Runtime::load_in_isolate(std::string_view source, const std::string &sha,
     Outcome *outcome)
+{
+    bool clone = source.find(kJsonCloneCapability) != std::string_view::npos;
+
+    for (int run = 0; run < 2; run++, clone = !clone) {
+        Plugin p;
+        std::string reply = load_once(source, sha, clone, &p, outcome);
+
+        if (*outcome != Outcome::ok) {
+            return reply;
+        }
+
+        if (declares(p.manifest, kJsonCloneCapability) == clone) {
+            remember(std::move(p));
+            return reply;
+        }
+    }
+
+    *outcome = Outcome::plugin;
+    std::string msg = "meta.requiredCapabilities differs from one run of "
+                      "the module to the next";
+    return plugin_error(msg, { msg });
+}
+
+/* One run of the module in a new context; *p is the plugin loaded. */
+std::string
+Runtime::load_once(std::string_view source, const std::string &sha,
+    bool json_clone, Plugin *out, Outcome *outcome)
 {
     v8::Isolate *iso = engine_->isolate();
     v8::Isolate::Scope is(iso);
@@ -702,7 +756,7 @@ Runtime::load_in_isolate(std::string_view source, const std::string &sha,
     Local<v8::Context> ctx;
     Local<v8::Function> serialize;
 
-    if (!new_plugin_context(iso, &ctx, &serialize)) {
+    if (!new_plugin_context(iso, json_clone, &ctx, &serialize)) {
         *outcome = Outcome::internal;
         log(Level::error, "LOAD: could not set up a plugin context");
         return error_reply("internal", kInternalMessage);
@@ -771,9 +825,8 @@ Runtime::load_in_isolate(std::string_view source, const std::string &sha,
     p.module.Reset(iso, module);
     p.serialize.Reset(iso, serialize);
 
-    std::string reply = load_ok_reply(p);
-    remember(std::move(p));
-    return reply;
+    *out = std::move(p);
+    return load_ok_reply(*out);
 }
 
 std::string

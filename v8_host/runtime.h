@@ -66,6 +66,8 @@ public:
 private:
     std::string load_in_isolate(std::string_view source,
                                 const std::string &sha, Outcome *outcome);
+    std::string load_once(std::string_view source, const std::string &sha,
+                          bool json_clone, Plugin *out, Outcome *outcome);
     /* spent_ms: what compiling the plugin for this frame took already */
     std::string call_in_isolate(Plugin &p, const CallRequest &req,
                                 Outcome *outcome, int spent_ms);

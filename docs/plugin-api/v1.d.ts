@@ -701,13 +701,14 @@ export interface HostUtils {
     }): { [name: string]: string };
     hasCapability(name: HostCapability | string): boolean;
     /**
-     * With json-clone@1: an independent mutable snapshot of plain objects,
+     * Only when meta.requiredCapabilities names json-clone@1 (undefined
+     * otherwise): an independent mutable snapshot of plain objects,
      * arrays, null, booleans, finite numbers and strings (undefined,
      * functions, BigInt, dates, sparse arrays and cycles are rejected;
      * `__proto__` stays an ordinary key); at most 1 MiB encoded, 32
      * levels below the root and 32,768 nodes.
      */
-    readonly json: { clone<T extends ReadonlyJSON>(value: T): JSONValue };
+    readonly json?: { clone<T extends ReadonlyJSON>(value: T): JSONValue };
 }
 
 declare global {

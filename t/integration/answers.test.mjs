@@ -114,7 +114,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
             await sleep(1100);
             for (const stream of [false, true]) {
                 const r = await gw.chat(key, model, { extra: { stream } });
-                assertError(r, 502, { code: 'bad_response_body' });
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
                 const row = await rowOf(r);
                 assert.equal(row.type, 'error');
                 assert.equal(row.quota, 0);
@@ -176,7 +176,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
         const { key } = await makeUserKey(gw);
         bad.handler = (req, res) => { res.writeHead(204); res.end(); };
         const alone = await pair(bad.url, { backup: false });
-        assertError(await gw.chat(key, alone.model), 502, { code: 'bad_response_body' });
+        assertError(await gw.chat(key, alone.model), 502, { type: 'upstream_error', code: 'bad_response_body' });
 
         bad.handler = (req, res) => {
             res.writeEarlyHints({ link: '</x>; rel=preload' });
@@ -598,7 +598,8 @@ describe('answers and faults', { timeout: 180000 }, () => {
         await sleep(1100);
         const { key } = await makeUserKey(gw);
         const r = await gw.req('POST', `/v1beta/models/${model}:streamGenerateContent?alt=sse`, {
-            key, body: { contents: [{ role: 'user', parts: [{ text: 'say hi' }] }] },
+            key, body: { contents: [{ role: 'user', parts: [{ text: 'say hi' }] }],
+                generationConfig: { responseModalities: ['AUDIO'] } },
         });
         assertOk(r);
         assert.ok(r.text.includes(audio), 'the audio came through whole');
@@ -622,7 +623,8 @@ describe('answers and faults', { timeout: 180000 }, () => {
         await sleep(1100);
         const { key } = await makeUserKey(gw);
         const r = await gw.req('POST', `/v1beta/models/${model}:generateContent`, {
-            key, body: { contents: [{ role: 'user', parts: [{ text: 'read a long story' }] }] },
+            key, body: { contents: [{ role: 'user', parts: [{ text: 'read a long story' }] }],
+                generationConfig: { responseModalities: ['AUDIO'] } },
             timeoutMs: 60000,
         });
         assertOk(r);
@@ -664,7 +666,7 @@ describe('answers and faults', { timeout: 180000 }, () => {
 
         /* a chat call to that Gemini channel would get Gemini's shape: 502 */
         const c = await gw.chat(key, model, { timeoutMs: 60000 });
-        assertError(c, 502, { code: 'bad_response_body', message: /larger than 16777216 bytes and cannot be converted/ });
+        assertError(c, 502, { type: 'upstream_error', code: 'bad_response_body', message: /larger than 16777216 bytes and cannot be converted/ });
         const crow = await rowOf(c);
         assert.equal(Number(crow.quota), 0, JSON.stringify(crow));
     });

@@ -10,12 +10,13 @@
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import http2 from 'node:http2';
+import net from 'node:net';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, eventually, hex, makeChannel, makeUserKey,
-    freePort, settle, sha256hex, sseEvents, startGateway, stopAll, uniq, waitLogs,
+    freePort, rawHttp, settle, sha256hex, sseEvents, startGateway, stopAll, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
     anthropicError, anthropicMessage, anthropicStream, echo, openaiChat,
@@ -188,7 +189,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         mixGemini: uniq('mixed-gemini'),
     };
     const last = (mock) => mock.requests[mock.requests.length - 1];
-    let h2port;
+    let h2port, slowPort;
 
     before(async () => {
         db = await createDb();
@@ -202,8 +203,11 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
         oa = await startMock();
         const closed = await startClosedPort();
         h2port = await freePort();
+        slowPort = await freePort();
         gw = await startGateway({
-            db, http: `log_format keys '"$request" $request_uri $args $arg_key';`,
+            db, http: `log_format keys '"$request" $request_uri $args $arg_key';
+  server { listen 127.0.0.1:${slowPort}; client_header_timeout 1s;
+    access_log keys.log keys; location / { llmgw_gateway; } }`,
             /* HTTP/2 without TLS (prior knowledge) on a second port */
             server: `listen 127.0.0.1:${h2port} http2; access_log keys.log keys;
     location ^~ /v1beta/models/redir { try_files /nonexistent @gw; }
@@ -385,6 +389,58 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assert.ok(gw.errorLog().includes(`client intended to send too large body`));
         });
 
+        test('a key in a fragment, and in a head nginx refuses (a bad or too large header, a URI too long, a head that never ends), shows masked in the access log', async () => {
+            /* a key of its own: nginx's info lines about such heads, written
+               before any module sees them, quote the request as it came */
+            const { key: k } = await makeUserKey(gw);
+            const stars = '*'.repeat(k.length);
+            const p = `/v1beta/models/${M.keylog}:generateContent`;
+            const body = ttsBody('fragment');
+            const post = (target) => rawHttp(gw.port, `POST ${target} HTTP/1.1\r\nHost: x\r\n`
+                + `Content-Type: application/json\r\nContent-Length: ${body.length}\r\n`
+                + `Connection: close\r\n\r\n${body}`);
+            const get = (target, head = '') => rawHttp(gw.port,
+                `GET ${target} HTTP/1.1\r\nHost: x\r\n${head}Connection: close\r\n\r\n`);
+
+            /* a fragment is no part of the query ($args ends before it),
+               but $request and $request_uri show it as it came */
+            const n = gm.requests.length;
+            assert.equal((await post(`${p}?alt=json#&key=${k}`)).status, 401);
+            assert.equal(gm.requests.length, n);
+            assert.equal((await get(`${p}?key=${k}`, 'Host: y\r\n')).status, 400);
+            assert.equal((await get(`${p}?key=${k}`, `X-Big: ${'b'.repeat(9000)}\r\n`)).status, 400);
+            assert.equal((await get(`${p}?key=${k}&pad=${'p'.repeat(9000)}`)).status, 414);
+            /* a head that never ends: nginx closes it after
+               client_header_timeout, and logs it with 408 */
+            for (const head of [`GET ${p}?key=${k}&cut=head HTTP/1.1\r\nHost: x\r\n`,
+                `GET ${p}?key=${k}&cut=line`]) {
+                await new Promise((resolve) => {
+                    const sock = net.connect(slowPort, '127.0.0.1');
+                    sock.on('close', resolve);
+                    sock.on('error', resolve);
+                    sock.setTimeout(5000, () => sock.destroy());
+                    sock.write(head);
+                });
+            }
+
+            const access = await eventually(() => {
+                const text = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+                assert.ok(text.includes('&pad=ppp') && text.includes('&cut=line'), text);
+                return text;
+            }, { ms: 3000 });
+            assert.ok(!access.includes(k.slice(3)), `access log:\n${access}`);
+            const q = `alt=json#&key=${stars}`;
+            assert.ok(access.includes(`"POST ${p}?${q} HTTP/1.1" ${p}?${q} alt=json -\n`), access);
+            assert.equal(access.split(`"GET ${p}?key=${stars} HTTP/1.1" ${p}?key=${stars}`).length, 3,
+                access);
+            assert.ok(access.includes(`"GET ${p}?key=${stars}&pad=ppp`), access);
+            assert.ok(access.includes(`"GET ${p}?key=${stars}&cut=head HTTP/1.1" `), access);
+            assert.ok(access.includes(`"GET ${p}?key=${stars}&cut=line" - - -`), access);
+            const loud = gw.errorLog().split('\n').filter((l) => l.includes(k.slice(3))
+                && !/ \[(info|debug)\] /.test(l));
+            assert.deepEqual(loud, []);
+        });
+
         test('a ?key= works in a gateway location reached by an internal redirect', async () => {
             gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
             const r = await gw.req('POST', `/v1beta/models/${M.redirected}:generateContent?key=${key}`,
@@ -563,6 +619,24 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             });
             assertError(r, 400, { code: 'invalid_request' });
             assert.equal(gm.requests.length, n);
+        });
+
+        test('a speech model without generationConfig: 400 naming it, the upstream not called; a text model is served without it', async () => {
+            const n = gm.requests.length;
+            const contents = [{ role: 'user', parts: [{ text: 'Say hi' }] }];
+            for (const verb of ['generateContent', 'streamGenerateContent?alt=sse']) {
+                const r = await gw.req('POST', `/v1beta/models/${M.tts}:${verb}`,
+                    { key, body: { contents } });
+                assertError(r, 400, { code: 'invalid_request',
+                    message: 'field generationConfig is required' });
+            }
+            assert.equal(gm.requests.length, n);
+
+            gm.handler = (req, res) => sendJson(res, 200, geminiText());
+            assertOk(await gw.req('POST', `/v1beta/models/${M.viaGemini}:generateContent`,
+                { key, body: { contents } }));
+            assert.equal(gm.requests.length, n + 1);
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
         });
     });
 
@@ -1424,7 +1498,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 { error: { message: 'upstream quota exceeded', type: 'insufficient_quota' } });
             for (const stream of [false, true]) {
                 const r = await gw.req('POST', '/v1/messages', { key, body: msgBody({ stream }) });
-                assertError(r, 502, { code: 'bad_response_body' });
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
                 const row = await rowOf(r, M.viaOpenai);
                 assert.equal(row.type, 'error', JSON.stringify(row));
                 assert.equal(row.quota, 0);
@@ -1437,7 +1511,7 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 const r = await gw.req('POST', '/v1/chat/completions', {
                     key, body: chatBody(M.viaClaude, { stream }),
                 });
-                assertError(r, 502, { code: 'bad_response_body' });
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
                 assert.equal((await rowOf(r, M.viaClaude)).quota, 0);
             }
         });

@@ -268,7 +268,7 @@ describe('routing and retries', { timeout: 240000 }, () => {
         assert.equal(ok.status, 200, ok.text);
         assert.equal(ok.json.choices[0].message.content, 'from B');
         const r = await gw.chat(key, M.on304Only);
-        assertError(r, 502, { type: 'gateway_error', code: 'bad_response_status_code' });
+        assertError(r, 502, { type: 'upstream_error', code: 'bad_response_status_code' });
 
         /* two requests in one write on one connection: the error is framed
            (its length, its body), and the next answer follows it */

@@ -176,7 +176,7 @@ describe('upstream answers that are no answer', { timeout: 120000 }, () => {
         test(`${what}: the next channel, else 502 ${code}, nothing passed on or charged`, async () => {
             const { raw, alone, backed } = await models(answer);
             const r = await gw.chat(key, alone, { timeoutMs: 10000 });
-            assertError(r, 502, { code, message });
+            assertError(r, 502, { type: 'upstream_error', code, message });
             assert.equal(r.headers['content-encoding'], undefined);
             assert.equal(raw.requests.length, 1);
 

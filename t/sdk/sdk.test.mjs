@@ -56,7 +56,8 @@ describe('official SDKs against the gateway', { timeout: 180000 }, () => {
     const coKey = `co-${hex(8)}`;
     const M = {
         oa: uniq('gpt-sdk'), an: uniq('claude-sdk'), gm: uniq('gemini-tts-sdk'),
-        co: uniq('rerank-sdk'),
+        /* a text model: a speech model's request needs generationConfig */
+        gmText: uniq('gemini-sdk'), co: uniq('rerank-sdk'),
     };
     const badKey = `sk-${hex(24)}`;
     const last = (mock) => mock.requests[mock.requests.length - 1];
@@ -116,7 +117,7 @@ describe('official SDKs against the gateway', { timeout: 180000 }, () => {
         gw = await startGateway({ db });
         await makeChannel(gw, { type: 1, base_url: oa.url, key: oaKey, models: [M.oa] });
         await makeChannel(gw, { type: 14, base_url: an.url, key: anKey, models: [M.an] });
-        await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.gm] });
+        await makeChannel(gw, { type: 24, base_url: gm.url, key: gmKey, models: [M.gm, M.gmText] });
         await makeChannel(gw, { type: 34, base_url: co.url, key: coKey, models: [M.co] });
         ({ key, token } = await makeUserKey(gw));
         await settle();
@@ -275,14 +276,14 @@ describe('official SDKs against the gateway', { timeout: 180000 }, () => {
     });
 
     test('genai: generateContentStream', async () => {
-        const stream = await genai().models.generateContentStream({ model: M.gm, contents: 'greet' });
+        const stream = await genai().models.generateContentStream({ model: M.gmText, contents: 'greet' });
         let text = '';
         for await (const chunk of stream) {
             text += chunk.text || '';
         }
         assert.equal(text, 'Good day');
         const up = last(gm);
-        assert.equal(up.path, `/v1beta/models/${M.gm}:streamGenerateContent?alt=sse`);
+        assert.equal(up.path, `/v1beta/models/${M.gmText}:streamGenerateContent?alt=sse`);
         assert.equal(up.headers['x-goog-api-key'], gmKey);
     });
 

@@ -381,6 +381,51 @@ test_upstream_percent_encoded_key_is_hidden(void **state)
 }
 
 
+/* A body cut at LLMGW_ERROR_BODY_MAX: blanks, words, then the first
+   bytes of the key, as is or percent-encoded. */
+static void
+expect_cut_key_dropped(const char *key, const char *part)
+{
+    char         *body;
+    size_t        n, len = LLMGW_ERROR_BODY_MAX;
+    llmgw_str_t   k = { key, strlen(key) };
+    llmgw_buf_t   b;
+    parsed_t      p;
+
+    body = malloc(len);
+    assert_non_null(body);
+    n = strlen("bad key ") + strlen(part);
+    memset(body, ' ', len - n);
+    memcpy(body + len - n, "bad key ", 8);
+    memcpy(body + len - strlen(part), part, strlen(part));
+
+    b = llmgw_upstream_error_json(401, body, len, k, RID);
+    p = parse(b);
+    assert_string_equal(p.message, "bad key (request id: req-1)");
+    json_decref(p.root);
+    llmgw_buf_free(&b);
+
+    /* a body that was not cut keeps its last bytes */
+    b = llmgw_upstream_error_json(401, body + 1, len - 1, k, RID);
+    p = parse(b);
+    assert_non_null(strstr(p.message, part));
+    json_decref(p.root);
+    llmgw_buf_free(&b);
+    free(body);
+}
+
+
+static void
+test_upstream_key_across_the_cut_leaves_no_part(void **state)
+{
+    (void) state;
+
+    expect_cut_key_dropped(KEY, "sk-chan-0123");
+    expect_cut_key_dropped(KEY, "s");
+    expect_cut_key_dropped("AIza/k+y=12", "AIza%2Fk%2");
+}
+
+
 static void
 test_upstream_error_for_messages_hides_the_channel_key(void **state)
 {
@@ -451,6 +496,7 @@ main(void)
         cmocka_unit_test(test_upstream_code_quoting_the_channel_key_hides_it),
         cmocka_unit_test(test_upstream_raw_text_hides_a_key_across_the_cut),
         cmocka_unit_test(test_upstream_percent_encoded_key_is_hidden),
+        cmocka_unit_test(test_upstream_key_across_the_cut_leaves_no_part),
         cmocka_unit_test(
             test_upstream_error_for_messages_hides_the_channel_key),
         cmocka_unit_test(test_upstream_short_key_is_not_searched),

@@ -153,13 +153,20 @@ test_query_key_mask_hides_every_key_parameter_only(void **state)
 }
 
 
+/* $request and $request_uri show a fragment as the client sent it. */
 static void
-test_query_key_mask_ends_at_the_fragment(void **state)
+test_query_key_mask_goes_past_a_fragment_mark(void **state)
 {
     char q[] = "alt=sse&key=sk-1#x&key=frag";
+    char r[] = "alt=sse#&key=sk-2";
+    char s[] = "alt=sse#key=sk-3&x=1";
 
-    assert_int_equal(mask(q), 1);
-    assert_string_equal(q, "alt=sse&key=****#x&key=frag");
+    assert_int_equal(mask(q), 2);
+    assert_string_equal(q, "alt=sse&key=******&key=****");
+    assert_int_equal(mask(r), 1);
+    assert_string_equal(r, "alt=sse#&key=****");
+    assert_int_equal(mask(s), 1);
+    assert_string_equal(s, "alt=sse#key=****&x=1");
 }
 
 
@@ -188,7 +195,7 @@ main(void)
         cmocka_unit_test(test_generated_key_is_sk_and_48_lowercase_hex),
         cmocka_unit_test(test_generated_keys_differ_and_hash),
         cmocka_unit_test(test_query_key_mask_hides_every_key_parameter_only),
-        cmocka_unit_test(test_query_key_mask_ends_at_the_fragment),
+        cmocka_unit_test(test_query_key_mask_goes_past_a_fragment_mark),
         cmocka_unit_test(test_query_key_mask_leaves_a_query_without_key),
     };
 

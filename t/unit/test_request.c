@@ -277,6 +277,34 @@ test_gemini_needs_contents(void **state)
 }
 
 
+/* The spec's audio generation request: generationConfig is required. */
+static void
+test_gemini_speech_model_needs_generation_config(void **state)
+{
+    llmgw_req_t *r;
+    (void) state;
+
+    assert_refused(LLMGW_EP_GEMINI, S("gemini-2.5-flash-preview-tts"),
+                   "{\"contents\":[{\"parts\":[{\"text\":\"hi\"}]}]}",
+                   "invalid_request", "field generationConfig is required");
+    assert_refused(LLMGW_EP_GEMINI, S("TTS-1-voice"),
+                   "{\"contents\":[],\"generationConfig\":null}",
+                   "invalid_request", "field generationConfig is required");
+
+    /* in either of Google's spellings */
+    r = parse_ok(LLMGW_EP_GEMINI, S("gemini-2.5-pro-preview-tts"),
+        "{\"contents\":[],\"generation_config\":{\"response_modalities\":"
+        "[\"AUDIO\"]}}");
+    llmgw_req_free(r);
+
+    /* a text model, or a name where "tts" is not a part of its own */
+    r = parse_ok(LLMGW_EP_GEMINI, S("gemini-2.5-flash"), "{\"contents\":[]}");
+    llmgw_req_free(r);
+    r = parse_ok(LLMGW_EP_GEMINI, S("gemini-ttsx-1"), "{\"contents\":[]}");
+    llmgw_req_free(r);
+}
+
+
 static void
 test_rerank_needs_query_and_documents(void **state)
 {
@@ -542,6 +570,7 @@ main(void)
         cmocka_unit_test(test_messages_reads_max_tokens_and_stream),
         cmocka_unit_test(test_gemini_takes_the_model_from_the_path),
         cmocka_unit_test(test_gemini_needs_contents),
+        cmocka_unit_test(test_gemini_speech_model_needs_generation_config),
         cmocka_unit_test(test_rerank_needs_query_and_documents),
         cmocka_unit_test(
             test_upstream_body_replaces_the_model_and_keeps_the_rest),

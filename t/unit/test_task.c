@@ -470,6 +470,17 @@ check_route(const char *method, const char *path, llmgw_troute_e kind,
 }
 
 
+/* An image or sync Responses request waits 600 s unless configured
+   (TASK_PLUGIN_PROTOCOL_TIMEOUT_SECONDS, "default 600 seconds"). */
+static void
+test_wait_default_is_the_protocol_timeout(void **state)
+{
+    (void) state;
+
+    assert_int_equal(LLMGW_TASK_WAIT_DEFAULT_MS, 600 * 1000);
+}
+
+
 static void
 test_route_generic_submit_and_get(void **state)
 {
@@ -2088,6 +2099,7 @@ int
 main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wait_default_is_the_protocol_timeout),
         cmocka_unit_test(test_route_generic_submit_and_get),
         cmocka_unit_test(test_route_native_paths_with_parameters),
         cmocka_unit_test(test_route_unrelated_paths_are_none),

@@ -17,6 +17,7 @@ export const meta = {
   author: { name: 'llmgw tests' },
   models: ['test-model'],
   fetchMode: 'per_task',
+  requiredCapabilities: ['json-clone@1'],
   routes: [{ method: 'POST', path: '/v8host-test/tasks', type: 'submit',
              decode: 'create', render: 'created' }],
 };
@@ -128,6 +129,26 @@ export function pluginWith(extra) {
 export const meta = { apiVersion: 1, key: 'v8host-small', name: 'Small',
   version: '1.0.0', author: { name: 'tests' }, models: ['m'], fetchMode: 'per_task' };
 export function buildSubmitRequest(ctx) { return { url: 'https://example.com' }; }
+export function parseSubmitResponse() { return { taskId: '1' }; }
+export function parseTaskResult() { return { status: 'SUCCESS' }; }
+export function buildQueryRequest() { return { url: 'https://example.com/q' }; }
+`;
+}
+
+// A plugin whose buildSubmitRequest reports what its utils hold.  caps:
+// the requiredCapabilities expression as source text (null: none);
+// comment: text put in a comment of the source.
+export function capabilityPlugin(caps, comment = '') {
+  return `// ${comment}
+export const meta = { apiVersion: 1, key: 'v8host-caps', name: 'Caps',
+  version: '1.0.0', author: { name: 'tests' }, models: ['m'], fetchMode: 'per_task'${
+    caps === null ? '' : `,\n  requiredCapabilities: ${caps}`} };
+const atLoad = typeof utils.json;
+export function buildSubmitRequest() {
+  return { atLoad, json: typeof utils.json,
+           clone: utils.json ? utils.json.clone({ a: [1] }) : null,
+           has: utils.hasCapability('json-clone@1') };
+}
 export function parseSubmitResponse() { return { taskId: '1' }; }
 export function parseTaskResult() { return { status: 'SUCCESS' }; }
 export function buildQueryRequest() { return { url: 'https://example.com/q' }; }

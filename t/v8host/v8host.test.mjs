@@ -7,7 +7,7 @@ import crypto from 'node:crypto';
 
 import { startHelper, Client, frame, header, waitFor,
          LOAD, CALL, STATUS, REPLY } from './lib.mjs';
-import { TEST_PLUGIN, pluginWith } from './plugin.mjs';
+import { TEST_PLUGIN, capabilityPlugin, pluginWith } from './plugin.mjs';
 
 const DEADLINE_MS = 1000;
 const MAX_FRAME = 4 * 1024 * 1024;
@@ -523,6 +523,24 @@ test('json.clone keeps __proto__ as an own key and copies frozen args into mutab
         original: { list: [1, 2, 3] },
         sameObject: false,
     });
+});
+
+test('utils.json.clone only for a plugin that declares json-clone@1, however its source spells it', async () => {
+    const present = { atLoad: 'object', json: 'object', clone: { a: [1] }, has: true };
+    const absent = { atLoad: 'undefined', json: 'undefined', clone: null, has: true };
+    for (const [caps, comment, want] of [
+        [null, '', absent],
+        [null, 'json-clone@1 named in a comment only', absent],
+        ["['submit-sse-delta@1']", 'not json-clone@1', absent],
+        ["['json-clone@1']", '', present],
+        ["['json-clone@' + (0 + 1)]", 'built at run time', present],
+    ]) {
+        const r = await client.load(capabilityPlugin(caps, comment));
+        assert.equal(r.ok, true, JSON.stringify(r));
+        const c = await client.call(r.sha, 'buildSubmitRequest', [{}]);
+        assert.equal(c.ok, true, JSON.stringify(c));
+        assert.deepEqual(c.result, want, `${caps} / ${comment}`);
+    }
 });
 
 // ---- STATUS and the supervisor ----
