@@ -268,8 +268,9 @@ END $$;
 -- Why host (of an http(s) URL, brackets kept) is neither a host name nor
 -- an IP address, or NULL.  Names are labels of 1 to 63 letters, digits,
 -- "-" (not first or last) and "_" (container and service names), at most
--- 253 characters; a name of digits and dots is an IPv4 address, which has
--- four parts without leading zeros (as allow_ips, 023).
+-- 253 characters, with one final dot allowed (a fully qualified name); a
+-- name of digits and dots is an IPv4 address, which has four parts without
+-- leading zeros (as allow_ips, 023).
 CREATE FUNCTION llmgw_host_error(host text) RETURNS text
 LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
@@ -299,7 +300,7 @@ BEGIN
     IF length(host) > 253 THEN
         RETURN 'the host name is longer than 253 characters';
     END IF;
-    FOREACH v_label IN ARRAY string_to_array(host, '.') LOOP
+    FOREACH v_label IN ARRAY string_to_array(regexp_replace(host, '(.)\.$', '\1'), '.') LOOP
         IF v_label = '' THEN
             RETURN format('the host name %s has an empty label', left(host, 64));
         ELSIF length(v_label) > 63 THEN

@@ -1459,7 +1459,7 @@ ANS=$(sql "SELECT llmgw_plugin_upload('{\"query\":\"forse=1\"}')")
 expect_err "an upload takes force alone" 400 invalid_request "forse: unknown query parameter (known: force)"
 expect_eq "nothing stored" "$(rev)" "$r0"
 
-for host in '-' 'a..b' '[:::]' '[1.2.3.4]' '1.2.3' '010.0.0.1' 'a.b.' 'a-.b' \
+for host in '-' 'a..b' '[:::]' '[1.2.3.4]' '1.2.3' '010.0.0.1' 'a.b..' '.a' '.' 'a-.b' \
             "$(printf 'a%.0s' $(seq 64)).com"; do
     api POST /channel '' "{\"type\":1,\"base_url\":\"http://$host/v1\",\"models\":[\"m\"]}"
     expect "base_url host $host is refused" '.status == 400 and (.message | startswith("base_url: "))'
@@ -1468,7 +1468,7 @@ api POST /channel '' '{"type":1,"base_url":"http://a..b","models":["m"]}'
 expect_err "an empty label is named" 400 invalid_request "base_url: the host name a..b has an empty label"
 api POST /channel '' '{"type":1,"base_url":"http://[:::]:8080","models":["m"]}'
 expect_err "an IPv6 literal is checked" 400 invalid_request "base_url: [:::] is not an IPv6 address"
-for host in '[::1]:8080' '[::ffff:10.0.0.1]' '10.0.0.1' 'my_llm:8000' "$(printf 'a%.0s' $(seq 63)).example"; do
+for host in '[::1]:8080' '[::ffff:10.0.0.1]' '10.0.0.1' 'my_llm:8000' 'api.example.com.' "$(printf 'a%.0s' $(seq 63)).example"; do
     api POST /channel '' "{\"type\":1,\"base_url\":\"http://$host\",\"models\":[\"m\"]}"
     expect "base_url host $host is taken" '.status == 200'
 done
