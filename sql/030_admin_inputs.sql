@@ -46,7 +46,8 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN p_path ~ '^/(user|channel)$'
             THEN CASE p_method WHEN 'GET' THEN ARRAY['page', 'page_size']
                                WHEN 'POST' THEN '{}'::text[] END
-        -- an upload is checked where it is stored (llmgw_plugin_upload)
+        -- an upload's (force) the gateway checks, as those of the calls it
+        -- answers itself (llmgw_admin_check)
         WHEN p_path = '/plugin/task' AND p_method = 'GET'
             THEN ARRAY['page', 'page_size']
         WHEN p_path = '/token'
@@ -144,27 +145,6 @@ BEGIN
     END;
     RETURN llmgw_api_dispatch(method, path, query, body);
 END $$;
-
--- An upload (answered by the gateway, stored here) takes force alone.
-ALTER FUNCTION llmgw_plugin_upload(jsonb) RENAME TO llmgw_plugin_upload_query;
-
-CREATE FUNCTION llmgw_plugin_upload(p jsonb) RETURNS jsonb
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_state text;
-    v_msg   text;
-    v_hint  text;
-BEGIN
-    BEGIN
-        PERFORM llmgw_v_query(llmgw_query_parse(p ->> 'query'), ARRAY['force']);
-    EXCEPTION WHEN OTHERS THEN
-        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE,
-                                v_msg = MESSAGE_TEXT, v_hint = PG_EXCEPTION_HINT;
-        RETURN llmgw_api_caught(v_state, v_msg, v_hint, 'llmgw_plugin_upload');
-    END;
-    RETURN llmgw_plugin_upload_query(p);
-END $$;
-
 
 -- ======================================================================
 -- Numbers
