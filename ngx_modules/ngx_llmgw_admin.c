@@ -12,7 +12,7 @@
 
 static void ngx_llmgw_admin_body(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_admin_plugin(ngx_http_request_t *r,
-    ngx_llmgw_ctx_t *ctx, ngx_str_t *path);
+    ngx_llmgw_ctx_t *ctx, llmgw_admin_route_e route, llmgw_str_t *icon);
 static void ngx_llmgw_admin_done(void *data, PGresult *res, const char *err);
 static void ngx_llmgw_admin_refreshed(ngx_http_request_t *r);
 static ngx_int_t ngx_llmgw_admin_refuse(ngx_http_request_t *r,
@@ -106,11 +106,13 @@ ngx_llmgw_admin_handler(ngx_http_request_t *r)
 static void
 ngx_llmgw_admin_body(ngx_http_request_t *r)
 {
-    int               lengths[4];
-    ngx_str_t         body, path;
-    const char       *params[4];
-    llmgw_verdict_t   v;
-    ngx_llmgw_ctx_t  *ctx;
+    int                  lengths[4];
+    ngx_str_t            body, path;
+    llmgw_str_t          icon;
+    const char          *params[4];
+    llmgw_verdict_t      v;
+    ngx_llmgw_ctx_t     *ctx;
+    llmgw_admin_route_e  route;
 
     ctx = ngx_llmgw_get_ctx(r);
 
@@ -128,22 +130,33 @@ ngx_llmgw_admin_body(ngx_http_request_t *r)
 
     ctx->body = body;
 
-    /* what the gateway answers itself (llmgw_admin_route) is answered
-       here, the rest by llmgw_api() */
-    if (ngx_llmgw_admin_plugin(r, ctx, &path) == NGX_OK) {
+    route = llmgw_admin_route((llmgw_str_t) { (char *) r->method_name.data,
+                                              r->method_name.len },
+                              (llmgw_str_t) { (char *) path.data, path.len },
+                              &icon, &v);
+
+    /* a 405 first; then what the database would refuse as text, bodies
+       that are not one JSON object (the same 400s as the client API's),
+       for the calls the gateway answers as for the others */
+    if (route == LLMGW_ADMIN_REFUSED
+        || llmgw_admin_check(route,
+                             (llmgw_str_t) { (char *) path.data, path.len },
+                             (llmgw_str_t) { (char *) r->args.data,
+                                             r->args.len },
+                             (llmgw_str_t) { (char *) body.data, body.len },
+                             (r->method & (NGX_HTTP_POST | NGX_HTTP_PUT
+                                           | NGX_HTTP_PATCH
+                                           | NGX_HTTP_DELETE)) != 0, &v)
+           != 0)
+    {
+        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
         return;
     }
 
-    /* what the database would refuse as text, and bodies that are not one
-       JSON object: the same 400s as the client API's */
-    if (llmgw_admin_check((llmgw_str_t) { (char *) path.data, path.len },
-                          (llmgw_str_t) { (char *) r->args.data, r->args.len },
-                          (llmgw_str_t) { (char *) body.data, body.len },
-                          (r->method & (NGX_HTTP_POST | NGX_HTTP_PUT
-                                        | NGX_HTTP_PATCH)) != 0, &v)
-        != 0)
-    {
-        ngx_http_finalize_request(r, ngx_llmgw_send_error(r, ctx, &v));
+    /* what the gateway answers itself is answered here, the rest by
+       llmgw_api() */
+    if (route != LLMGW_ADMIN_DATABASE) {
+        ngx_llmgw_admin_plugin(r, ctx, route, &icon);
         return;
     }
 
@@ -349,30 +362,18 @@ ngx_llmgw_admin_v8_refused(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
 static ngx_int_t
 ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
-    ngx_str_t *path)
+    llmgw_admin_route_e route, llmgw_str_t *icon)
 {
-    char                 key[64];
-    ngx_int_t            rc;
-    llmgw_str_t          icon;
-    llmgw_buf_t          frame;
-    const char          *sha;
-    llmgw_verdict_t      v;
-    llmgw_snapshot_t    *s;
-    llmgw_admin_route_e  route;
+    char               key[64];
+    ngx_int_t          rc;
+    llmgw_buf_t        frame;
+    const char        *sha;
+    llmgw_verdict_t    v;
+    llmgw_snapshot_t  *s;
 
     frame.data = NULL;
 
-    route = llmgw_admin_route((llmgw_str_t) { (char *) r->method_name.data,
-                                              r->method_name.len },
-                              (llmgw_str_t) { (char *) path->data,
-                                              path->len },
-                              &icon, &v);
-
     switch (route) {
-
-    case LLMGW_ADMIN_REFUSED:
-        rc = ngx_llmgw_send_error(r, ctx, &v);
-        goto done;
 
     case LLMGW_ADMIN_UPLOAD:
         rc = ngx_llmgw_admin_upload(r, ctx, NULL, NULL);
@@ -386,7 +387,7 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         return NGX_OK;
 
     case LLMGW_ADMIN_ICON:
-        rc = ngx_llmgw_admin_icon(r, ctx, &icon);
+        rc = ngx_llmgw_admin_icon(r, ctx, icon);
         if (rc != NGX_DONE) {
             ngx_http_finalize_request(r, rc);
         }
@@ -461,8 +462,9 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
 
         break;
 
-    default: /* LLMGW_ADMIN_DATABASE */
-        return NGX_DECLINED;
+    default: /* the database's and refused calls never come here */
+        rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        goto done;
     }
 
     if (rc != NGX_OK) {

@@ -75,6 +75,43 @@ icon_key(std::string_view path)
                                                    : std::string_view();
 }
 
+/*
+ * The query parameters of a call the gateway answers itself: force on an
+ * upload (a marketplace install is one), none elsewhere.  As llmgw_api()
+ * does for the database's calls, a parameter not taken is refused: a
+ * misspelt ?forse=1 would otherwise be dropped.
+ */
+bool
+query_known(llmgw_admin_route_e route, std::string_view args,
+    llmgw_verdict_t *v)
+{
+    bool force = route == LLMGW_ADMIN_UPLOAD
+                 || route == LLMGW_ADMIN_MARKETPLACE;
+
+    while (!args.empty()) {
+        size_t amp = args.find('&');
+        std::string_view part = args.substr(0, amp);
+
+        args = amp == std::string_view::npos ? std::string_view()
+                                             : args.substr(amp + 1);
+
+        std::string_view name = part.substr(0, part.find('='));
+
+        if (part.empty() || (force && name == "force")) {
+            continue;
+        }
+
+        name = utf8_prefix(name, 64);
+        llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                          "%.*s: unknown query parameter (%s)",
+                          (int) name.size(), name.data(),
+                          force ? "known: force" : "this call takes none");
+        return false;
+    }
+
+    return true;
+}
+
 }  // namespace
 
 
@@ -135,8 +172,8 @@ llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
 
 
 extern "C" int
-llmgw_admin_check(llmgw_str_t path, llmgw_str_t args, llmgw_str_t body,
-    int object, llmgw_verdict_t *v)
+llmgw_admin_check(llmgw_admin_route_e route, llmgw_str_t path,
+    llmgw_str_t args, llmgw_str_t body, int object, llmgw_verdict_t *v)
 {
     for (std::string_view part : { sv(path), sv(args) }) {
         for (size_t i = 0; i < part.size(); ) {
@@ -149,6 +186,10 @@ llmgw_admin_check(llmgw_str_t path, llmgw_str_t args, llmgw_str_t body,
             }
             i += n;
         }
+    }
+
+    if (route != LLMGW_ADMIN_DATABASE && !query_known(route, sv(args), v)) {
+        return -1;
     }
 
     std::string_view text = sv(body);

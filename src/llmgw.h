@@ -321,15 +321,6 @@ int llmgw_admin_answer(const char *json, size_t len, llmgw_buf_t *body,
     llmgw_verdict_t *v);
 
 /*
- * Whether an admin request may go to the database: 0, or -1 with a 400 in v.
- * The path and query must be UTF-8 (the database refuses anything else),
- * and a body, when object is set and the body is not empty, one JSON
- * object by jansson's rules (no NUL byte, no number beyond a double).
- */
-int llmgw_admin_check(llmgw_str_t path, llmgw_str_t args, llmgw_str_t body,
-    int object, llmgw_verdict_t *v);
-
-/*
  * The admin paths the gateway answers itself (the plugin runtime, or the
  * plugin store read directly); the others go to llmgw_api().
  */
@@ -351,6 +342,17 @@ typedef enum {
  */
 llmgw_admin_route_e llmgw_admin_route(llmgw_str_t method, llmgw_str_t path,
     llmgw_str_t *key, llmgw_verdict_t *v);
+
+/*
+ * Whether an admin request of that route (not REFUSED) may be served: 0, or
+ * -1 with a 400 in v.  The path and query must be UTF-8 (the database
+ * refuses anything else), and a body, when object is set and the body is
+ * not empty, one JSON object by jansson's rules (no NUL byte, no number
+ * beyond a double).  A route the gateway answers takes no query parameter
+ * but an upload's force; llmgw_api() checks those of the others.
+ */
+int llmgw_admin_check(llmgw_admin_route_e route, llmgw_str_t path,
+    llmgw_str_t args, llmgw_str_t body, int object, llmgw_verdict_t *v);
 
 /* The notification payload {"rev":n,"kind":"token","id":7}. */
 typedef struct {

@@ -118,6 +118,104 @@ resolve(std::string_view index_url, std::string_view path, std::string &out,
     return true;
 }
 
+/* How deep an index is read for credentials; its own fields sit at 4. */
+constexpr int kMaxIndexDepth = 16;
+
+/* A member name that says it holds a secret (apiKey, client_secret,
+   accessToken, password, ...); not "key", the plugin's key. */
+bool
+secret_name(std::string_view name)
+{
+    static constexpr std::string_view kParts[] = {
+        "password", "passwd", "secret", "apikey", "accesskey", "privatekey",
+        "credential", "authorization", "cookie"
+    };
+    std::string n;
+
+    for (char c : name) {
+        if ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')) {
+            n += c;
+        } else if (c >= 'A' && c <= 'Z') {
+            n += static_cast<char>(c - 'A' + 'a');
+        }
+    }
+
+    for (std::string_view p : kParts) {
+        if (n.find(p) != std::string::npos) {
+            return true;
+        }
+    }
+
+    return n == "auth" || n == "pwd"
+           || (n.size() >= 5 && n.compare(n.size() - 5, 5, "token") == 0);
+}
+
+/* A URL whose authority holds user:pass@. */
+bool
+has_userinfo(std::string_view s)
+{
+    size_t at = s.find("://");
+
+    if (at == std::string_view::npos) {
+        return false;
+    }
+
+    std::string_view auth = s.substr(at + 3);
+    auth = auth.substr(0, auth.find_first_of("/?#"));
+
+    return auth.find('@') != std::string_view::npos;
+}
+
+/*
+ * Where in an index a credential is published (a secret-looking member, a
+ * URL with user:pass@), as "plugins[0].versions[1].path", with why; false
+ * when there is none.  What is nested deeper than any index field is
+ * refused too: it is listed as it came, unread.
+ */
+bool
+find_credential(const json_t *j, std::string &where, const char *&why,
+    int depth)
+{
+    if (depth > kMaxIndexDepth) {
+        why = "nested too deeply to be checked for credentials";
+        return true;
+    }
+
+    if (json_is_string(j)) {
+        why = "a URL with a user name or password";
+        return has_userinfo(std::string_view(json_string_value(j),
+                                             json_string_length(j)));
+    }
+
+    size_t      mark = where.size();
+    const char *k;
+    json_t     *x;
+    size_t      i;
+
+    json_object_foreach(const_cast<json_t *>(j), k, x) {
+        where += '.';
+        where += utf8_prefix(k, 64);
+        if (secret_name(k)) {
+            why = "a member named like a secret";
+            return true;
+        }
+        if (find_credential(x, where, why, depth + 1)) {
+            return true;
+        }
+        where.resize(mark);
+    }
+
+    json_array_foreach(const_cast<json_t *>(j), i, x) {
+        where += '[' + std::to_string(i) + ']';
+        if (find_credential(x, where, why, depth + 1)) {
+            return true;
+        }
+        where.resize(mark);
+    }
+
+    return false;
+}
+
 /* The index as a JSON object, or a verdict. */
 Json
 read_index(const char *index, size_t len, llmgw_verdict_t *v)
@@ -127,6 +225,20 @@ read_index(const char *index, size_t len, llmgw_verdict_t *v)
     if (!json_is_object(root.get())) {
         llmgw_verdict_set(v, 502, "gateway_error", "invalid_marketplace",
                           "the marketplace index is not a JSON object");
+        return nullptr;
+    }
+
+    /* a listing shows the index's fields, and a source is fetched from
+       its path: neither may carry a secret (the value is not repeated) */
+    std::string where;
+    const char *why = "";
+
+    if (find_credential(root.get(), where, why, 0)) {
+        llmgw_verdict_set(v, 502, "gateway_error", "invalid_marketplace",
+                          "the marketplace index carries a credential at "
+                          "%s (%s); an index is public and must not",
+                          where.empty() ? "its root" : where.c_str() + 1,
+                          why);
         return nullptr;
     }
 

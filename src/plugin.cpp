@@ -282,9 +282,11 @@ llmgw_plugin_call_request(const char *body, size_t len, const char *sha,
         JsonView hook = root.get("hook");
         JsonView args = root.get("args");
 
-        if (!root) {
-            llmgw_verdict_set(v, 500, "gateway_error", "internal_error",
-                              "the request could not be read");
+        /* the body is the caller's: what is not one object is theirs */
+        if (!root.is_object()) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_json",
+                              root ? "request body must be a JSON object"
+                                   : "invalid JSON request body");
             return -1;
         }
 

@@ -215,6 +215,68 @@ describe('admin API', { timeout: 180000 }, () => {
         assert.match(raw.body, /not valid UTF-8/);
     });
 
+    test('what used to be stored or dropped without a word is refused with 400 naming it', async () => {
+        const u = await makeUser(gw);
+        const ch = { type: 1, base_url: mock.url, models: ['m-checked'] };
+        const long = 'x'.repeat(1025);
+        const cases = [
+            /* a query parameter the call does not take (a misspelt filter listed everything) */
+            ['GET', `/api/token?userid=${u.id}`, undefined,
+                'userid: unknown query parameter (known: user_id, page, page_size)'],
+            ['GET', '/api/channel?page_size=1&sort=id', undefined,
+                'sort: unknown query parameter (known: page, page_size)'],
+            ['GET', `/api/user/${u.id}?fields=id`, undefined,
+                'fields: unknown query parameter (this call takes none)'],
+            /* a DELETE of a user takes no members */
+            ['DELETE', `/api/user/${u.id}`, { force: true },
+                'force: unknown field (a DELETE of a user takes none)'],
+            /* hosts that are no host name or IP address */
+            ['POST', '/api/channel', { ...ch, base_url: 'http://-/' }, 'base_url: the host name - has a label'],
+            ['POST', '/api/channel', { ...ch, base_url: 'http://a..b/' }, 'base_url: the host name a..b has an empty label'],
+            ['POST', '/api/channel', { ...ch, base_url: 'http://[:::]/' }, 'base_url: [:::] is not an IPv6 address'],
+            ['POST', '/api/channel', { ...ch, base_url: `http://${'a'.repeat(64)}.example/` },
+                'base_url: the host name'],
+            /* model names routing could never match */
+            ['POST', '/api/channel', { ...ch, models: [long] }, 'models: a model name has at most 1024 bytes'],
+            ['POST', '/api/token', { user_id: u.id, models: [long] }, 'models: a model name has at most 1024 bytes'],
+            ['POST', '/api/channel', { ...ch, model_mapping: { 'm-checked': long } },
+                'model_mapping.m-checked: a model name has at most 1024 bytes'],
+            ['POST', '/api/channel', { ...ch, model_mapping: { 'm-checked ': 'up' } },
+                'model_mapping: "m-checked " has leading or trailing whitespace'],
+            ['PUT', '/api/pricing', { [long]: { ratio: 1 } }, 'pricing: a model name has at most 1024 bytes'],
+            ['PUT', '/api/pricing', { 'm-checked ': { ratio: 1 } }, 'pricing: "m-checked " has leading or trailing whitespace'],
+            ['PUT', '/api/pricing', { 'm\u0001x': { ratio: 1 } }, 'pricing: "m\\u0001x" must not contain control characters'],
+            /* numbers the gateway reads as 0 */
+            ['PUT', '/api/pricing', '{"m-checked":{"ratio":1e-400}}',
+                'pricing.m-checked.ratio: must be 0 or at least 1e-300'],
+            ['PUT', '/api/group', '{"g-checked":1e-400}', 'group.g-checked: must be 0 or at least 1e-300'],
+        ];
+        for (const [method, p, body, message] of cases) {
+            const r = await gw.admin(method, p, body,
+                typeof body === 'string' ? { headers: { 'Content-Type': 'application/json' } } : {});
+            assertError(r, 400, { code: 'invalid_request', message });
+        }
+        /* a DELETE's body is JSON too; nothing was deleted or stored */
+        assertError(await gw.admin('DELETE', `/api/user/${u.id}`, '{"force":'), 400,
+            { code: 'invalid_json' });
+        assertOk(await gw.admin('GET', `/api/user/${u.id}`));
+        const prices = (await gw.admin('GET', '/api/pricing')).json;
+        assert.equal(prices['m-checked'], undefined);
+        assert.equal(prices['m-checked '], undefined);
+
+        /* what is right is taken: an unknown channel type is stored as given */
+        for (const base of ['http://[::1]:9', 'http://my_llm:8000', `http://${'a'.repeat(63)}.example`]) {
+            assertOk(await gw.admin('POST', '/api/channel', { ...ch, base_url: base }), base);
+        }
+        const odd = await gw.admin('POST', '/api/channel', { ...ch, type: 987 });
+        assertOk(odd);
+        assert.equal(odd.json.type, 987);
+        const listed = await gw.admin('GET', `/api/token?user_id=${u.id}&page_size=1`);
+        assertOk(listed);
+        assert.equal(listed.json.page_size, 1);
+        assertOk(await gw.admin('DELETE', `/api/user/${u.id}`, {}));
+    });
+
     test('prices come back as they were written', async () => {
         assertOk(await gw.admin('PUT', '/api/pricing',
             { 'm-exact': { ratio: 0.075, completion_ratio: 4 } }));

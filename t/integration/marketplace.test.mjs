@@ -215,6 +215,42 @@ describe('marketplace sources', () => {
         }
     });
 
+    test('an index that publishes a credential is refused: 502 invalid_marketplace, naming where but not the secret', async () => {
+        const sub = fs.mkdtempSync(path.join(dir, 'secret-'));
+        fs.chmodSync(sub, 0o755);
+        const src = variant('mk-cred', '1.0.0');
+        fs.writeFileSync(path.join(sub, 'plugin.js'), src);
+        const entry = (version) => ({ key: 'mk-cred', name: 'c', channelTypes: [], models: ['m'],
+            latest: '1.0.0', versions: [{ version: '1.0.0', path: 'plugin.js', sha256: sha(src),
+                                          minApiVersion: 1, kind: 'task', ...version }] });
+        const cases = [
+            /* a remote index naming its source with user:pass@ */
+            [{ path: `${web.url.replace('//', '//mk:hunter2@')}/secret/plugin.js` },
+                'plugins[0].versions[0].path (a URL with a user name or password)'],
+            [{ downloadToken: 'hunter2' }, 'plugins[0].versions[0].downloadToken (a member named like a secret)'],
+            [{ auth: { password: 'hunter2' } }, 'plugins[0].versions[0].auth (a member named like a secret)'],
+        ];
+        for (const [version, where] of cases) {
+            fs.writeFileSync(path.join(sub, 'index.json'),
+                JSON.stringify({ indexVersion: 1, name: 'leaky', plugins: [entry(version)] }));
+            fs.chmodSync(path.join(sub, 'index.json'), 0o644);
+            const url = `${web.url}/${path.basename(sub)}/index.json`;
+            for (const body of [{ url }, { url, key: 'mk-cred' }]) {
+                const r = await market(gw, body);
+                assertError(r, 502, { code: 'invalid_marketplace',
+                    message: `the marketplace index carries a credential at ${where}` });
+                assert.ok(!r.text.includes('hunter2'), r.text);
+            }
+        }
+        assertError(await gw.admin('GET', '/api/plugin/task/mk-cred'), 404);
+
+        /* the same index without them installs */
+        fs.writeFileSync(path.join(sub, 'index.json'),
+            JSON.stringify({ indexVersion: 1, name: 'clean', plugins: [entry({})] }));
+        assertOk(await market(gw, { url: `${web.url}/${path.basename(sub)}/index.json`,
+                                    key: 'mk-cred' }), 'install without credentials');
+    });
+
     test('the icon of a plugin is an SVG image', async () => {
         const r = await gw.req('GET', '/api/plugin/task/mk-web/icon',
             { key: gw.rootToken });

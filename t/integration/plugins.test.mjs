@@ -474,12 +474,15 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
     test('an upload takes force from the query as PATCH and activate do: ?force=1 or ?force=true', async () => {
         const rival = fixture('video-task-rival.js');
         const up = (q, body) => a.admin('POST', `/api/plugin/task${q}`, body);
-        for (const q of ['?force=0', '?force=yes', '?forced=1']) {
+        for (const q of ['?force=0', '?force=yes']) {
             assertError(await up(q, { source: rival, enabled: true }), 409,
                 { code: 'conflict', message: /POST \/itest\/v1\/videos/ });
         }
+        /* a misspelt force is named, not dropped */
+        assertError(await up('?forced=1', { source: rival, enabled: true }), 400,
+            { code: 'invalid_request', message: /^forced: unknown query parameter \(known: force\)/ });
         assertError(await a.admin('GET', '/api/plugin/task/itest-video-rival'), 404);
-        for (const q of ['?force=1', '?force=true', '?x=1&force=1']) {
+        for (const q of ['?force=1', '?force=true', '?&force=1']) {
             const r = await up(q, { source: rival, enabled: true, force: false });
             assert.equal(assertUploaded(r, 'itest-video-rival', '1.0.0').enabled, true, q);
             assertOk(await a.admin('DELETE', '/api/plugin/task/itest-video-rival'), q);
@@ -546,6 +549,41 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         /* a DELETE's body is read: force there lifts the unfinished-tasks rule as ?force=1 does */
         assertOk(await a.admin('DELETE', path, { force: true }));
         assertError(await a.admin('GET', path), 404);
+    });
+
+    test('what the gateway answers itself is checked as the rest: bodies, paths and query parameters are 400s in the contract', async () => {
+        const key = 'itest-checked';
+        assertUploaded(await upload(a, { source: variant(key), enabled: false }), key, '1.0.0');
+        const json = { headers: { 'Content-Type': 'application/json' } };
+
+        /* a dry run's body that is not one JSON object is the caller's */
+        for (const body of ['bad', '{"key":', '[]', '']) {
+            assertError(await a.admin('POST', '/api/plugin/task/dryrun', body, json), 400,
+                { code: 'invalid_json' });
+        }
+        /* a path that is not UTF-8 once decoded: not "database unreachable" */
+        for (const p of ['/api/plugin/task/%FF/icon', '/api/plugin/task/%FF']) {
+            assertError(await a.admin('GET', p), 400,
+                { code: 'invalid_request', message: /^the URL is not valid UTF-8/ });
+        }
+        /* a DELETE's body is JSON like any other */
+        assertError(await a.admin('DELETE', `/api/plugin/task/${key}`, 'bad json', json), 400,
+            { code: 'invalid_json' });
+        assertOk(await a.admin('GET', `/api/plugin/task/${key}`), 'not deleted');
+        /* parameters a call does not take */
+        for (const [method, p, message] of [
+            ['GET', '/api/plugin/task/runtime/status?x=1', 'x: unknown query parameter (this call takes none)'],
+            ['GET', `/api/plugin/task/${key}/icon?size=64`, 'size: unknown query parameter (this call takes none)'],
+            ['POST', '/api/plugin/task/dryrun?force=1', 'force: unknown query parameter (this call takes none)'],
+            ['GET', '/api/plugin/task?pagesize=1', 'pagesize: unknown query parameter (known: page, page_size)'],
+            ['DELETE', `/api/plugin/task/${key}?forced=1`, 'forced: unknown query parameter (known: force)'],
+        ]) {
+            const e = assertError(await a.admin(method, p, method === 'GET' ? undefined : {}), 400,
+                { code: 'invalid_request' });
+            assert.ok(e.message.startsWith(message), `${method} ${p}: ${e.message}`);
+        }
+        assertOk(await a.admin('GET', '/api/plugin/task/runtime/status'));
+        assertOk(await a.admin('DELETE', `/api/plugin/task/${key}?force=1`));
     });
 
     test('a plugin whose routes can take another plugin\'s paths: 409; forced, the more specific route serves', async () => {

@@ -1432,6 +1432,85 @@ expect_err "a 405 names the path under /api" 405 method_not_allowed "method DELE
 
 sql "DELETE FROM task_plugins WHERE key IN ('$FA', '$FB')" >/dev/null
 
+echo "== what the admin API used to store or drop without a word (030)"
+DU=$(sql "SELECT (llmgw_api('POST', '/user', '', '{\"username\":\"del-body-$RUN\"}') -> 'body' ->> 'id')")
+api GET /token 'userid=1&page_size=1'
+expect_err "a misspelt list filter is refused, not dropped" 400 invalid_request "userid: unknown query parameter (known: user_id, page, page_size)"
+api GET /token 'user_id=1&page_size=1'
+expect "the filters a list takes are taken" '.status == 200 and .body.page_size == 1'
+api GET /user 'sort=id'
+expect_err "GET /user takes page and page_size" 400 invalid_request "sort: unknown query parameter (known: page, page_size)"
+api GET /plugin/task 'x=1'
+expect_err "GET /plugin/task takes page and page_size" 400 invalid_request "x: unknown query parameter (known: page, page_size)"
+api GET /pricing 'model=gpt-4o'
+expect_err "a call without parameters takes none" 400 invalid_request "model: unknown query parameter (this call takes none)"
+api PATCH "/user/$DU" 'quota=5' '{}'
+expect_err "nor does a write" 400 invalid_request "quota: unknown query parameter (this call takes none)"
+api PATCH "/plugin/task/$FA" 'forse=1' '{}'
+expect_err "a plugin's PATCH takes force" 400 invalid_request "forse: unknown query parameter (known: force)"
+api PUT /user 'x=1' '{}'
+expect "a 405 still comes first" '.status == 405'
+api GET /nosuch 'x=1'
+expect "and a 404" '.status == 404'
+
+for host in '-' 'a..b' '[:::]' '[1.2.3.4]' '1.2.3' '010.0.0.1' 'a.b..' '.a' '.' 'a-.b' \
+            "$(printf 'a%.0s' $(seq 64)).com"; do
+    api POST /channel '' "{\"type\":1,\"base_url\":\"http://$host/v1\",\"models\":[\"m\"]}"
+    expect "base_url host $host is refused" '.status == 400 and (.message | startswith("base_url: "))'
+done
+api POST /channel '' '{"type":1,"base_url":"http://a..b","models":["m"]}'
+expect_err "an empty label is named" 400 invalid_request "base_url: the host name a..b has an empty label"
+api POST /channel '' '{"type":1,"base_url":"http://[:::]:8080","models":["m"]}'
+expect_err "an IPv6 literal is checked" 400 invalid_request "base_url: [:::] is not an IPv6 address"
+for host in '[::1]:8080' '[::ffff:10.0.0.1]' '10.0.0.1' 'my_llm:8000' 'api.example.com.' "$(printf 'a%.0s' $(seq 63)).example"; do
+    api POST /channel '' "{\"type\":1,\"base_url\":\"http://$host\",\"models\":[\"m\"]}"
+    expect "base_url host $host is taken" '.status == 200'
+done
+api POST /channel '' '{"type":987,"base_url":"http://x","models":["m"]}'
+expect "an unknown channel type is stored as given" '.status == 200 and .body.type == 987'
+
+LONG=$(printf 'x%.0s' $(seq 1025))
+api POST /channel '' "{\"type\":1,\"base_url\":\"http://x\",\"models\":\"a, $LONG\"}"
+expect_err "a channel's model name over 1024 bytes" 400 invalid_request "models: a model name has at most 1024 bytes (\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...\" has 1025)"
+api POST /token '' "{\"user_id\":$DU,\"models\":[\"$LONG\"]}"
+expect "a key's model name over 1024 bytes" '.status == 400 and (.message | startswith("models: a model name has at most 1024 bytes"))'
+api POST /channel '' "{\"type\":1,\"base_url\":\"http://x\",\"models\":[\"m\"],\"model_mapping\":{\"m\":\"$LONG\"}}"
+expect "an upstream name over 1024 bytes" '.status == 400 and (.message | startswith("model_mapping.m: a model name has at most 1024 bytes"))'
+api POST /channel '' '{"type":1,"base_url":"http://x","models":["m"],"model_mapping":{"m ":"up"}}'
+expect_err "a mapped name with trailing whitespace" 400 invalid_request 'model_mapping: "m " has leading or trailing whitespace (model names are matched exactly)'
+api POST /channel '' "{\"type\":1,\"base_url\":\"http://x\",\"models\":[\"$(printf 'y%.0s' $(seq 1024))\"]}"
+expect "1024 bytes are taken" '.status == 200'
+r0=$(rev)
+api PUT /pricing '' "{\"ok-$RUN\":{\"ratio\":1},\"$LONG\":{\"ratio\":1}}"
+expect "a price keyed over 1024 bytes" '.status == 400 and (.message | startswith("pricing: a model name has at most 1024 bytes"))'
+api PUT /pricing '' '{" lead":{"ratio":1}}'
+expect_err "a price key with leading whitespace" 400 invalid_request 'pricing: " lead" has leading or trailing whitespace (model names are matched exactly)'
+api PUT /pricing '' '{"c\u0001m":{"ratio":1}}'
+expect_err "a price key with a control character" 400 invalid_request 'pricing: "c\u0001m" must not contain control characters'
+api PUT /pricing '' '{"p1":{"ratio":1e-400}}'
+expect_err "a ratio that reads as 0" 400 invalid_request "pricing.p1.ratio: must be 0 or at least 1e-300 (a smaller number reads as 0)"
+api PUT /pricing '' '{"p1":{"unit_prices":{"seconds":1e-301}}}'
+expect_err "a unit price that reads as 0" 400 invalid_request "pricing.p1.unit_prices.seconds: must be 0 or at least 1e-300 (a smaller number reads as 0)"
+api PUT /group '' '{"g1":{"ratio":5e-324}}'
+expect_err "a group ratio that reads as 0" 400 invalid_request "group.g1.ratio: must be 0 or at least 1e-300 (a smaller number reads as 0)"
+expect_eq "nothing stored" "$(rev)" "$r0"
+api PUT /pricing '' '{"p1":{"ratio":1e-300,"completion_ratio":0}}'
+expect "1e-300 and 0 are taken" '.status == 200 and .body.p1.completion_ratio == 0'
+sql "UPDATE options SET value = value || '{\" stored-before \": {\"price\": 1}}' WHERE name = 'pricing'" >/dev/null
+api PUT /pricing '' '{" stored-before ":null,"p1":null}'
+expect "a price stored before the rule can be removed" '.status == 200 and (.body | has(" stored-before ") | not)'
+
+api DELETE "/user/$DU" '' '{"force":true}'
+expect_err "a DELETE of a user takes no members" 400 invalid_request "force: unknown field (a DELETE of a user takes none)"
+api DELETE "/user/$DU" '' 'not json'
+expect_err "a DELETE's body is JSON" 400 invalid_json "invalid JSON request body"
+api DELETE "/user/$DU" '' '[]'
+expect_err "a DELETE's body is an object" 400 invalid_json "request body must be a JSON object"
+api GET "/user/$DU"
+expect "nothing was deleted" '.status == 200'
+api DELETE "/user/$DU" '' ' {} '
+expect "an empty object is no member" '.status == 200 and .body.deleted == true'
+
 echo "== upgrade: 014 trims channel keys stored before it"
 # A scratch database migrated to 013 only (a copy of migrate.sh next to the
 # first 13 files), a channel stored with a padded key, then the real

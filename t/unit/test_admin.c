@@ -332,7 +332,8 @@ check(const char *path, const char *args, const char *body, size_t len,
     int object, llmgw_verdict_t *v)
 {
     memset(v, 0, sizeof(*v));
-    return llmgw_admin_check((llmgw_str_t) { path, strlen(path) },
+    return llmgw_admin_check(LLMGW_ADMIN_DATABASE,
+                             (llmgw_str_t) { path, strlen(path) },
                              (llmgw_str_t) { args, strlen(args) },
                              (llmgw_str_t) { body, len }, object, v);
 }
@@ -370,6 +371,43 @@ test_admin_check_refuses_what_the_database_cannot_take(void **state)
                            "123456789012345678901234567890}}", 56, 1, &v), 0);
     assert_int_equal(check("/user", "", " \n", 2, 1, &v), 0);
     assert_int_equal(check("/user/1", "x=\xc3\xa9", "[]", 2, 0, &v), 0);
+}
+
+
+static int
+check_query(llmgw_admin_route_e route, const char *args, llmgw_verdict_t *v)
+{
+    memset(v, 0, sizeof(*v));
+    return llmgw_admin_check(route, (llmgw_str_t) { "/plugin/task", 12 },
+                             (llmgw_str_t) { args, strlen(args) },
+                             (llmgw_str_t) { "", 0 }, 1, v);
+}
+
+
+/* The calls the gateway answers name what they do not take, as the
+   database's calls do: a misspelt ?forse=1 is not dropped. */
+static void
+test_admin_check_gateway_calls_refuse_unknown_query_parameters(void **state)
+{
+    llmgw_verdict_t  v;
+    (void) state;
+
+    assert_int_equal(check_query(LLMGW_ADMIN_UPLOAD, "force=1", &v), 0);
+    assert_int_equal(check_query(LLMGW_ADMIN_MARKETPLACE, "&force&", &v), 0);
+    assert_int_equal(check_query(LLMGW_ADMIN_DATABASE, "userid=1", &v), 0);
+
+    assert_int_equal(check_query(LLMGW_ADMIN_UPLOAD, "force=1&forse=1", &v),
+                     -1);
+    assert_int_equal(v.status, 400);
+    assert_string_equal(v.code, "invalid_request");
+    assert_string_equal(v.message,
+                        "forse: unknown query parameter (known: force)");
+
+    assert_int_equal(check_query(LLMGW_ADMIN_STATUS, "x=1", &v), -1);
+    assert_string_equal(v.message,
+                        "x: unknown query parameter (this call takes none)");
+    assert_int_equal(check_query(LLMGW_ADMIN_DRYRUN, "force=1", &v), -1);
+    assert_int_equal(check_query(LLMGW_ADMIN_ICON, "=", &v), -1);
 }
 
 
@@ -415,6 +453,8 @@ main(void)
         cmocka_unit_test(test_admin_405_cut_keeps_the_allowed_methods),
         cmocka_unit_test(test_admin_success_keeps_the_numbers_text),
         cmocka_unit_test(test_admin_check_refuses_what_the_database_cannot_take),
+        cmocka_unit_test(
+            test_admin_check_gateway_calls_refuse_unknown_query_parameters),
         cmocka_unit_test(test_admin_route_trailing_slash_is_the_same_path),
         cmocka_unit_test(
             test_admin_route_gateway_paths_refuse_other_methods_with_405),

@@ -70,6 +70,7 @@ test_call_frame_names_sha_hook_and_args_as_written(void **state)
 static void
 test_call_frame_refuses_bad_hook_and_args(void **state)
 {
+    static const char *const bad[] = { "{\"hook\":\"h\",", "bad", "" };
     int              rc;
     llmgw_verdict_t  v;
 
@@ -85,6 +86,7 @@ test_call_frame_refuses_bad_hook_and_args(void **state)
 
     assert_null(call_frame("[\"hook\"]", "ab", &v, &rc));
     assert_int_equal(v.status, 400);
+    assert_string_equal(v.code, "invalid_json");
 
     assert_null(call_frame("{\"hook\":\"h\",\"args\":{}}", "ab", &v, &rc));
     assert_int_equal(v.status, 400);
@@ -93,8 +95,12 @@ test_call_frame_refuses_bad_hook_and_args(void **state)
     assert_null(call_frame("{\"hook\":\"h\",\"args\":null}", "ab", &v, &rc));
     assert_int_equal(v.status, 400);
 
-    assert_null(call_frame("{\"hook\":\"h\",", "ab", &v, &rc));
-    assert_int_equal(v.status, 500);
+    /* a body that is not JSON is the caller's fault, not the gateway's */
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_null(call_frame(bad[i], "ab", &v, &rc));
+        assert_int_equal(v.status, 400);
+        assert_string_equal(v.code, "invalid_json");
+    }
 }
 
 
