@@ -2764,9 +2764,15 @@ chat_finish_from_gemini(std::string_view reason, bool tool_calls)
 }
 
 
+/* tool_calls: the answer has some, which an upstream may end with "stop"
+   (or with no reason): the client must still run them */
 const char *
-anthropic_stop_from_chat(std::string_view reason)
+anthropic_stop_from_chat(std::string_view reason, bool tool_calls)
 {
+    if (tool_calls && (reason == "stop" || reason.empty())) {
+        return "tool_use";
+    }
+
     if (reason == "length") {
         return "max_tokens";
     }
@@ -2842,6 +2848,49 @@ chat_usage(const AnthropicUsage &a)
     u.completion = a.output;
     u.cached = a.cache_read;
 
+    return u;
+}
+
+
+/* Counts as the ledger keeps them (either cache convention) as chat
+   usage; the reasoning detail is the upstream's. */
+ChatUsage
+chat_usage_of(const llmgw_usage_t &b, int64_t reasoning)
+{
+    ChatUsage u;
+
+    u.prompt = b.cache_in_prompt
+               ? b.prompt_tokens
+               : b.prompt_tokens + b.cache_read_tokens
+                 + b.cache_creation_tokens;
+    u.completion = b.completion_tokens;
+    u.cached = b.cache_read_tokens;
+    u.reasoning = reasoning;
+
+    return u;
+}
+
+
+/* The same as Messages usage: the cached part of the prompt is not
+   input_tokens but cache_read / cache_creation_input_tokens. */
+json_t *
+anthropic_usage_of(const llmgw_usage_t &b)
+{
+    json_t *u = json_object();
+    int64_t read = std::max<int64_t>(0, b.cache_read_tokens);
+    int64_t creation = std::max<int64_t>(0, b.cache_creation_tokens);
+    int64_t input = b.prompt_tokens;
+
+    if (b.cache_in_prompt) {
+        read = std::min(read, std::max<int64_t>(0, input));
+        creation = std::min(creation, std::max<int64_t>(0, input - read));
+        input -= read + creation;
+    }
+
+    put_int(u, "input_tokens", input);
+    put_int(u, "cache_creation_input_tokens", creation);
+    put_int(u, "cache_read_input_tokens", read);
+    put_int(u, "output_tokens", b.completion_tokens);
     return u;
 }
 
@@ -3080,22 +3129,20 @@ chat_reasoning(const json_t *m)
 }
 
 
-/* Messages usage from chat usage: the cached part of the prompt counts as
-   cache_read_input_tokens, not input_tokens. */
+/* Messages usage from chat usage. */
 json_t *
 anthropic_usage_from_chat(const json_t *usage)
 {
-    json_t *u = json_object();
-    int64_t prompt = json_int(usage, "prompt_tokens", 0);
-    int64_t cached = json_int(json_object_get(usage, "prompt_tokens_details"),
-                              "cached_tokens", 0);
+    llmgw_usage_t u {};
 
-    cached = std::max<int64_t>(0, std::min(cached, prompt));
-    put_int(u, "input_tokens", prompt - cached);
-    put_int(u, "cache_creation_input_tokens", 0);
-    put_int(u, "cache_read_input_tokens", cached);
-    put_int(u, "output_tokens", json_int(usage, "completion_tokens", 0));
-    return u;
+    u.prompt_tokens = json_int(usage, "prompt_tokens", 0);
+    u.completion_tokens = json_int(usage, "completion_tokens", 0);
+    u.cache_read_tokens = json_int(json_object_get(usage,
+                                                   "prompt_tokens_details"),
+                                   "cached_tokens", 0);
+    u.cache_in_prompt = 1;
+
+    return anthropic_usage_of(u);
 }
 
 
@@ -3156,7 +3203,9 @@ chat_to_anthropic_answer(const json_t *in, std::string_view model, Json &out,
     put(m.get(), "content", content.release());
     put(m.get(), "stop_reason",
         refusal.empty()
-        ? anthropic_stop_from_chat(json_str(choice, "finish_reason"))
+        ? anthropic_stop_from_chat(json_str(choice, "finish_reason"),
+                                   json_array_size(json_object_get(
+                                       message, "tool_calls")) > 0)
         : std::string("refusal"));
     put(m.get(), "stop_sequence", json_null());
     put(m.get(), "usage", u);
@@ -3271,6 +3320,24 @@ convert_response(int from_type, llmgw_endpoint_e to, const json_t *in,
 }
 
 
+void
+show_billed_usage(llmgw_endpoint_e client, json_t *answer,
+    const llmgw_usage_t &billed)
+{
+    if (client == LLMGW_EP_CHAT) {
+        int64_t reasoning = json_int(
+            json_object_get(json_object_get(answer, "usage"),
+                            "completion_tokens_details"),
+            "reasoning_tokens", 0);
+
+        put(answer, "usage", chat_usage_of(billed, reasoning).to_json());
+
+    } else if (client == LLMGW_EP_MESSAGES) {
+        put(answer, "usage", anthropic_usage_of(billed));
+    }
+}
+
+
 /* ---- streams ---- */
 
 class StreamImpl {
@@ -3359,17 +3426,7 @@ protected:
             return reported;
         }
 
-        llmgw_usage_t u = billed();
-        ChatUsage     c;
-
-        c.prompt = u.cache_in_prompt
-                   ? u.prompt_tokens
-                   : u.prompt_tokens + u.cache_read_tokens
-                     + u.cache_creation_tokens;
-        c.completion = u.completion_tokens;
-        c.cached = u.cache_read_tokens;
-        c.reasoning = reported.reasoning;
-        return c;
+        return chat_usage_of(billed(), reported.reasoning);
     }
 
     /* Every stream opens with the assistant role, as OpenAI's does. */
@@ -3534,10 +3591,7 @@ public:
 
         } else if (type == "message_delta") {
             start(out, {});
-            /* a tool block the upstream never closed still gets arguments */
-            for (auto &t : tool_index_) {
-                tool_arguments_owed(out, t.second);
-            }
+            owe_all(out);
             usage_.take(json_object_get(j, "usage"));
             send_finish(out, chat_finish_from_anthropic(
                             json_str(json_object_get(j, "delta"),
@@ -3564,10 +3618,24 @@ private:
             /* the error chunk ended it: no [DONE] to say it is whole */
             return;
         }
-        if (started_) {
-            send_usage(out, final_usage(chat_usage(usage_)));
+        if (!finished_) {
+            /* message_stop without a message_delta: the answer is whole
+               but its reason unsaid; a client reads the last choice chunk
+               for one */
+            owe_all(out);
+            start(out, {});
+            send_finish(out, tools_ > 0 ? "tool_calls" : "stop");
         }
+        send_usage(out, final_usage(chat_usage(usage_)));
         send_done(out);
+    }
+
+    /* A tool block the upstream never closed still gets arguments. */
+    void owe_all(std::string &out)
+    {
+        for (auto &t : tool_index_) {
+            tool_arguments_owed(out, t.second);
+        }
     }
 
     void block_start(std::string &out, const json_t *j)
@@ -3822,17 +3890,21 @@ public:
         size_t  i;
         json_t *tc;
 
-        thinking(out, chat_reasoning(delta));
-        text(out, openai_text(json_object_get(delta, "content")));
+        piece(out, Open::thinking, chat_reasoning(delta));
+        piece(out, Open::text, openai_text(json_object_get(delta, "content")));
 
         std::string_view refusal = json_str(delta, "refusal");
         if (!refusal.empty()) {
             refused_ = true;
-            text(out, std::string(refusal));
+            piece(out, Open::text, refusal);
         }
 
         json_array_foreach(json_object_get(delta, "tool_calls"), i, tc) {
             tool_call(out, tc, static_cast<int64_t>(i));
+        }
+
+        if (!tool_pending()) {
+            release_held(out);
         }
 
         std::string_view reason = json_str(choice, "finish_reason");
@@ -3840,12 +3912,8 @@ public:
         if (!reason.empty() && stop_reason_.empty()) {
             close_all(out);
             stop_reason_ = refused_ ? std::string("refusal")
-                                    : anthropic_stop_from_chat(reason);
-        }
-
-        /* usage usually comes in a chunk of its own after finish_reason */
-        if (!stop_reason_.empty() && usage_known_) {
-            message_delta(out);
+                                    : anthropic_stop_from_chat(
+                                          reason, !tools_.empty());
         }
     }
 
@@ -3870,7 +3938,7 @@ private:
         json_t *m = json_object();
         json_t *u = json_object();
 
-        put_int(u, "input_tokens", prompt_);
+        put_int(u, "input_tokens", usage_.prompt_tokens);
         put_int(u, "output_tokens", 0);
         put(m, "id", id.empty() ? "msg_" + random_hex(12) : std::string(id));
         put(m, "type", "message");
@@ -3951,40 +4019,57 @@ private:
         emit_event(out, "content_block_delta", ev.get());
     }
 
-    void text(std::string &out, const std::string &t)
+    /*
+     * A piece of text or thinking.  One that comes while a tool call's
+     * arguments are not whole waits: the tool's block must stay open for
+     * the rest of them (a stopped block takes no delta), so the piece goes
+     * once the arguments are whole, or at the end of the answer.
+     */
+    void piece(std::string &out, Open kind, std::string_view t)
     {
         if (t.empty() || !stop_reason_.empty()) {
             return;
         }
 
-        if (open_ < 0 || open_kind_ != Open::text) {
+        if (tool_pending()) {
+            if (held_.empty() || held_.back().first != kind) {
+                held_.emplace_back(kind, std::string());
+            }
+            held_.back().second += t;
+            return;
+        }
+
+        send_piece(out, kind, t);
+    }
+
+    void send_piece(std::string &out, Open kind, std::string_view t)
+    {
+        bool text = kind == Open::text;
+
+        if (open_ < 0 || open_kind_ != kind) {
             close_block(out);
-            open_kind(out, Open::text);
+            open_kind(out, kind);
         }
 
         json_t *delta = json_object();
 
-        put(delta, "type", "text_delta");
-        put(delta, "text", t);
+        put(delta, "type", text ? "text_delta" : "thinking_delta");
+        put(delta, text ? "text" : "thinking", t);
         send_block_delta(out, open_, delta);
     }
 
-    void thinking(std::string &out, std::string_view t)
+    bool tool_pending()
     {
-        if (t.empty() || !stop_reason_.empty()) {
-            return;
+        return tool_open_ >= 0 && !tools_[tool_open_].arguments.whole();
+    }
+
+    /* The pieces that waited for a tool call, in the order they came. */
+    void release_held(std::string &out)
+    {
+        for (const auto &h : held_) {
+            send_piece(out, h.first, h.second);
         }
-
-        if (open_ < 0 || open_kind_ != Open::thinking) {
-            close_block(out);
-            open_kind(out, Open::thinking);
-        }
-
-        json_t *delta = json_object();
-
-        put(delta, "type", "thinking_delta");
-        put(delta, "thinking", t);
-        send_block_delta(out, open_, delta);
+        held_.clear();
     }
 
     /*
@@ -4067,10 +4152,12 @@ private:
         send_block_delta(out, block, delta);
     }
 
-    /* The waiting tool calls' blocks, then the last block's stop. */
+    /* The waiting tool calls' blocks and pieces, then the last block's
+       stop. */
     void close_all(std::string &out)
     {
         open_waiting(out, true);
+        release_held(out);
         close_block(out);
     }
 
@@ -4080,50 +4167,36 @@ private:
             return;
         }
 
-        prompt_ = json_int(u, "prompt_tokens", prompt_);
-        completion_ = json_int(u, "completion_tokens", completion_);
-        cached_ = json_int(json_object_get(u, "prompt_tokens_details"),
-                           "cached_tokens", cached_);
-        usage_known_ = true;
+        usage_.prompt_tokens = json_int(u, "prompt_tokens",
+                                        usage_.prompt_tokens);
+        usage_.completion_tokens = json_int(u, "completion_tokens",
+                                            usage_.completion_tokens);
+        usage_.cache_read_tokens = json_int(
+            json_object_get(u, "prompt_tokens_details"), "cached_tokens",
+            usage_.cache_read_tokens);
     }
 
+    /*
+     * Sent at the upstream's end, not at its finish reason: an upstream
+     * may report usage in every chunk, and the last count, after the
+     * finish reason, is the one billed.
+     */
     void message_delta(std::string &out)
     {
-        if (delta_sent_) {
-            return;
-        }
-
-        delta_sent_ = true;
-
-        /* the counts the gateway bills: also when the upstream reported
-           none, or a part */
-        if (billed) {
-            llmgw_usage_t b = billed();
-
-            prompt_ = b.cache_in_prompt
-                      ? b.prompt_tokens
-                      : b.prompt_tokens + b.cache_read_tokens
-                        + b.cache_creation_tokens;
-            completion_ = b.completion_tokens;
-            cached_ = b.cache_read_tokens;
-        }
-
         Json ev(json_object());
         json_t *d = json_object();
-        json_t *u = json_object();
 
         put(d, "stop_reason",
-            stop_reason_.empty() ? "end_turn" : stop_reason_);
+            stop_reason_.empty() ? anthropic_stop_from_chat("",
+                                                            !tools_.empty())
+                                 : stop_reason_);
         put(d, "stop_sequence", json_null());
-        /* message_start went out before the prompt count was known; the
-           cached part of the prompt is cache_read_input_tokens */
-        int64_t cached = std::max<int64_t>(0, std::min(cached_, prompt_));
-        put_int(u, "input_tokens", prompt_ - cached);
-        put_int(u, "cache_read_input_tokens", cached);
-        put_int(u, "output_tokens", completion_);
         put(ev.get(), "type", "message_delta");
         put(ev.get(), "delta", d);
-        put(ev.get(), "usage", u);
+        /* the counts the gateway bills: also when the upstream reported
+           none, or a part */
+        put(ev.get(), "usage", anthropic_usage_of(billed ? billed()
+                                                         : usage_));
         emit_event(out, "message_delta", ev.get());
     }
 
@@ -4191,6 +4264,7 @@ private:
     std::string                  stop_reason_;
     std::map<int64_t, Tool>      tools_;        /* by the upstream's index */
     std::vector<int64_t>         waiting_;      /* tool calls without block */
+    std::vector<std::pair<Open, std::string>>  held_;   /* see piece() */
     int64_t                      tool_open_ = -1;   /* the one in open_ */
     int64_t                      next_block_ = 0;
     int64_t                      open_ = -1;
@@ -4198,13 +4272,10 @@ private:
     bool                         refused_ = false;
     bool                         done_seen_ = false;
     bool                         errored_ = false;
-    int64_t                      cached_ = 0;
     bool                         started_ = false;
-    bool                         delta_sent_ = false;
     bool                         stopped_ = false;
-    bool                         usage_known_ = false;
-    int64_t                      prompt_ = 0;
-    int64_t                      completion_ = 0;
+    /* what the upstream reported (prompt_tokens counts the cache) */
+    llmgw_usage_t                usage_ { 0, 0, 0, 0, 1, 0 };
 };
 
 

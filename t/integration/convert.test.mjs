@@ -2,8 +2,14 @@
 // record what they got:
 //   - tool schemas Gemini's Schema would refuse (an array without items, an
 //     object without properties) made into what it takes, at any depth;
+//   - a Messages stream from an OpenAI channel whose tool argument pieces
+//     come around text still has every piece in its tool_use block;
+//   - the usage a converted answer shows is what its ledger row bills;
+//   - a finish "stop" beside tool calls is a tool_use stop;
 //   - images a tool returns reach Anthropic and Gemini;
 //   - cache_control on system and assistant parts reaches Anthropic;
+//   - an Anthropic stream without message_delta still ends with a finish
+//     chunk and [DONE];
 //   - a Gemini conversation left without a turn is refused, not sent.
 
 import assert from 'node:assert/strict';
@@ -193,6 +199,136 @@ describe('format conversion at its edges', { timeout: 240000 }, () => {
 
     /* ============================================================== */
 
+    test('messages -> OpenAI stream: argument pieces around text all reach their tool_use block', async () => {
+        oa.handler = (req, res) => {
+            sseHead(res);
+            res.write(chunk({ role: 'assistant', content: null }));
+            res.write(chunk({ tool_calls: [{ index: 0, id: 'call_a', type: 'function',
+                function: { name: 'f', arguments: '{"a":' } }] }));
+            res.write(chunk({ content: '\n' }));
+            res.write(chunk({ tool_calls: [{ index: 0, function: { arguments: '1}' } }] }));
+            res.write(chunk({ tool_calls: [{ index: 1, id: 'call_b', type: 'function',
+                function: { name: 'g', arguments: '' } }] }));
+            res.write(chunk({ reasoning_content: 'hmm' }));
+            res.write(chunk({ tool_calls: [{ index: 1, function: { arguments: '{"b":' } }] }));
+            res.write(chunk({ content: 'and' }));
+            res.write(chunk({ tool_calls: [{ index: 1, function: { arguments: '[2]}' } }] }));
+            res.write(chunk({}, 'stop'));
+            res.write(usageChunk({ prompt_tokens: 4, completion_tokens: 9 }));
+            res.end(DONE);
+        };
+        const r = await messages({ model: M.oai, stream: true, messages: [{ role: 'user', content: 'x' }] });
+        assertOk(r);
+        const blocks = messagesBlocks(r.text);
+        const tools = blocks.filter((b) => b.type === 'tool_use');
+        assert.deepEqual(tools.map((b) => [b.id, b.name, JSON.parse(b.json)]),
+            [['call_a', 'f', { a: 1 }], ['call_b', 'g', { b: [2] }]], r.text);
+        assert.equal(blocks.filter((b) => b.type === 'text').map((b) => b.text).join(''), '\nand', r.text);
+        assert.equal(blocks.filter((b) => b.type === 'thinking').length, 1, r.text);
+        /* finish_reason "stop" beside tool calls: the client must run them */
+        const md = eventData(r.text).find((d) => d.type === 'message_delta');
+        assert.equal(md.delta.stop_reason, 'tool_use', r.text);
+    });
+
+    /* ============================================================== */
+
+    test('a finish "stop" beside tool calls is a tool_use stop; Gemini\'s STOP beside a call is tool_calls', async () => {
+        oa.handler = (req, res) => sendJson(res, 200, {
+            id: 'chatcmpl-t', object: 'chat.completion', created: 1, model: 'up',
+            choices: [{ index: 0, finish_reason: 'stop', message: { role: 'assistant', content: null,
+                tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'f', arguments: '{}' } }] } }],
+            usage: { prompt_tokens: 1, completion_tokens: 1 },
+        });
+        const r = await messages({ model: M.oai, messages: [{ role: 'user', content: 'x' }],
+            tools: [{ name: 'f', input_schema: { type: 'object' } }] });
+        assertOk(r);
+        assert.equal(r.json.stop_reason, 'tool_use', r.text);
+        assert.equal(r.json.content[0].type, 'tool_use', r.text);
+
+        gm.handler = (req, res) => sendJson(res, 200, geminiAnswer([{ functionCall: { name: 'f', args: {} } }]));
+        const g = await chat({ model: M.gem, messages: [{ role: 'user', content: 'x' }] });
+        assertOk(g);
+        assert.equal(g.json.choices[0].finish_reason, 'tool_calls', g.text);
+    });
+
+    /* ============================================================== */
+
+    describe('the usage a converted answer shows is what its row bills', () => {
+        /* the chat usage of a row: the cached part is in the prompt */
+        const chatCounts = (row) => ({
+            prompt_tokens: row.prompt_tokens + row.cache_read_tokens + row.cache_creation_tokens,
+            completion_tokens: row.completion_tokens,
+        });
+        const messagesCounts = (row) => ({
+            input_tokens: row.prompt_tokens, output_tokens: row.completion_tokens,
+        });
+        const pick = (u, keys) => Object.fromEntries(keys.map((k) => [k, u && u[k]]));
+
+        test('chat <- Anthropic answer without usage, whole and asked as a stream', async () => {
+            an.handler = (req, res) => sendJson(res, 200,
+                anthropicAnswer([{ type: 'text', text: 'hello world hello world' }], { usage: undefined }));
+            const r = await chat({ model: M.claude, messages: [{ role: 'user', content: 'count me' }] });
+            assertOk(r);
+            const row = await rowOf(r);
+            assert.ok(row.prompt_tokens > 0 && row.completion_tokens > 0, JSON.stringify(row));
+            assert.deepEqual(pick(r.json.usage, ['prompt_tokens', 'completion_tokens']), chatCounts(row));
+
+            const s = await chat({ model: M.claude, stream: true, stream_options: { include_usage: true },
+                messages: [{ role: 'user', content: 'count me' }] });
+            assertOk(s);
+            const u = eventData(s.text).find((d) => d.usage).usage;
+            assert.deepEqual(pick(u, ['prompt_tokens', 'completion_tokens']), chatCounts(await rowOf(s)));
+        });
+
+        test('chat <- Gemini answer without usageMetadata', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiAnswer([{ text: 'hello world hello world' }], null));
+            const r = await chat({ model: M.gem, messages: [{ role: 'user', content: 'count me' }] });
+            assertOk(r);
+            const row = await rowOf(r);
+            assert.ok(row.completion_tokens > 0, JSON.stringify(row));
+            assert.deepEqual(pick(r.json.usage, ['prompt_tokens', 'completion_tokens']), chatCounts(row));
+        });
+
+        test('messages <- OpenAI answer without usage, whole and asked as a stream', async () => {
+            oa.handler = (req, res) => sendJson(res, 200, {
+                id: 'chatcmpl-n', object: 'chat.completion', created: 1, model: 'up',
+                choices: [{ index: 0, message: { role: 'assistant', content: 'hello world hello world' },
+                    finish_reason: 'stop' }],
+            });
+            const r = await messages({ model: M.oai, messages: [{ role: 'user', content: 'count me' }] });
+            assertOk(r);
+            const row = await rowOf(r);
+            assert.ok(row.prompt_tokens > 0 && row.completion_tokens > 0, JSON.stringify(row));
+            assert.deepEqual(pick(r.json.usage, ['input_tokens', 'output_tokens']), messagesCounts(row));
+
+            const s = await messages({ model: M.oai, stream: true, messages: [{ role: 'user', content: 'count me' }] });
+            assertOk(s);
+            const md = eventData(s.text).find((d) => d.type === 'message_delta');
+            assert.deepEqual(pick(md.usage, ['input_tokens', 'output_tokens']), messagesCounts(await rowOf(s)));
+        });
+
+        test('messages <- OpenAI stream with usage in every chunk: message_delta waits for the last count', async () => {
+            oa.handler = (req, res) => {
+                sseHead(res);
+                const u = (c) => ({ usage: { prompt_tokens: 10, completion_tokens: c } });
+                res.write(chunk({ role: 'assistant', content: 'a' }, null, u(1)));
+                res.write(chunk({ content: 'b' }, null, u(2)));
+                res.write(chunk({}, 'stop', u(2)));
+                res.write(usageChunk({ prompt_tokens: 10, completion_tokens: 50 }));
+                res.end(DONE);
+            };
+            const r = await messages({ model: M.oai, stream: true, messages: [{ role: 'user', content: 'x' }] });
+            assertOk(r);
+            const md = eventData(r.text).filter((d) => d.type === 'message_delta');
+            assert.equal(md.length, 1, r.text);
+            assert.deepEqual(pick(md[0].usage, ['input_tokens', 'output_tokens']),
+                { input_tokens: 10, output_tokens: 50 }, r.text);
+            assert.deepEqual(messagesCounts(await rowOf(r)), { input_tokens: 10, output_tokens: 50 });
+        });
+    });
+
+    /* ============================================================== */
+
     test('images a tool returns reach Anthropic and Gemini, and OpenAI from a tool_result', async () => {
         const history = [
             { role: 'user', content: 'look' },
@@ -271,6 +407,44 @@ describe('format conversion at its edges', { timeout: 240000 }, () => {
             { role: 'user', content: 'u' },
         ] }));
         assert.equal(last(an).json.system, 's1\ns2');
+    });
+
+    /* ============================================================== */
+
+    test('chat <- Anthropic stream that ends with message_stop but no message_delta: a finish chunk and [DONE]', async () => {
+        const stream = (blocks) => (req, res) => {
+            sseHead(res);
+            res.write(anthropicEvent('message_start', { message: { id: 'msg_s', type: 'message', role: 'assistant',
+                model: 'up', content: [], stop_reason: null, usage: { input_tokens: 10, output_tokens: 1 } } }));
+            blocks.forEach((b, index) => {
+                res.write(anthropicEvent('content_block_start', { index, content_block: b.start }));
+                if (b.delta) {
+                    res.write(anthropicEvent('content_block_delta', { index, delta: b.delta }));
+                }
+                res.write(anthropicEvent('content_block_stop', { index }));
+            });
+            res.end(anthropicEvent('message_stop'));
+        };
+        const finishes = (text) => eventData(text)
+            .filter((d) => d !== '[DONE]' && d.choices && d.choices[0] && d.choices[0].finish_reason)
+            .map((d) => d.choices[0].finish_reason);
+
+        an.handler = stream([{ start: { type: 'text', text: '' }, delta: { type: 'text_delta', text: 'hi' } }]);
+        const r = await chat({ model: M.claude, stream: true, stream_options: { include_usage: true },
+            messages: [{ role: 'user', content: 'x' }] });
+        assertOk(r);
+        const data = eventData(r.text);
+        assert.deepEqual(finishes(r.text), ['stop'], r.text);
+        assert.equal(data[data.length - 1], '[DONE]', r.text);
+        assert.ok(data[data.length - 2].usage, `the usage chunk before [DONE]: ${r.text}`);
+        assert.equal((await rowOf(r)).status, 200);
+
+        an.handler = stream([{ start: { type: 'tool_use', id: 'toolu_1', name: 'f', input: {} },
+            delta: { type: 'input_json_delta', partial_json: '{"a":1}' } }]);
+        const t = await chat({ model: M.claude, stream: true, messages: [{ role: 'user', content: 'x' }] });
+        assertOk(t);
+        assert.deepEqual(finishes(t.text), ['tool_calls'], t.text);
+        assert.equal(eventData(t.text).at(-1), '[DONE]', t.text);
     });
 
     /* ============================================================== */
