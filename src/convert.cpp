@@ -428,7 +428,7 @@ append_turn(json_t *turns, std::string_view role, const char *items_key,
 
 struct AnthropicBuild {
     json_t       *messages;
-    std::string   system;
+    json_t       *system;       /* text blocks */
     bool          tool_history = false;
 };
 
@@ -470,8 +470,9 @@ anthropic_part(const json_t *part, const std::string &where,
     std::string_view type = json_str(part, "type");
     json_t *b = nullptr;
 
-    if (type == "text" || type == "refusal") {
-        b = text_block(json_str(part, type == "text" ? "text" : "refusal"));
+    if (type == "text" || type == "refusal" || type.empty()) {
+        b = text_block(json_str(part, type == "refusal" ? "refusal"
+                                                        : "text"));
         /* prompt-caching hints some clients put on OpenAI parts */
         put_copy(b, "cache_control", json_object_get(part, "cache_control"));
         return b;
@@ -497,9 +498,13 @@ anthropic_part(const json_t *part, const std::string &where,
 }
 
 
+/*
+ * An OpenAI content value as Anthropic blocks.  text_only: the turn holds
+ * text alone (system, assistant), other parts are left out.
+ */
 bool
 anthropic_parts(const json_t *content, const std::string &where,
-    json_t *blocks, std::string &err)
+    json_t *blocks, bool text_only, std::string &err)
 {
     if (json_is_string(content)) {
         if (json_string_length(content) > 0) {
@@ -522,10 +527,12 @@ anthropic_parts(const json_t *content, const std::string &where,
 
     json_array_foreach(content, i, part) {
         std::string_view type = json_str(part, "type");
+        bool text = type == "text" || type == "refusal" || type.empty();
 
         /* Anthropic refuses empty text blocks */
-        if ((type == "text" || type == "refusal")
-            && json_str(part, type == "text" ? "text" : "refusal").empty())
+        if ((text && json_str(part, type == "refusal" ? "refusal"
+                                                      : "text").empty())
+            || (!text && text_only))
         {
             continue;
         }
@@ -537,6 +544,28 @@ anthropic_parts(const json_t *content, const std::string &where,
         }
 
         append(blocks, b);
+    }
+
+    return true;
+}
+
+
+/*
+ * Blocks that are text and nothing else (no other block, no cache_control
+ * hint) as one text, joined as openai_text() joins parts: such content
+ * goes in the shape it always had; false when a block says more.
+ */
+bool
+plain_text(const json_t *blocks, std::string &text)
+{
+    size_t  i;
+    json_t *b;
+
+    json_array_foreach(blocks, i, b) {
+        if (json_str(b, "type") != "text" || json_object_size(b) != 2) {
+            return false;
+        }
+        append_line(text, json_str(b, "text"));
     }
 
     return true;
@@ -578,12 +607,21 @@ anthropic_assistant(const json_t *m, const std::string &where,
     AnthropicBuild &b, std::string &err)
 {
     Json blocks(json_array());
-    std::string text = openai_text(json_object_get(m, "content"));
+    std::string text;
     size_t  i;
     json_t *tc;
 
-    if (!text.empty()) {
-        append(blocks.get(), text_block(text));
+    if (!anthropic_parts(json_object_get(m, "content"), where, blocks.get(),
+                         true, err))
+    {
+        return false;
+    }
+
+    if (plain_text(blocks.get(), text)) {
+        json_array_clear(blocks.get());
+        if (!text.empty()) {
+            append(blocks.get(), text_block(text));
+        }
     }
 
     json_array_foreach(json_object_get(m, "tool_calls"), i, tc) {
@@ -612,13 +650,25 @@ anthropic_tool_result(const json_t *m, const std::string &where,
     }
 
     Json blocks(json_array());
+    Json content(json_array());
     json_t *r = json_object();
-    std::string text = openai_text(json_object_get(m, "content"));
+    std::string text;
+
+    /* a result's images and documents are blocks of its content */
+    if (!anthropic_parts(json_object_get(m, "content"), where, content.get(),
+                         false, err))
+    {
+        return false;
+    }
 
     put(r, "type", "tool_result");
     put(r, "tool_use_id", anthropic_id(id));
-    if (!text.empty()) {
-        put(r, "content", text);
+    if (plain_text(content.get(), text)) {
+        if (!text.empty()) {
+            put(r, "content", text);
+        }
+    } else {
+        put(r, "content", content.release());
     }
     append(blocks.get(), r);
 
@@ -636,15 +686,15 @@ anthropic_message(const json_t *m, size_t i, AnthropicBuild &b,
     std::string_view role = json_str(m, "role");
 
     if (role == "system" || role == "developer") {
-        append_line(b.system, openai_text(json_object_get(m, "content")));
-        return true;
+        return anthropic_parts(json_object_get(m, "content"), where,
+                               b.system, true, err);
     }
 
     if (role == "user") {
         Json blocks(json_array());
 
         if (!anthropic_parts(json_object_get(m, "content"), where,
-                             blocks.get(), err))
+                             blocks.get(), false, err))
         {
             return false;
         }
@@ -667,30 +717,83 @@ anthropic_message(const json_t *m, size_t i, AnthropicBuild &b,
 }
 
 
-/* Anthropic wants a user turn to open with its tool_result blocks. */
+/*
+ * Anthropic wants a user turn to open with its tool_result blocks, and
+ * Gemini its functionResponse parts (as many as the calls before them):
+ * what else the turn holds (a result's images, the user's text) follows.
+ */
 void
-tool_results_first(json_t *messages)
+results_first(json_t *turns, const char *items_key,
+    bool (*is_result)(const json_t *item))
 {
     size_t  i;
     json_t *m;
 
-    json_array_foreach(messages, i, m) {
-        json_t *content = json_object_get(m, "content");
+    json_array_foreach(turns, i, m) {
+        json_t *items = json_object_get(m, items_key);
         Json sorted(json_array());
 
         for (bool results : { true, false }) {
             size_t  k;
-            json_t *block;
+            json_t *item;
 
-            json_array_foreach(content, k, block) {
-                if ((json_str(block, "type") == "tool_result") == results) {
-                    json_array_append(sorted.get(), block);
+            json_array_foreach(items, k, item) {
+                if (is_result(item) == results) {
+                    json_array_append(sorted.get(), item);
                 }
             }
         }
 
-        json_object_set(m, "content", sorted.get());
+        json_object_set(m, items_key, sorted.get());
     }
+}
+
+
+bool
+is_tool_result(const json_t *block)
+{
+    return json_str(block, "type") == "tool_result";
+}
+
+
+/*
+ * A conversation that ends with the client's turn must end so once
+ * converted: an empty last message left out would leave the assistant's
+ * turn last (Anthropic continues it as a prefill instead of answering) or
+ * no turn at all (Gemini refuses that), so it is refused, named.
+ */
+bool
+ends_with_client(const json_t *msgs, const json_t *turns,
+    std::string_view user_role, std::string &err)
+{
+    size_t n = json_array_size(turns);
+
+    for (size_t k = json_array_size(msgs); k-- > 0;) {
+        std::string_view role = json_str(json_array_get(msgs, k), "role");
+
+        if (role == "system" || role == "developer") {
+            continue;
+        }
+
+        if ((role == "user" || role == "tool")
+            && (n == 0
+                || json_str(json_array_get(turns, n - 1), "role")
+                   != user_role))
+        {
+            err = at("messages", k) + ": an empty message cannot end the "
+                  "conversation on this channel";
+            return false;
+        }
+        break;
+    }
+
+    if (n == 0) {
+        err = "messages: a conversation without a message that has content "
+              "cannot be sent to this channel";
+        return false;
+    }
+
+    return true;
 }
 
 
@@ -904,7 +1007,8 @@ chat_to_anthropic(const json_t *in, std::string_view model, Json &out,
     const json_t *msgs = json_object_get(in, "messages");
     Json body(json_object());
     Json messages(json_array());
-    AnthropicBuild b { messages.get(), {}, false };
+    Json system(json_array());
+    AnthropicBuild b { messages.get(), system.get(), false };
     size_t  i;
     json_t *m;
 
@@ -923,35 +1027,23 @@ chat_to_anthropic(const json_t *in, std::string_view model, Json &out,
         }
     }
 
-    /* a conversation that ends with the client's turn must end so here: an
-       empty last message left out would leave the assistant's turn last,
-       which Anthropic continues as a prefill instead of answering */
-    for (size_t k = json_array_size(msgs); k-- > 0;) {
-        std::string_view role = json_str(json_array_get(msgs, k), "role");
-
-        if (role == "system" || role == "developer") {
-            continue;
-        }
-
-        size_t n = json_array_size(messages.get());
-        const json_t *last = json_array_get(messages.get(), n - 1);
-
-        if ((role == "user" || role == "tool")
-            && (n == 0 || json_str(last, "role") != "user"))
-        {
-            err = at("messages", k) + ": an empty message cannot end the "
-                  "conversation on this channel";
-            return false;
-        }
-        break;
+    if (!ends_with_client(msgs, messages.get(), "user", err)) {
+        return false;
     }
 
-    tool_results_first(messages.get());
+    results_first(messages.get(), "content", is_tool_result);
 
     put(body.get(), "model", model);
-    if (!b.system.empty()) {
-        put(body.get(), "system", b.system);
+
+    /* one text, unless a block carries a cache_control hint */
+    std::string text;
+
+    if (!plain_text(system.get(), text)) {
+        put(body.get(), "system", system.release());
+    } else if (!text.empty()) {
+        put(body.get(), "system", text);
     }
+
     put(body.get(), "messages", messages.release());
 
     if (!anthropic_tools(json_object_get(in, "tools"), body.get(), err)
@@ -1195,18 +1287,45 @@ gemini_tool_result(const json_t *m, const std::string &where,
     }
 
     Json parts(json_array());
+    const json_t *content = json_object_get(m, "content");
     json_t *response = json_object();
     json_t *fr = json_object();
     json_t *p = json_object();
+    size_t  k;
+    json_t *part;
 
-    put(response, "content", openai_text(json_object_get(m, "content")));
+    put(response, "content", openai_text(content));
     put(fr, "name", name);
     put(fr, "response", response);
     put(p, "functionResponse", fr);
     append(parts.get(), p);
 
+    /* a response holds text only: the result's images and files follow
+       it in the same turn */
+    json_array_foreach(content, k, part) {
+        std::string_view type = json_str(part, "type");
+
+        if (type == "text" || type == "refusal" || type.empty()) {
+            continue;
+        }
+
+        json_t *media = gemini_part(part, at(where + ".content", k), err);
+
+        if (media == nullptr) {
+            return false;
+        }
+        append(parts.get(), media);
+    }
+
     append_turn(b.contents, "user", "parts", std::move(parts));
     return true;
+}
+
+
+bool
+is_function_response(const json_t *part)
+{
+    return json_object_get(part, "functionResponse") != nullptr;
 }
 
 
@@ -1519,6 +1638,17 @@ gemini_schema_type(const json_t *type, json_t *out)
 }
 
 
+/* Adds words to a schema's description: "<description> (<note>)". */
+void
+schema_note(json_t *out, const std::string &note)
+{
+    if (!note.empty()) {
+        std::string d(json_str(out, "description"));
+        put(out, "description", d.empty() ? note : d + " (" + note + ")");
+    }
+}
+
+
 /*
  * What Gemini's Schema refuses, made into what it takes: a format other
  * than its own for the type (string: enum, date-time; number: float,
@@ -1582,11 +1712,9 @@ gemini_schema_values(const json_t *s, json_t *out)
         }
     }
 
-    if (!note.empty()) {
-        std::string d(json_str(out, "description"));
-        put(out, "description", d.empty() ? note : d + " (" + note + ")");
-    }
+    schema_note(out, note);
 }
+
 
 
 /* The type of a value in an enum or const; "" for null, arrays, objects. */
@@ -1707,6 +1835,44 @@ gemini_schema_required(json_t *out)
 }
 
 
+/*
+ * Gemini refuses an array without items and an object without properties
+ * (a map, a free-form object), at any depth.  An array of anything holds
+ * what a schema of anything does (gemini_schema_infer_type); an object
+ * whose members no schema names is asked for as JSON text, which a string
+ * can hold and its description says.
+ */
+bool
+gemini_schema_open(json_t *out, SchemaBuild &sb, const std::string &where,
+    int depth)
+{
+    std::string_view type = json_str(out, "type");
+
+    if (type == "array" && json_object_get(out, "items") == nullptr) {
+        Json any(json_object());
+        json_t *p = gemini_schema(any.get(), sb, where + ".items", depth + 1);
+
+        if (p == nullptr) {
+            return false;
+        }
+        put(out, "items", p);
+
+    } else if (type == "object"
+               && json_object_size(json_object_get(out, "properties")) == 0)
+    {
+        put(out, "type", "string");
+        for (const char *k : { "properties", "required", "minProperties",
+                               "maxProperties" })
+        {
+            json_object_del(out, k);
+        }
+        schema_note(out, "a JSON object, written as text");
+    }
+
+    return true;
+}
+
+
 /* The Schema of s, made flat (schema_flat), into out. */
 bool
 gemini_schema_fill(const json_t *s, SchemaBuild &sb, const std::string &where,
@@ -1767,6 +1933,11 @@ gemini_schema_fill(const json_t *s, SchemaBuild &sb, const std::string &where,
     }
 
     gemini_schema_infer_type(s, out);
+
+    if (!gemini_schema_open(out, sb, where, depth)) {
+        return false;
+    }
+
     gemini_schema_values(s, out);
     gemini_schema_required(out);
 
@@ -1907,8 +2078,10 @@ gemini_tool_config(const json_t *choice, json_t *body, std::string &err)
 
 /*
  * Whether Gemini's Schema can say what a JSON schema says: no references
- * ($ref, $defs) and no object without properties (a free-form object or a
- * map, which Gemini refuses).  When not, JSON mode alone is asked for.
+ * ($ref, $defs), no object without properties (a free-form object or a
+ * map, which Gemini refuses) and no array without items (which it would
+ * take as an array of strings, see gemini_schema_open).  When not, JSON
+ * mode alone is asked for.
  */
 bool
 gemini_schema_expressible(const json_t *s, int depth)
@@ -1929,6 +2102,12 @@ gemini_schema_expressible(const json_t *s, int depth)
 
     if (json_str(s, "type") == "object"
         && json_object_size(json_object_get(s, "properties")) == 0)
+    {
+        return false;
+    }
+
+    if (json_str(s, "type") == "array"
+        && !json_is_object(json_object_get(s, "items")))
     {
         return false;
     }
@@ -2029,6 +2208,12 @@ chat_to_gemini(const json_t *in, Json &out, std::string &err)
             return false;
         }
     }
+
+    if (!ends_with_client(msgs, contents.get(), "user", err)) {
+        return false;
+    }
+
+    results_first(contents.get(), "parts", is_function_response);
 
     if (!b.system.empty()) {
         json_t *si = json_object();
@@ -2579,9 +2764,15 @@ chat_finish_from_gemini(std::string_view reason, bool tool_calls)
 }
 
 
+/* tool_calls: the answer has some, which an upstream may end with "stop"
+   (or with no reason): the client must still run them */
 const char *
-anthropic_stop_from_chat(std::string_view reason)
+anthropic_stop_from_chat(std::string_view reason, bool tool_calls)
 {
+    if (tool_calls && (reason == "stop" || reason.empty())) {
+        return "tool_use";
+    }
+
     if (reason == "length") {
         return "max_tokens";
     }
@@ -2657,6 +2848,49 @@ chat_usage(const AnthropicUsage &a)
     u.completion = a.output;
     u.cached = a.cache_read;
 
+    return u;
+}
+
+
+/* Counts as the ledger keeps them (either cache convention) as chat
+   usage; the reasoning detail is the upstream's. */
+ChatUsage
+chat_usage_of(const llmgw_usage_t &b, int64_t reasoning)
+{
+    ChatUsage u;
+
+    u.prompt = b.cache_in_prompt
+               ? b.prompt_tokens
+               : b.prompt_tokens + b.cache_read_tokens
+                 + b.cache_creation_tokens;
+    u.completion = b.completion_tokens;
+    u.cached = b.cache_read_tokens;
+    u.reasoning = reasoning;
+
+    return u;
+}
+
+
+/* The same as Messages usage: the cached part of the prompt is not
+   input_tokens but cache_read / cache_creation_input_tokens. */
+json_t *
+anthropic_usage_of(const llmgw_usage_t &b)
+{
+    json_t *u = json_object();
+    int64_t read = std::max<int64_t>(0, b.cache_read_tokens);
+    int64_t creation = std::max<int64_t>(0, b.cache_creation_tokens);
+    int64_t input = b.prompt_tokens;
+
+    if (b.cache_in_prompt) {
+        read = std::min(read, std::max<int64_t>(0, input));
+        creation = std::min(creation, std::max<int64_t>(0, input - read));
+        input -= read + creation;
+    }
+
+    put_int(u, "input_tokens", input);
+    put_int(u, "cache_creation_input_tokens", creation);
+    put_int(u, "cache_read_input_tokens", read);
+    put_int(u, "output_tokens", b.completion_tokens);
     return u;
 }
 
@@ -2895,22 +3129,20 @@ chat_reasoning(const json_t *m)
 }
 
 
-/* Messages usage from chat usage: the cached part of the prompt counts as
-   cache_read_input_tokens, not input_tokens. */
+/* Messages usage from chat usage. */
 json_t *
 anthropic_usage_from_chat(const json_t *usage)
 {
-    json_t *u = json_object();
-    int64_t prompt = json_int(usage, "prompt_tokens", 0);
-    int64_t cached = json_int(json_object_get(usage, "prompt_tokens_details"),
-                              "cached_tokens", 0);
+    llmgw_usage_t u {};
 
-    cached = std::max<int64_t>(0, std::min(cached, prompt));
-    put_int(u, "input_tokens", prompt - cached);
-    put_int(u, "cache_creation_input_tokens", 0);
-    put_int(u, "cache_read_input_tokens", cached);
-    put_int(u, "output_tokens", json_int(usage, "completion_tokens", 0));
-    return u;
+    u.prompt_tokens = json_int(usage, "prompt_tokens", 0);
+    u.completion_tokens = json_int(usage, "completion_tokens", 0);
+    u.cache_read_tokens = json_int(json_object_get(usage,
+                                                   "prompt_tokens_details"),
+                                   "cached_tokens", 0);
+    u.cache_in_prompt = 1;
+
+    return anthropic_usage_of(u);
 }
 
 
@@ -2971,7 +3203,9 @@ chat_to_anthropic_answer(const json_t *in, std::string_view model, Json &out,
     put(m.get(), "content", content.release());
     put(m.get(), "stop_reason",
         refusal.empty()
-        ? anthropic_stop_from_chat(json_str(choice, "finish_reason"))
+        ? anthropic_stop_from_chat(json_str(choice, "finish_reason"),
+                                   json_array_size(json_object_get(
+                                       message, "tool_calls")) > 0)
         : std::string("refusal"));
     put(m.get(), "stop_sequence", json_null());
     put(m.get(), "usage", u);
@@ -3086,6 +3320,24 @@ convert_response(int from_type, llmgw_endpoint_e to, const json_t *in,
 }
 
 
+void
+show_billed_usage(llmgw_endpoint_e client, json_t *answer,
+    const llmgw_usage_t &billed)
+{
+    if (client == LLMGW_EP_CHAT) {
+        int64_t reasoning = json_int(
+            json_object_get(json_object_get(answer, "usage"),
+                            "completion_tokens_details"),
+            "reasoning_tokens", 0);
+
+        put(answer, "usage", chat_usage_of(billed, reasoning).to_json());
+
+    } else if (client == LLMGW_EP_MESSAGES) {
+        put(answer, "usage", anthropic_usage_of(billed));
+    }
+}
+
+
 /* ---- streams ---- */
 
 class StreamImpl {
@@ -3174,17 +3426,7 @@ protected:
             return reported;
         }
 
-        llmgw_usage_t u = billed();
-        ChatUsage     c;
-
-        c.prompt = u.cache_in_prompt
-                   ? u.prompt_tokens
-                   : u.prompt_tokens + u.cache_read_tokens
-                     + u.cache_creation_tokens;
-        c.completion = u.completion_tokens;
-        c.cached = u.cache_read_tokens;
-        c.reasoning = reported.reasoning;
-        return c;
+        return chat_usage_of(billed(), reported.reasoning);
     }
 
     /* Every stream opens with the assistant role, as OpenAI's does. */
@@ -3349,10 +3591,7 @@ public:
 
         } else if (type == "message_delta") {
             start(out, {});
-            /* a tool block the upstream never closed still gets arguments */
-            for (auto &t : tool_index_) {
-                tool_arguments_owed(out, t.second);
-            }
+            owe_all(out);
             usage_.take(json_object_get(j, "usage"));
             send_finish(out, chat_finish_from_anthropic(
                             json_str(json_object_get(j, "delta"),
@@ -3379,10 +3618,24 @@ private:
             /* the error chunk ended it: no [DONE] to say it is whole */
             return;
         }
-        if (started_) {
-            send_usage(out, final_usage(chat_usage(usage_)));
+        if (!finished_) {
+            /* message_stop without a message_delta: the answer is whole
+               but its reason unsaid; a client reads the last choice chunk
+               for one */
+            owe_all(out);
+            start(out, {});
+            send_finish(out, tools_ > 0 ? "tool_calls" : "stop");
         }
+        send_usage(out, final_usage(chat_usage(usage_)));
         send_done(out);
+    }
+
+    /* A tool block the upstream never closed still gets arguments. */
+    void owe_all(std::string &out)
+    {
+        for (auto &t : tool_index_) {
+            tool_arguments_owed(out, t.second);
+        }
     }
 
     void block_start(std::string &out, const json_t *j)
@@ -3637,17 +3890,21 @@ public:
         size_t  i;
         json_t *tc;
 
-        thinking(out, chat_reasoning(delta));
-        text(out, openai_text(json_object_get(delta, "content")));
+        piece(out, Open::thinking, chat_reasoning(delta));
+        piece(out, Open::text, openai_text(json_object_get(delta, "content")));
 
         std::string_view refusal = json_str(delta, "refusal");
         if (!refusal.empty()) {
             refused_ = true;
-            text(out, std::string(refusal));
+            piece(out, Open::text, refusal);
         }
 
         json_array_foreach(json_object_get(delta, "tool_calls"), i, tc) {
             tool_call(out, tc, static_cast<int64_t>(i));
+        }
+
+        if (!tool_pending()) {
+            release_held(out);
         }
 
         std::string_view reason = json_str(choice, "finish_reason");
@@ -3655,12 +3912,8 @@ public:
         if (!reason.empty() && stop_reason_.empty()) {
             close_all(out);
             stop_reason_ = refused_ ? std::string("refusal")
-                                    : anthropic_stop_from_chat(reason);
-        }
-
-        /* usage usually comes in a chunk of its own after finish_reason */
-        if (!stop_reason_.empty() && usage_known_) {
-            message_delta(out);
+                                    : anthropic_stop_from_chat(
+                                          reason, !tools_.empty());
         }
     }
 
@@ -3685,7 +3938,7 @@ private:
         json_t *m = json_object();
         json_t *u = json_object();
 
-        put_int(u, "input_tokens", prompt_);
+        put_int(u, "input_tokens", usage_.prompt_tokens);
         put_int(u, "output_tokens", 0);
         put(m, "id", id.empty() ? "msg_" + random_hex(12) : std::string(id));
         put(m, "type", "message");
@@ -3766,40 +4019,57 @@ private:
         emit_event(out, "content_block_delta", ev.get());
     }
 
-    void text(std::string &out, const std::string &t)
+    /*
+     * A piece of text or thinking.  One that comes while a tool call's
+     * arguments are not whole waits: the tool's block must stay open for
+     * the rest of them (a stopped block takes no delta), so the piece goes
+     * once the arguments are whole, or at the end of the answer.
+     */
+    void piece(std::string &out, Open kind, std::string_view t)
     {
         if (t.empty() || !stop_reason_.empty()) {
             return;
         }
 
-        if (open_ < 0 || open_kind_ != Open::text) {
+        if (tool_pending()) {
+            if (held_.empty() || held_.back().first != kind) {
+                held_.emplace_back(kind, std::string());
+            }
+            held_.back().second += t;
+            return;
+        }
+
+        send_piece(out, kind, t);
+    }
+
+    void send_piece(std::string &out, Open kind, std::string_view t)
+    {
+        bool text = kind == Open::text;
+
+        if (open_ < 0 || open_kind_ != kind) {
             close_block(out);
-            open_kind(out, Open::text);
+            open_kind(out, kind);
         }
 
         json_t *delta = json_object();
 
-        put(delta, "type", "text_delta");
-        put(delta, "text", t);
+        put(delta, "type", text ? "text_delta" : "thinking_delta");
+        put(delta, text ? "text" : "thinking", t);
         send_block_delta(out, open_, delta);
     }
 
-    void thinking(std::string &out, std::string_view t)
+    bool tool_pending()
     {
-        if (t.empty() || !stop_reason_.empty()) {
-            return;
+        return tool_open_ >= 0 && !tools_[tool_open_].arguments.whole();
+    }
+
+    /* The pieces that waited for a tool call, in the order they came. */
+    void release_held(std::string &out)
+    {
+        for (const auto &h : held_) {
+            send_piece(out, h.first, h.second);
         }
-
-        if (open_ < 0 || open_kind_ != Open::thinking) {
-            close_block(out);
-            open_kind(out, Open::thinking);
-        }
-
-        json_t *delta = json_object();
-
-        put(delta, "type", "thinking_delta");
-        put(delta, "thinking", t);
-        send_block_delta(out, open_, delta);
+        held_.clear();
     }
 
     /*
@@ -3882,10 +4152,12 @@ private:
         send_block_delta(out, block, delta);
     }
 
-    /* The waiting tool calls' blocks, then the last block's stop. */
+    /* The waiting tool calls' blocks and pieces, then the last block's
+       stop. */
     void close_all(std::string &out)
     {
         open_waiting(out, true);
+        release_held(out);
         close_block(out);
     }
 
@@ -3895,50 +4167,36 @@ private:
             return;
         }
 
-        prompt_ = json_int(u, "prompt_tokens", prompt_);
-        completion_ = json_int(u, "completion_tokens", completion_);
-        cached_ = json_int(json_object_get(u, "prompt_tokens_details"),
-                           "cached_tokens", cached_);
-        usage_known_ = true;
+        usage_.prompt_tokens = json_int(u, "prompt_tokens",
+                                        usage_.prompt_tokens);
+        usage_.completion_tokens = json_int(u, "completion_tokens",
+                                            usage_.completion_tokens);
+        usage_.cache_read_tokens = json_int(
+            json_object_get(u, "prompt_tokens_details"), "cached_tokens",
+            usage_.cache_read_tokens);
     }
 
+    /*
+     * Sent at the upstream's end, not at its finish reason: an upstream
+     * may report usage in every chunk, and the last count, after the
+     * finish reason, is the one billed.
+     */
     void message_delta(std::string &out)
     {
-        if (delta_sent_) {
-            return;
-        }
-
-        delta_sent_ = true;
-
-        /* the counts the gateway bills: also when the upstream reported
-           none, or a part */
-        if (billed) {
-            llmgw_usage_t b = billed();
-
-            prompt_ = b.cache_in_prompt
-                      ? b.prompt_tokens
-                      : b.prompt_tokens + b.cache_read_tokens
-                        + b.cache_creation_tokens;
-            completion_ = b.completion_tokens;
-            cached_ = b.cache_read_tokens;
-        }
-
         Json ev(json_object());
         json_t *d = json_object();
-        json_t *u = json_object();
 
         put(d, "stop_reason",
-            stop_reason_.empty() ? "end_turn" : stop_reason_);
+            stop_reason_.empty() ? anthropic_stop_from_chat("",
+                                                            !tools_.empty())
+                                 : stop_reason_);
         put(d, "stop_sequence", json_null());
-        /* message_start went out before the prompt count was known; the
-           cached part of the prompt is cache_read_input_tokens */
-        int64_t cached = std::max<int64_t>(0, std::min(cached_, prompt_));
-        put_int(u, "input_tokens", prompt_ - cached);
-        put_int(u, "cache_read_input_tokens", cached);
-        put_int(u, "output_tokens", completion_);
         put(ev.get(), "type", "message_delta");
         put(ev.get(), "delta", d);
-        put(ev.get(), "usage", u);
+        /* the counts the gateway bills: also when the upstream reported
+           none, or a part */
+        put(ev.get(), "usage", anthropic_usage_of(billed ? billed()
+                                                         : usage_));
         emit_event(out, "message_delta", ev.get());
     }
 
@@ -4006,6 +4264,7 @@ private:
     std::string                  stop_reason_;
     std::map<int64_t, Tool>      tools_;        /* by the upstream's index */
     std::vector<int64_t>         waiting_;      /* tool calls without block */
+    std::vector<std::pair<Open, std::string>>  held_;   /* see piece() */
     int64_t                      tool_open_ = -1;   /* the one in open_ */
     int64_t                      next_block_ = 0;
     int64_t                      open_ = -1;
@@ -4013,13 +4272,10 @@ private:
     bool                         refused_ = false;
     bool                         done_seen_ = false;
     bool                         errored_ = false;
-    int64_t                      cached_ = 0;
     bool                         started_ = false;
-    bool                         delta_sent_ = false;
     bool                         stopped_ = false;
-    bool                         usage_known_ = false;
-    int64_t                      prompt_ = 0;
-    int64_t                      completion_ = 0;
+    /* what the upstream reported (prompt_tokens counts the cache) */
+    llmgw_usage_t                usage_ { 0, 0, 0, 0, 1, 0 };
 };
 
 

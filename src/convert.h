@@ -42,6 +42,14 @@ bool convert_request(llmgw_endpoint_e from, int to_type, const json_t *in,
 bool convert_response(int from_type, llmgw_endpoint_e to, const json_t *in,
     std::string_view client_model, Json &out, std::string &err);
 
+/*
+ * Puts in a converted answer (in the client's format: chat or messages)
+ * the usage the gateway bills for it, so that it says what the ledger row
+ * will, also when the upstream reported no usage.
+ */
+void show_billed_usage(llmgw_endpoint_e client, json_t *answer,
+    const llmgw_usage_t &billed);
+
 class StreamImpl;
 
 /*

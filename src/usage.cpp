@@ -1043,21 +1043,9 @@ converted_json(llmgw_resp_s &r)
                                                      "stream_options"),
                                      "include_usage"));
 
-            if (with_usage && r.client == LLMGW_EP_CHAT
-                && !json_is_object(json_object_get(a, "usage")))
-            {
-                /* none came: the usage chunk says what is billed */
-                llmgw_usage_t u = billed(r);
-                json_t       *j = json_object();
-
-                json_object_set_new(j, "prompt_tokens",
-                                    json_integer(u.prompt_tokens));
-                json_object_set_new(j, "completion_tokens",
-                                    json_integer(u.completion_tokens));
-                json_object_set_new(j, "total_tokens",
-                                    json_integer(u.prompt_tokens
-                                                 + u.completion_tokens));
-                json_object_set_new(a, "usage", j);
+            if (!same || !json_is_object(json_object_get(a, "usage"))) {
+                /* converted, or none came: it says what is billed */
+                show_billed_usage(r.client, a, billed(r));
             }
 
             if (r.array) {
@@ -1076,6 +1064,7 @@ converted_json(llmgw_resp_s &r)
                   : convert_response(r.type, r.client, in.get(),
                                      r.client_model, out, err);
         if (ok) {
+            show_billed_usage(r.client, out.get(), billed(r));
             return json_dump(out.get());
         }
     }

@@ -2836,11 +2836,210 @@ test_rerank_result_without_index_is_refused(void **state)
 }
 
 
+/* Gemini refuses an array without items and an object without
+   properties at any depth: the one holds strings, the other is JSON text */
+static void
+test_gemini_tool_schema_open_arrays_and_objects_become_what_it_takes(
+    void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 24,
+        "{'model':'m','tools':[{'type':'function','function':{'name':'f',"
+        "'parameters':{'type':'object','properties':{"
+        "'tags':{'type':'array'},"
+        "'map':{'type':'object','description':'by name',"
+        "'additionalProperties':{'type':'string'},'minProperties':1},"
+        "'deep':{'type':'object','properties':{'rows':{'type':'array',"
+        "'items':{'type':'object'}}}}},'required':['map']}}}],"
+        "'messages':[{'role':'user','content':'q'}]}");
+    json_t *p = at(j, "tools/0/functionDeclarations/0/parameters");
+    (void) state;
+
+    assert_non_null(p);
+    assert_string_equal(str_at(p, "properties/tags/type"), "array");
+    assert_string_equal(str_at(p, "properties/tags/items/type"), "string");
+    assert_string_equal(str_at(p, "properties/map/type"), "string");
+    assert_string_equal(str_at(p, "properties/map/description"),
+                        "by name (a JSON object, written as text)");
+    assert_null(at(p, "properties/map/minProperties"));
+    assert_string_equal(str_at(p, "properties/deep/properties/rows/items/type"),
+                        "string");
+    assert_string_equal(str_at(p, "required/0"), "map");
+    json_decref(j);
+}
+
+
+/* A Gemini conversation left without a user turn is refused, named */
+static void
+test_gemini_empty_last_message_is_refused(void **state)
+{
+    (void) state;
+
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','messages':[{'role':'user','content':'hi'},"
+        "{'role':'assistant','content':'yes?'},"
+        "{'role':'user','content':''}]}",
+        "messages[2]: an empty message cannot end the conversation on this "
+        "channel");
+    request_error(LLMGW_EP_CHAT, 24,
+        "{'model':'m','messages':[{'role':'system','content':'s'}]}",
+        "messages: a conversation without a message that has content cannot "
+        "be sent to this channel");
+}
+
+
+/* Text between a tool call's argument pieces waits for the arguments to
+   be whole: an Anthropic block takes no delta once stopped */
+static void
+test_openai_stream_text_between_argument_pieces_waits(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(1, LLMGW_EP_MESSAGES,
+        O_CHUNK("{'tool_calls':[{'index':0,'id':'call_1','type':'function',"
+                "'function':{'name':'f','arguments':'{`a`:'}}]}", "null")
+        O_CHUNK("{'content':'so'}", "null")
+        O_CHUNK("{'tool_calls':[{'index':0,'function':"
+                "{'arguments':'1}'}}]}", "null")
+        O_CHUNK("{}", "'stop'")
+        O_USAGE(3, 4)
+        "data: [DONE]\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 10);
+    assert_event(&evs, 1, "content_block_start");
+    assert_string_equal(str_at(evs.ev[1].data, "content_block/type"),
+                        "tool_use");
+    assert_string_equal(str_at(evs.ev[2].data, "delta/partial_json"),
+                        "{\"a\":");
+    assert_string_equal(str_at(evs.ev[3].data, "delta/partial_json"), "1}");
+    assert_int_equal(int_at(evs.ev[3].data, "index"), 0);
+    assert_event(&evs, 4, "content_block_stop");
+    assert_event(&evs, 5, "content_block_start");
+    assert_string_equal(str_at(evs.ev[6].data, "delta/text"), "so");
+    assert_int_equal(int_at(evs.ev[6].data, "index"), 1);
+    assert_event(&evs, 7, "content_block_stop");
+    /* "stop" beside a tool call: the client must run it */
+    assert_event(&evs, 8, "message_delta");
+    assert_string_equal(str_at(evs.ev[8].data, "delta/stop_reason"),
+                        "tool_use");
+    assert_int_equal(int_at(evs.ev[8].data, "usage/output_tokens"), 4);
+    evs_free(&evs);
+}
+
+
+/* The last count is the one billed: message_delta waits for [DONE] */
+static void
+test_openai_stream_usage_in_every_chunk_takes_the_last(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(1, LLMGW_EP_MESSAGES,
+        "data: {'id':'c','choices':[{'index':0,'delta':{'content':'a'},"
+        "'finish_reason':'stop'}],'usage':{'prompt_tokens':5,"
+        "'completion_tokens':1}}\n\n"
+        O_USAGE(5, 30)
+        "data: [DONE]\n\n",
+        &evs);
+
+    assert_int_equal(evs.n, 6);
+    assert_event(&evs, 4, "message_delta");
+    assert_int_equal(int_at(evs.ev[4].data, "usage/output_tokens"), 30);
+    assert_int_equal(int_at(evs.ev[4].data, "usage/input_tokens"), 5);
+    evs_free(&evs);
+}
+
+
+static void
+test_openai_stop_beside_tool_calls_is_tool_use(void **state)
+{
+    json_t *j = response(1, LLMGW_EP_MESSAGES,
+        "{'id':'c','choices':[{'index':0,'finish_reason':'stop','message':"
+        "{'role':'assistant','content':null,'tool_calls':[{'id':'call_1',"
+        "'type':'function','function':{'name':'f','arguments':'{}'}}]}}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "stop_reason"), "tool_use");
+    json_decref(j);
+}
+
+
+/* message_stop without message_delta: whole, its reason unsaid */
+static void
+test_anthropic_stream_without_message_delta_still_finishes(void **state)
+{
+    evs_t evs;
+    (void) state;
+
+    stream(14, LLMGW_EP_CHAT,
+        A_START
+        A_TOOL_START(0, "toolu_1", "f")
+        A_JSON_DELTA(0, "{}")
+        A_STOP(0)
+        "event: message_stop\ndata: {'type':'message_stop'}\n\n",
+        &evs);
+
+    /* role, tool start, arguments, finish, usage, DONE */
+    assert_int_equal(evs.n, 6);
+    assert_string_equal(str_at(evs.ev[3].data, "choices/0/finish_reason"),
+                        "tool_calls");
+    assert_non_null(at(evs.ev[4].data, "usage"));
+    assert_true(evs.ev[5].done);
+    evs_free(&evs);
+}
+
+
+/* cache_control hints reach Anthropic on system and assistant blocks;
+   images a tool returns are blocks of its tool_result */
+static void
+test_cache_control_and_tool_images_reach_anthropic(void **state)
+{
+    json_t *j = request(LLMGW_EP_CHAT, 14,
+        "{'model':'m','messages':["
+        "{'role':'system','content':[{'type':'text','text':'S',"
+        "'cache_control':{'type':'ephemeral'}}]},"
+        "{'role':'user','content':'u'},"
+        "{'role':'assistant','content':[{'type':'text','text':'A',"
+        "'cache_control':{'type':'ephemeral'}}],'tool_calls':[{'id':'c1',"
+        "'type':'function','function':{'name':'f','arguments':'{}'}}]},"
+        "{'role':'tool','tool_call_id':'c1','content':[{'type':'text',"
+        "'text':'T'},{'type':'image_url','image_url':{'url':"
+        "'data:image/png;base64,AAAA'}}]}]}");
+    (void) state;
+
+    assert_string_equal(str_at(j, "system/0/text"), "S");
+    assert_string_equal(str_at(j, "system/0/cache_control/type"),
+                        "ephemeral");
+    assert_string_equal(str_at(j, "messages/1/content/0/text"), "A");
+    assert_string_equal(str_at(j, "messages/1/content/0/cache_control/type"),
+                        "ephemeral");
+    assert_string_equal(str_at(j, "messages/1/content/1/type"), "tool_use");
+    assert_string_equal(str_at(j, "messages/2/content/0/type"),
+                        "tool_result");
+    assert_string_equal(str_at(j, "messages/2/content/0/content/0/text"),
+                        "T");
+    assert_string_equal(
+        str_at(j, "messages/2/content/0/content/1/source/media_type"),
+        "image/png");
+    json_decref(j);
+}
+
+
 int
 main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_system_message_becomes_anthropic_system),
+        cmocka_unit_test(
+            test_gemini_tool_schema_open_arrays_and_objects_become_what_it_takes),
+        cmocka_unit_test(test_gemini_empty_last_message_is_refused),
+        cmocka_unit_test(test_openai_stream_text_between_argument_pieces_waits),
+        cmocka_unit_test(test_openai_stream_usage_in_every_chunk_takes_the_last),
+        cmocka_unit_test(test_openai_stop_beside_tool_calls_is_tool_use),
+        cmocka_unit_test(
+            test_anthropic_stream_without_message_delta_still_finishes),
+        cmocka_unit_test(test_cache_control_and_tool_images_reach_anthropic),
         cmocka_unit_test(test_anthropic_max_tokens_defaults_to_4096),
         cmocka_unit_test(test_max_completion_tokens_wins_over_max_tokens),
         cmocka_unit_test(test_image_urls_become_anthropic_image_sources),
