@@ -44,18 +44,29 @@ assert_parse_error(const char *json, const char *want)
 }
 
 
-/* 1 or 0 for a textual client address, IPv4 or IPv6. */
+typedef int (*addr_check_t)(const llmgw_iplist_t *l, int family,
+    const uint8_t *addr);
+
+/* check's answer for a textual address, IPv4 or IPv6. */
 static int
-match(const llmgw_iplist_t *l, const char *ip)
+check_text(addr_check_t check, const llmgw_iplist_t *l, const char *ip)
 {
     uint8_t addr[16];
 
     if (inet_pton(AF_INET, ip, addr) == 1) {
-        return llmgw_iplist_match(l, AF_INET, addr);
+        return check(l, AF_INET, addr);
     }
 
     assert_int_equal(inet_pton(AF_INET6, ip, addr), 1);
-    return llmgw_iplist_match(l, AF_INET6, addr);
+    return check(l, AF_INET6, addr);
+}
+
+
+/* 1 or 0 for a textual client address. */
+static int
+match(const llmgw_iplist_t *l, const char *ip)
+{
+    return check_text(llmgw_iplist_match, l, ip);
 }
 
 
@@ -306,14 +317,7 @@ test_long_bad_entry_is_cut_in_error(void **state)
 static int
 content_ok(const llmgw_iplist_t *allow, const char *ip)
 {
-    uint8_t addr[16];
-
-    if (inet_pton(AF_INET, ip, addr) == 1) {
-        return llmgw_content_addr_ok(allow, AF_INET, addr);
-    }
-
-    assert_int_equal(inet_pton(AF_INET6, ip, addr), 1);
-    return llmgw_content_addr_ok(allow, AF_INET6, addr);
+    return check_text(llmgw_content_addr_ok, allow, ip);
 }
 
 
@@ -329,6 +333,22 @@ from_words(const char *a, const char *b)
 }
 
 
+/* Each of ips is admitted (want 1) or refused (want 0) with no list. */
+#define assert_content(ips, want)                                            \
+    assert_content_n(ips, sizeof(ips) / sizeof(ips[0]), want)
+
+static void
+assert_content_n(const char *const *ips, size_t n, int want)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (content_ok(NULL, ips[i]) != want) {
+            fail_msg("%s was %s", ips[i],
+                     want ? "refused" : "taken for public");
+        }
+    }
+}
+
+
 static void
 test_content_refuses_special_ipv4(void **state)
 {
@@ -341,11 +361,7 @@ test_content_refuses_special_ipv4(void **state)
         "240.0.0.1", "255.255.255.255",
     };
 
-    for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++) {
-        if (content_ok(NULL, special[i])) {
-            fail_msg("%s was taken for public", special[i]);
-        }
-    }
+    assert_content(special, 0);
 }
 
 
@@ -359,11 +375,7 @@ test_content_admits_public_ipv4(void **state)
         "128.0.0.0",
     };
 
-    for (size_t i = 0; i < sizeof(public) / sizeof(public[0]); i++) {
-        if (!content_ok(NULL, public[i])) {
-            fail_msg("%s was refused", public[i]);
-        }
-    }
+    assert_content(public, 1);
 }
 
 
@@ -380,11 +392,7 @@ test_content_refuses_special_ipv6(void **state)
         "2002:c0a8:101::",
     };
 
-    for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++) {
-        if (content_ok(NULL, special[i])) {
-            fail_msg("%s was taken for public", special[i]);
-        }
-    }
+    assert_content(special, 0);
 }
 
 
@@ -396,11 +404,7 @@ test_content_admits_public_ipv6(void **state)
         "64:ff9b::808:808", "2002:808:808::1", "fbff::1", "fe00::1",
     };
 
-    for (size_t i = 0; i < sizeof(public) / sizeof(public[0]); i++) {
-        if (!content_ok(NULL, public[i])) {
-            fail_msg("%s was refused", public[i]);
-        }
-    }
+    assert_content(public, 1);
 }
 
 

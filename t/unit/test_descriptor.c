@@ -775,43 +775,42 @@ test_credentialless_get_may_reach_any_host(void **state)
  * are connected to for it.  Requests with credentials stay on the
  * channel host or allowedHosts, which the operator reviewed.
  */
+/* public_only of what descriptor d builds to with p. */
+static int
+public_only_of(const char *d, const llmgw_desc_policy_t *p)
+{
+    llmgw_outbound_t  o;
+    int               v;
+
+    ok_p(d, p, &o);
+    v = o.public_only;
+    llmgw_outbound_free(&o);
+    return v;
+}
+
 static void
 test_credentialless_public_only_off_the_channel_origin(void **state)
 {
     llmgw_desc_policy_t  p = policy();
-    llmgw_outbound_t     o;
 
     (void) state;
 
     p.allow_credentialless = 1;
     p.base_url = LLMGW_STR("http://10.0.0.5:8080/v1");
 
-    ok_p("{'url':'http://10.0.0.5:8080/files/v.mp4','credentialless':true}",
-         &p, &o);
-    assert_int_equal(o.public_only, 0);
-    llmgw_outbound_free(&o);
-
+    assert_false(public_only_of("{'url':'http://10.0.0.5:8080/files/v.mp4',"
+                                "'credentialless':true}", &p));
     /* the same host on another port or scheme is another origin */
-    ok_p("{'url':'http://10.0.0.5:22/','credentialless':true}", &p, &o);
-    assert_int_equal(o.public_only, 1);
-    llmgw_outbound_free(&o);
-    ok_p("{'url':'https://10.0.0.5:8080/','credentialless':true}", &p, &o);
-    assert_int_equal(o.public_only, 1);
-    llmgw_outbound_free(&o);
-
-    ok_p("{'url':'http://169.254.169.254/latest/meta-data/',"
-         "'credentialless':true}", &p, &o);
-    assert_int_equal(o.public_only, 1);
-    llmgw_outbound_free(&o);
-
-    ok_p("{'url':'http://[::ffff:127.0.0.1]/','credentialless':true}", &p,
-         &o);
-    assert_int_equal(o.public_only, 1);
-    llmgw_outbound_free(&o);
-
-    ok_p("{'url':'http://10.0.0.5:8080/v1/tasks'}", &p, &o);
-    assert_int_equal(o.public_only, 0);
-    llmgw_outbound_free(&o);
+    assert_true(public_only_of("{'url':'http://10.0.0.5:22/',"
+                               "'credentialless':true}", &p));
+    assert_true(public_only_of("{'url':'https://10.0.0.5:8080/',"
+                               "'credentialless':true}", &p));
+    assert_true(public_only_of("{'url':'http://169.254.169.254/latest/',"
+                               "'credentialless':true}", &p));
+    assert_true(public_only_of("{'url':'http://[::ffff:127.0.0.1]/',"
+                               "'credentialless':true}", &p));
+    assert_false(public_only_of("{'url':'http://10.0.0.5:8080/v1/tasks'}",
+                                &p));
 }
 
 static void
