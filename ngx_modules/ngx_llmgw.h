@@ -61,6 +61,9 @@ typedef struct {
     size_t                     task_max_files_total;
     ngx_flag_t                 task_ssl_verify;
     ngx_str_t                  task_ssl_trusted_certificate;
+    /* special addresses a plugin's content fetch may reach (NULL: none) */
+    llmgw_iplist_t            *content_allow;
+    ngx_flag_t                 content_allow_set;
     ngx_str_t                  crypto_secret;         /* artifact links */
     ngx_str_t                  task_public_address;
     ngx_str_t                  server_address;

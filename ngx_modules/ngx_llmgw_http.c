@@ -84,6 +84,7 @@ typedef struct {
     ngx_queue_t                queue;
     ngx_connection_t          *connection;
     ngx_uint_t                 tls;
+    ngx_uint_t                 public_peer;  /* its address is public */
     in_port_t                  port;
     size_t                     host_len;
     u_char                     host[256];
@@ -117,6 +118,7 @@ struct ngx_llmgw_http_s {
     ngx_addr_t                *addrs;
     ngx_uint_t                 naddrs;
     ngx_uint_t                 naddr;        /* the one being tried */
+    ngx_uint_t                 refused;      /* not public (public_only) */
     ngx_peer_connection_t      peer;
 
     ngx_event_t                kick;         /* starts the call */
@@ -158,6 +160,9 @@ struct ngx_llmgw_http_s {
     unsigned                   keepalive:1;  /* HTTP/1.1, no "close" */
     unsigned                   ended:1;      /* by the framing, exactly */
     unsigned                   paused:1;     /* the reader asked to wait */
+    unsigned                   public_only:1;
+    unsigned                   public_peer:1; /* the connection's address
+                                               * passes the public check */
 };
 
 
@@ -174,6 +179,7 @@ static ngx_int_t ngx_llmgw_http_add_addr(ngx_llmgw_http_t *h,
     struct sockaddr *sa, socklen_t len);
 static void ngx_llmgw_http_resolved(ngx_resolver_ctx_t *rctx);
 static ngx_int_t ngx_llmgw_http_connect(ngx_llmgw_http_t *h);
+static ngx_uint_t ngx_llmgw_http_addr_ok(ngx_addr_t *addr);
 static ngx_int_t ngx_llmgw_http_connected(ngx_llmgw_http_t *h);
 #if (NGX_SSL)
 static ngx_int_t ngx_llmgw_http_handshake(ngx_llmgw_http_t *h);
@@ -377,6 +383,7 @@ ngx_llmgw_http_start(ngx_llmgw_http_opts_t *opts, ngx_log_t *log)
     h->on_data = opts->on_data;
     h->sent = opts->sent;
     h->resend = opts->resend;
+    h->public_only = opts->public_only ? 1 : 0;
     h->done = opts->done;
     h->data = opts->data;
     h->content_length = -1;
@@ -911,11 +918,33 @@ ngx_llmgw_http_connect(ngx_llmgw_http_t *h)
 
     for ( ;; ) {
         if (h->naddr >= h->naddrs) {
+            if (h->refused && h->refused == h->naddrs) {
+                return ngx_llmgw_http_fail(h, NGX_ERROR,
+                                           h->ip_literal
+                                           ? "%V is not a public address"
+                                           : "%V has no public address",
+                                           &h->name);
+            }
+
             return ngx_llmgw_http_fail(h, NGX_ERROR,
                                        "could not connect to %V", &h->name);
         }
 
         addr = &h->addrs[h->naddr];
+
+        /* checked here, on the address connected to: a name that resolves
+         * to 127.0.0.1 is 127.0.0.1, whatever the URL said */
+        h->public_peer = ngx_llmgw_http_addr_ok(addr);
+
+        if (h->public_only && !h->public_peer) {
+            ngx_log_error(NGX_LOG_WARN, &h->log, 0,
+                          "llmgw http: %V is not a public address: refused "
+                          "for a content request (llmgw_content_allow_private)",
+                          &addr->name);
+            h->refused++;
+            h->naddr++;
+            continue;
+        }
 
         ngx_memzero(&h->peer, sizeof(ngx_peer_connection_t));
         h->peer.sockaddr = addr->sockaddr;
@@ -962,6 +991,37 @@ ngx_llmgw_http_connect(ngx_llmgw_http_t *h)
         }
 
         return ngx_llmgw_http_connected(h);
+    }
+}
+
+
+/* Whether a content request a plugin chose may connect to addr. */
+static ngx_uint_t
+ngx_llmgw_http_addr_ok(ngx_addr_t *addr)
+{
+    const uint8_t        *a;
+    llmgw_iplist_t       *allow;
+#if (NGX_HAVE_INET6)
+    struct sockaddr_in6  *sin6;
+#endif
+
+    allow = ngx_llmgw_http_mcf ? ngx_llmgw_http_mcf->content_allow : NULL;
+
+    switch (addr->sockaddr->sa_family) {
+
+    case AF_INET:
+        a = (const uint8_t *)
+            &((struct sockaddr_in *) addr->sockaddr)->sin_addr.s_addr;
+        return llmgw_content_addr_ok(allow, AF_INET, a);
+
+#if (NGX_HAVE_INET6)
+    case AF_INET6:
+        sin6 = (struct sockaddr_in6 *) addr->sockaddr;
+        return llmgw_content_addr_ok(allow, AF_INET6, sin6->sin6_addr.s6_addr);
+#endif
+
+    default:
+        return 0;
     }
 }
 
@@ -2398,6 +2458,7 @@ ngx_llmgw_http_idle_get(ngx_llmgw_http_t *h)
         item = ngx_queue_data(q, ngx_llmgw_http_idle_t, queue);
 
         if (item->tls == h->tls
+            && (item->public_peer || !h->public_only)
             && item->port == h->port
             && item->host_len == h->host.len
             && ngx_strncasecmp(item->host, h->host.data, h->host.len) == 0)
@@ -2414,6 +2475,7 @@ found:
     ngx_queue_insert_head(&ngx_llmgw_http_spare, q);
 
     c = item->connection;
+    h->public_peer = item->public_peer ? 1 : 0;
 
     c->idle = 0;
     c->data = h;
@@ -2498,6 +2560,7 @@ ngx_llmgw_http_idle_put(ngx_llmgw_http_t *h)
 
     item->connection = c;
     item->tls = h->tls;
+    item->public_peer = h->public_peer;
     item->port = h->port;
     item->host_len = h->host.len;
     ngx_memcpy(item->host, h->host.data, h->host.len);

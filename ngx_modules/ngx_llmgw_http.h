@@ -97,6 +97,11 @@ typedef struct {
      * connection found closed after the whole request was written is then
      * retried on a new one.  Without it only an unwritten request is. */
     ngx_uint_t                 resend;
+    /* The URL was chosen by a plugin (llmgw_outbound_t.public_only): only
+     * addresses llmgw_content_addr_ok() admits under
+     * llmgw_content_allow_private are connected to, each resolved address
+     * checked, and a kept-alive connection only when its own was. */
+    ngx_uint_t                 public_only;
 } ngx_llmgw_http_opts_t;
 
 

@@ -23,6 +23,9 @@ static char *ngx_llmgw_zone_size(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_llmgw_v8host(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_llmgw_content_allow_private(ngx_conf_t *cf,
+    ngx_command_t *cmd, void *conf);
+static void ngx_llmgw_iplist_cleanup(void *data);
 static ngx_int_t ngx_llmgw_init_process(ngx_cycle_t *cycle);
 static void ngx_llmgw_exit_process(ngx_cycle_t *cycle);
 static ngx_int_t ngx_llmgw_log_handler(ngx_http_request_t *r);
@@ -357,6 +360,13 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, task_ssl_trusted_certificate),
       &ngx_llmgw_ca_file },
+
+    { ngx_string("llmgw_content_allow_private"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_1MORE,
+      ngx_llmgw_content_allow_private,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
 
     { ngx_string("llmgw_crypto_secret"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -1774,6 +1784,85 @@ ngx_llmgw_v8host(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     mcf->v8host_addr = u.addrs[0];
 
     return NGX_CONF_OK;
+}
+
+
+/*
+ * llmgw_content_allow_private on | off | address[/prefix] ...: the
+ * loopback, private, link-local and other special addresses a content
+ * fetch to a URL a plugin chose may reach ("on": all of them).
+ */
+static char *
+ngx_llmgw_content_allow_private(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf)
+{
+    ngx_llmgw_main_conf_t *mcf = conf;
+
+    size_t               bad, n;
+    ngx_str_t           *value;
+    ngx_uint_t           i;
+    llmgw_str_t         *words;
+    ngx_pool_cleanup_t  *cln;
+
+    static llmgw_str_t   all[] = { { "0.0.0.0/0", sizeof("0.0.0.0/0") - 1 },
+                                   { "::/0", sizeof("::/0") - 1 } };
+
+    if (mcf->content_allow_set) {
+        return "is duplicate";
+    }
+
+    mcf->content_allow_set = 1;
+    value = cf->args->elts;
+    n = cf->args->nelts - 1;
+
+    if (n == 1 && ngx_strcmp(value[1].data, "off") == 0) {
+        return NGX_CONF_OK;
+    }
+
+    if (n == 1 && ngx_strcmp(value[1].data, "on") == 0) {
+        words = all;
+        n = sizeof(all) / sizeof(all[0]);
+
+    } else {
+        words = ngx_palloc(cf->temp_pool, n * sizeof(llmgw_str_t));
+        if (words == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        for (i = 0; i < n; i++) {
+            words[i].data = (const char *) value[i + 1].data;
+            words[i].len = value[i + 1].len;
+        }
+    }
+
+    cln = ngx_pool_cleanup_add(cf->pool, 0);
+    if (cln == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    mcf->content_allow = llmgw_iplist_from(words, n, &bad);
+
+    if (mcf->content_allow == NULL) {
+        if (bad < n) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid address \"%V\" in \"%V\": on, off "
+                               "or addresses and CIDRs",
+                               &value[bad + 1], &value[0]);
+        }
+        return NGX_CONF_ERROR;
+    }
+
+    cln->handler = ngx_llmgw_iplist_cleanup;
+    cln->data = mcf->content_allow;
+
+    return NGX_CONF_OK;
+}
+
+
+static void
+ngx_llmgw_iplist_cleanup(void *data)
+{
+    llmgw_iplist_free(data);
 }
 
 

@@ -543,6 +543,7 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     rn->sent = 0;
     /* a poll may be asked twice; a submit must not be */
     opts.resend = st->resend;
+    opts.public_only = o->public_only;
 
     if (pipe) {
         /* the content streams to the client, whatever its size */

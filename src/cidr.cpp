@@ -1,8 +1,10 @@
 /*
- * A key's IP allow list.  Every entry and every client address is held in
+ * IP address lists: a key's allow list, and which addresses a content
+ * fetch a plugin chose may reach.  Every entry and every address is held in
  * one 16-byte form, IPv4 as IPv4-mapped IPv6 (::ffff:a.b.c.d, prefix + 96),
  * so that a dual-stack listener reporting ::ffff:10.0.0.1 matches an entry
- * written as 10.0.0.0/8 with one comparison path.
+ * written as 10.0.0.0/8 with one comparison path, and a URL that spells
+ * 127.0.0.1 as ::ffff:127.0.0.1 is still loopback.
  */
 
 #include <arpa/inet.h>
@@ -167,6 +169,109 @@ in_net(const Net &net, const uint8_t *addr)
     return (addr[full] & m) == net.addr[full];
 }
 
+/* addr (4 or 16 bytes of family) in the 16-byte form; false: no such. */
+bool
+to16(int family, const uint8_t *addr, uint8_t *a)
+{
+    if (addr == nullptr) {
+        return false;
+    }
+
+    if (family == AF_INET) {
+        map_ipv4(addr, a);
+        return true;
+    }
+
+    if (family == AF_INET6) {
+        std::memcpy(a, addr, 16);
+        return true;
+    }
+
+    return false;
+}
+
+
+bool
+in_any(const std::vector<Net> &nets, const uint8_t *a)
+{
+    for (const Net &net : nets) {
+        if (in_net(net, a)) {
+            return true;
+        }
+    }
+
+    return false;
+}
+
+
+/*
+ * Not a public unicast address: this host, private and shared networks,
+ * link-local (cloud metadata at 169.254.169.254), multicast, reserved,
+ * benchmarking and documentation ranges (IANA special-purpose registries).
+ * IPv4-mapped addresses fall under the IPv4 entries by the 16-byte form.
+ */
+const char *const kSpecial[] = {
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8",
+    "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24", "192.0.2.0/24",
+    "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24",
+    "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
+    "::/96",    /* unspecified, loopback, IPv4-compatible */
+    "64:ff9b:1::/48", "100::/64", "2001::/32", "2001:2::/48",
+    "2001:db8::/32", "3fff::/20", "fc00::/7", "fe80::/10", "fec0::/10",
+    "ff00::/8",
+};
+
+
+const std::vector<Net> &
+special_nets()
+{
+    static const std::vector<Net> nets = [] {
+        std::vector<Net> v;
+
+        for (const char *e : kSpecial) {
+            Net net;
+
+            if (parse_entry(e, &net)) {
+                v.push_back(net);
+            }
+        }
+
+        return v;
+    }();
+
+    return nets;
+}
+
+
+/* NAT64 (64:ff9b::/96) and 6to4 (2002::/16) lead to the IPv4 inside. */
+bool
+embedded_ipv4(const uint8_t *a, uint8_t *inner)
+{
+    static const uint8_t nat64[12] = { 0, 0x64, 0xff, 0x9b };
+
+    if (std::memcmp(a, nat64, sizeof(nat64)) == 0) {
+        map_ipv4(a + 12, inner);
+        return true;
+    }
+
+    if (a[0] == 0x20 && a[1] == 0x02) {
+        map_ipv4(a + 2, inner);
+        return true;
+    }
+
+    return false;
+}
+
+
+bool
+special(const uint8_t *a)
+{
+    uint8_t inner[16];
+
+    return in_any(special_nets(), a)
+           || (embedded_ipv4(a, inner) && in_any(special_nets(), inner));
+}
+
 } // namespace
 
 
@@ -243,6 +348,36 @@ llmgw_iplist_free(llmgw_iplist_t *l)
 }
 
 
+extern "C" llmgw_iplist_t *
+llmgw_iplist_from(const llmgw_str_t *words, size_t n, size_t *bad)
+{
+    *bad = n;
+
+    try {
+        auto list = std::make_unique<llmgw_iplist_t>();
+
+        for (size_t i = 0; i < n; i++) {
+            Net net;
+
+            if (!parse_entry(llmgw::trim(std::string_view(words[i].data,
+                                                          words[i].len)),
+                             &net))
+            {
+                *bad = i;
+                return nullptr;
+            }
+
+            list->nets.push_back(net);
+        }
+
+        return list.release();
+
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+
 /* No list, or an empty one, means the key is not restricted by address. */
 extern "C" int
 llmgw_iplist_match(const llmgw_iplist_t *l, int family, const uint8_t *addr)
@@ -253,25 +388,20 @@ llmgw_iplist_match(const llmgw_iplist_t *l, int family, const uint8_t *addr)
         return 1;
     }
 
-    if (addr == nullptr) {
+    return to16(family, addr, a) && in_any(l->nets, a);
+}
+
+
+/* Here no list means nothing special is allowed: the safe default. */
+extern "C" int
+llmgw_content_addr_ok(const llmgw_iplist_t *allow, int family,
+    const uint8_t *addr)
+{
+    uint8_t a[16];
+
+    if (!to16(family, addr, a)) {
         return 0;
     }
 
-    if (family == AF_INET) {
-        map_ipv4(addr, a);
-
-    } else if (family == AF_INET6) {
-        std::memcpy(a, addr, sizeof(a));
-
-    } else {
-        return 0;
-    }
-
-    for (const Net &net : l->nets) {
-        if (in_net(net, a)) {
-            return 1;
-        }
-    }
-
-    return 0;
+    return !special(a) || (allow != nullptr && in_any(allow->nets, a));
 }

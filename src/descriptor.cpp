@@ -217,6 +217,36 @@ hostname_ok(std::string_view h)
     return true;
 }
 
+/*
+ * URL parsers that follow WHATWG read a host whose last label is a number
+ * as IPv4 in decimal, octal ("0177.0.0.1") or hex ("0x7f.1"), and
+ * "2130706433" or "127.1" as 127.0.0.1, where nginx's resolver reads a name
+ * or other numbers: one URL, two addresses.  Only the dotted-quad form is
+ * taken.
+ */
+bool
+ipv4_form_ok(std::string_view h)
+{
+    size_t dot = h.rfind('.');
+    std::string_view last = h.substr(dot == std::string_view::npos ? 0
+                                                                   : dot + 1);
+    bool hex = last.size() >= 2 && last[0] == '0'
+               && (last[1] == 'x' || last[1] == 'X');
+    std::string_view digits = hex ? last.substr(2) : last;
+
+    for (char c : digits) {
+        if (!(c >= '0' && c <= '9')
+            && !(hex && ((c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))))
+        {
+            return true;
+        }
+    }
+
+    unsigned char a[4];
+
+    return inet_pton(AF_INET, std::string(h).c_str(), a) == 1;
+}
+
 bool
 parse_port(std::string_view s, uint16_t &port)
 {
@@ -309,6 +339,12 @@ parse_authority(std::string_view auth, Url &u, Ctx &c, const char *what)
     if (u.ipv6 ? !ipv6_ok(host) : !hostname_ok(host)) {
         return c.fail(std::string(what) + " host \"" + c.shown(host)
                       + "\" is not valid");
+    }
+
+    if (!u.ipv6 && !ipv4_form_ok(host)) {
+        return c.fail(std::string(what) + " host \"" + c.shown(host)
+                      + "\" is not valid (an IPv4 address is four decimal "
+                      "numbers, a.b.c.d)");
     }
 
     u.host = lowercase(host);
@@ -1538,13 +1574,15 @@ dup_buf(std::string_view s)
 void
 fill_outbound(const Url &u, const std::string &method, const Headers &h,
     const std::string_view *body, bool sse, bool credentialless,
-    llmgw_outbound_t *out)
+    llmgw_outbound_t *out, Ctx &c)
 {
     std::snprintf(out->method, sizeof(out->method), "%s", method.c_str());
     out->tls = u.tls;
     out->port = u.port;
     out->sse = sse;
     out->credentialless = credentialless;
+    /* the channel's base URL is the operator's choice, private or not */
+    out->public_only = credentialless && !is_channel_host(u, c);
     out->host = dup_cstr(u.host);
     out->host_header = dup_cstr(u.host_header());
     out->uri = dup_cstr(u.uri);
@@ -1607,7 +1645,7 @@ build(std::string_view json, llmgw_outbound_t *out, Ctx &c)
 
     std::string_view b(body);
     fill_outbound(u, o.method, h, o.has_body ? &b : nullptr, o.sse,
-                  o.credentialless, out);
+                  o.credentialless, out, c);
     return true;
 }
 
@@ -1802,7 +1840,7 @@ redirect(const llmgw_outbound_t &cur, int status, std::string_view location,
 
     std::string_view body(cur.body.data ? cur.body.data : "", cur.body.len);
     fill_outbound(u, method, h, keep_body ? &body : nullptr, cur.sse,
-                  cur.credentialless, next);
+                  cur.credentialless, next, c);
     return true;
 }
 

@@ -4,8 +4,9 @@
  * that names the rule (nothing is sent then).
  *
  * The rules: an absolute http(s) URL whose host is the channel host or in
- * the manifest's allowedHosts (credentialless content requests excepted);
- * safe methods and headers; JSON, multipart, form or text bodies with file
+ * the manifest's allowedHosts (credentialless content requests excepted,
+ * which are marked public_only when they leave the channel host); safe
+ * methods and headers; JSON, multipart, form or text bodies with file
  * references resolved on the host under per-file and total caps; redirects
  * re-checked against the same rules.  No nginx headers.
  */
@@ -72,6 +73,10 @@ typedef struct {
     llmgw_buf_t   body;
     int           sse;          /* responseType "sse" */
     int           credentialless;
+    /* credentialless and not to the channel host: the URL is the plugin's
+     * (or a vendor's answer's), so it may connect only to addresses
+     * llmgw_content_addr_ok() admits, checked on every resolved address */
+    int           public_only;
 } llmgw_outbound_t;
 
 /*

@@ -153,6 +153,24 @@ void llmgw_iplist_free(llmgw_iplist_t *l);
 int llmgw_iplist_match(const llmgw_iplist_t *l, int family,
     const uint8_t *addr);
 
+/*
+ * A list of "address[/prefix]" words (a directive's arguments); NULL with
+ * *bad the index of the word that is none, or with *bad == n when out of
+ * memory.
+ */
+llmgw_iplist_t *llmgw_iplist_from(const llmgw_str_t *words, size_t n,
+    size_t *bad);
+
+/*
+ * Whether a content fetch a plugin chose may connect to addr (the resolved
+ * address, as for llmgw_iplist_match): any public unicast address; a
+ * loopback, private, shared, link-local, unspecified, multicast, reserved
+ * or documentation one (IPv4-mapped, NAT64 and 6to4 forms judged by the
+ * IPv4 address inside) only when it is in allow (NULL: none is).
+ */
+int llmgw_content_addr_ok(const llmgw_iplist_t *allow, int family,
+    const uint8_t *addr);
+
 
 /* ---- configuration snapshot and routing (snapshot.cpp) ---- */
 

@@ -509,7 +509,10 @@ export interface RequestDescriptor {
 /**
  * May reach only the channel host or allowedHosts when it carries channel
  * credentials. credentialless (public CDNs): GET or HEAD only, no plugin
- * headers or body; the host checks the address and each redirect.
+ * headers or body; the host checks the address and each redirect, and off
+ * the channel's origin connects only to public addresses (no loopback,
+ * private or link-local ones unless the operator's
+ * llmgw_content_allow_private lists them).
  */
 export interface ContentRequestDescriptor extends RequestDescriptor {
     readonly credentialless?: boolean;

@@ -18,6 +18,11 @@
 //   - signed links: tampering is 403 invalid_signature, an expired link
 //     403 link_expired, another secret rejects them, without a secret the
 //     links are unsigned and the request's Host names the address;
+//   - a credentialless request leaves the channel's origin only for
+//     public addresses: the CDN on loopback needs
+//     llmgw_content_allow_private (set here for it); without it the address
+//     is refused where it is connected to, for the plugin's URL, each
+//     redirect, a name that resolves to 127.0.0.1 and ::ffff:127.0.0.1;
 //   - GET|HEAD /v1/videos/{id}/content[?variant=];
 //   - the channel key and the secret reach no answer and no log line.
 //
@@ -32,6 +37,7 @@ import { after, before, describe, test } from 'node:test';
 import {
     assertCleanLog, assertError, hex, settle, startGateway, uniq,
 } from '../lib/harness.mjs';
+import { startDns } from '../lib/mock.mjs';
 import {
     account, assertErrorShape, mapLimit, sleep, startVendor, taskSetup, vendorSuite, waitFor, waitStatus,
 } from '../lib/vendor.mjs';
@@ -42,8 +48,11 @@ const SECRET_A = `sa-${hex(20)}`;   /* 43 characters */
 const SECRET_B = `sb-${hex(20)}`;
 const TTL_B = 3;                    /* seconds */
 const BASE_HTTP = 'llmgw_task_poll_interval 200ms;\n  llmgw_task_poll_max_failures 3;';
+/* the CDN mock is on loopback: not a public address */
 const HTTP_A = `${BASE_HTTP}\n  llmgw_crypto_secret ${SECRET_A};\n` +
-    `  llmgw_task_public_address ${PUBLIC};\n  llmgw_artifact_link_ttl 1h;`;
+    `  llmgw_task_public_address ${PUBLIC};\n  llmgw_artifact_link_ttl 1h;\n` +
+    '  llmgw_content_allow_private 127.0.0.1;';
+const CDN_NAME = 'cdn.llmgw.test';
 const HTTP_B = `${BASE_HTTP}\n  llmgw_crypto_secret ${SECRET_B};\n` +
     `  llmgw_artifact_link_ttl ${TTL_B}s;`;
 
@@ -227,6 +236,14 @@ describe('task artifacts', { timeout: 180000 }, () => {
     const here = (url, g = gw) => g.url + url.slice(PUBLIC.length);
 
     function vendorContent(rec) {
+        /* credentialless paths on the channel's own origin */
+        if (rec.path.startsWith('/to-cdn/')) {
+            return { status: 302, headers: { Location: `${cdn.url}/cdn/${rec.path.slice(8)}` },
+                body: '' };
+        }
+        if (rec.path === '/public/video') {
+            return serve(rec, cdnVideo, 'the-vendor-sets-no-key-here');
+        }
         const m = /^\/content\/([^/]+)\/([^/]+)$/.exec(rec.path);
         const e = m && store.get(`${decodeURIComponent(m[1])}/${m[2]}`);
         if (!e) {
@@ -287,6 +304,17 @@ describe('task artifacts', { timeout: 180000 }, () => {
                 { key: 'moved', type: 'video' }, { key: 'hop-5', type: 'video' },
                 { key: 'hop-6', type: 'video' }, { key: 'leak', type: 'video' },
                 { key: 'gone', type: 'video' }, { key: 'framed', type: 'video' }] },
+            /* the channel's origin, then a redirect to the CDN */
+            tocdn: { cdn: `${vendor.url}/to-cdn`, artifacts: [{ key: 'video', type: 'video' }] },
+            own: { cdn: `${vendor.url}/public`, artifacts: [{ key: 'video', type: 'video' }] },
+            local: { cdn: `http://localhost:${cdn.port}/cdn`,
+                artifacts: [{ key: 'video', type: 'video' }] },
+            mapped: { cdn: `http://[::ffff:127.0.0.1]:${cdn.port}/cdn`,
+                artifacts: [{ key: 'video', type: 'video' }] },
+            named: { cdn: `http://${CDN_NAME}:${cdn.port}/cdn`,
+                artifacts: [{ key: 'video', type: 'video' }] },
+            decimal: { cdn: `http://2130706433:${cdn.port}/cdn`,
+                artifacts: [{ key: 'video', type: 'video' }] },
             echo: { echoTask: true },
             novideo: { artifacts: [{ key: 'notes', type: 'file', mimeType: 'text/plain' },
                 { key: 'poster', type: 'image' }] },
@@ -614,6 +642,63 @@ describe('task artifacts', { timeout: 180000 }, () => {
         assert.notEqual(fr.headers['content-length'], '5');
         for (const q of cdn.requests) {
             assert.equal(q.headers.authorization, undefined, `the CDN got credentials at ${q.url}`);
+        }
+
+        /* llmgw_content_allow_private 127.0.0.1 admits it by every road */
+        for (const n of ['tocdn', 'local', 'mapped']) {
+            const x = await contentOf(T[n].id, 'video');
+            assert.equal(x.status, 200, `${n}: ${x.status} ${x.text.slice(0, 300)}`);
+            assert.equal(sha(x.body), sha(CDN_VIDEO), n);
+        }
+        /* 2130706433 is 127.0.0.1 to some parsers, a name to others */
+        const cdn1 = cdn.requests.length;
+        assertError(await contentOf(T.decimal.id, 'video'), 500, { code: 'invalid_descriptor',
+            message: /url host "2130706433" is not valid \(an IPv4 address is four decimal numbers/ });
+        assert.equal(cdn.requests.length, cdn1);
+    });
+
+    test('without llmgw_content_allow_private a plugin\'s content address reaches no loopback address: not directly, through a redirect, a name or ::ffff:', async () => {
+        let gwE, dns;
+        try {
+            dns = await startDns([CDN_NAME]);
+            gwE = await startGateway({ db, rootToken: gw.rootToken, v8host: true,
+                http: `${BASE_HTTP}\n  resolver 127.0.0.1:${dns.port} ipv6=off;` });
+            const onE = (id, k, opts = {}) => bin(gwE.url + contentPath(id, k),
+                { key: env.acct.key, ...opts });
+            const ready = await waitFor(async () => {
+                const r = await onE(T.main.id, 'thumbnail');
+                return r.status === 200 ? r : null;
+            }, 8000, { what: 'the second gateway' });
+            /* the channel's base URL is the operator's: loopback is fine there */
+            assert.equal(sha(ready.body), sha(THUMB));
+            const own = await onE(T.own.id, 'video');
+            assert.equal(own.status, 200, `the channel's origin: ${own.status} ${own.text.slice(0, 300)}`);
+            assert.equal(sha(own.body), sha(CDN_VIDEO));
+
+            const cdn0 = cdn.requests.length;
+            const refused = async (n, message) => {
+                const r = await onE(T[n].id, 'video');
+                assertError(r, 502, { code: 'do_request_failed', message });
+                assert.equal(cdn.requests.length, cdn0, `${n}: the CDN got nothing`);
+            };
+            const port = reEsc(String(cdn.port));
+            await refused('cdn', new RegExp(`the content request failed: 127\\.0\\.0\\.1:${port} is not a public address`));
+            /* the first hop is the channel's origin, the redirect is not */
+            const hop0 = vendor.requests.filter((q) => q.path === '/to-cdn/video').length;
+            await refused('tocdn', new RegExp(`127\\.0\\.0\\.1:${port} is not a public address`));
+            assert.equal(vendor.requests.filter((q) => q.path === '/to-cdn/video').length, hop0 + 1);
+            await refused('local', new RegExp(`localhost:${port} has no public address`));
+            await refused('mapped', new RegExp(`\\[::ffff:127\\.0\\.0\\.1\\]:${port} is not a public address`));
+            await refused('named', new RegExp(`${reEsc(CDN_NAME)}:${port} has no public address`));
+            assert.ok(dns.queries.some((q) => q.name === CDN_NAME), 'the name was looked up');
+            assert.match(gwE.errorLog(), /\[warn\].*127\.0\.0\.1:\d+ is not a public address: refused for a content request \(llmgw_content_allow_private\)/);
+        } finally {
+            if (gwE) {
+                await gwE.stop();
+                logs.push(gwE.errorLog());
+                assertCleanLog(gwE);
+            }
+            await dns?.close();
         }
     });
 

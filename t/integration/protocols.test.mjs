@@ -10,7 +10,9 @@
 //   - host_image: a synchronous upstream (an immediate terminal result) is
 //     answered inline and not retained, a failed one is 400 with its reason;
 //     the host adds `created`; response_format b64_json downloads the
-//     URLs (without credentials) and adds their base64; an asynchronous one is polled inside the
+//     URLs (without credentials) and adds their base64, but off the
+//     channel's origin reaches no loopback address (no
+//     llmgw_content_allow_private here); an asynchronous one is polled inside the
 //     request until it ends (results retained), and past
 //     llmgw_task_wait_timeout the answer is 504 task_timeout while the task
 //     goes on and is settled by the background pollers.
@@ -21,6 +23,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
 import { assertError, assertOk, psql, uniq } from '../lib/harness.mjs';
+import { startMock } from '../lib/mock.mjs';
 import {
     account, expectUsed, pluginSource, taskSetup, uploadPlugin, vendorSuite,
     waitFor, waitLedger,
@@ -299,6 +302,47 @@ describe('host protocols', { timeout: 180000 }, () => {
         } finally {
             vendor.onSubmit = null;
             vendor.onOther = () => ({ status: 404, body: { error: { message: 'no such endpoint' } } });
+        }
+    });
+
+    test('b64_json downloads off the channel\'s origin reach no loopback address without llmgw_content_allow_private', async () => {
+        const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 9, 9]);
+        const cdn = await startMock((req, res) => {
+            res.writeHead(200, { 'Content-Type': 'image/png', 'Content-Length': png.length });
+            res.end(png);
+        });
+        vendor.onOther = (rec) => (rec.path === '/img/to-cdn.png'
+            ? { status: 302, headers: { Location: `${cdn.url}/x.png` }, body: '' }
+            : { status: 404, body: { error: { message: 'no such image' } } });
+        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
+            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+        } : undefined);
+        try {
+            /* directly, by name, as ::ffff:, and through a redirect from the channel */
+            const urls = [`${cdn.url}/a.png`, `http://localhost:${cdn.port}/b.png`,
+                `http://[::ffff:127.0.0.1]:${cdn.port}/c.png`, `${vendor.url}/img/to-cdn.png`];
+            const r = assertOk(await image({ model: env.model, response_format: 'b64_json',
+                sync: { status: 'SUCCESS', data: { images: urls } } }), 'b64_json');
+            assert.deepEqual(r.json.data.map((d) => d.url), urls);
+            for (const d of r.json.data) {
+                assert.equal(d.b64_json, undefined, `${d.url} was downloaded`);
+            }
+            assert.equal(cdn.requests.length, 0, 'the loopback server got nothing');
+            assert.equal(vendor.requests.filter((q) => q.path === '/img/to-cdn.png').length, 1);
+            /* each address refused where it is connected to, and the first
+               failure named in the request's warning */
+            const port = cdn.port;
+            const refusedAt = (peer) => new RegExp(`\\[warn\\].*is not a public address: refused for a content request \\(llmgw_content_allow_private\\), task peer: ${peer}:${port}`)
+                .test(gw.errorLog());
+            await waitFor(() => refusedAt('127\\.0\\.0\\.1') && refusedAt('localhost')
+                && refusedAt('\\[::ffff:127\\.0\\.0\\.1\\]')
+                && new RegExp(`downloading an image for b64_json failed \\(127\\.0\\.0\\.1:${port} is not a public address\\)`)
+                    .test(gw.errorLog()),
+            3000, { what: 'the warnings' });
+        } finally {
+            vendor.onSubmit = null;
+            vendor.onOther = () => ({ status: 404, body: { error: { message: 'no such endpoint' } } });
+            await cdn.close();
         }
     });
 

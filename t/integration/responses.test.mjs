@@ -31,7 +31,8 @@ const SECRET = 'responses-test-secret-0123456789abcdef';
 const HTTP = `llmgw_task_poll_interval ${POLL_MS}ms;
   llmgw_task_poll_max_failures 3;
   llmgw_task_wait_timeout 4s;
-  llmgw_crypto_secret ${SECRET};`;
+  llmgw_crypto_secret ${SECRET};
+  llmgw_content_allow_private 127.0.0.1;`;   /* the CDN mock is on loopback */
 const PER_TASK = 5000;      /* 0.01 USD */
 const FIXTURE = 'task-responses.js';
 

@@ -3,72 +3,22 @@
 // directive), here a tiny DNS server on loopback that knows one name.
 
 import assert from 'node:assert/strict';
-import dgram from 'node:dgram';
 import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, dropDb, makeChannel, makeUserKey, settle, startGateway,
     stopAll, uniq,
 } from '../lib/harness.mjs';
-import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
+import { openaiChat, sendJson, startDns, startMock } from '../lib/mock.mjs';
 import { expectUsed, startVendor, submitTask, taskSetup, waitStatus } from '../lib/vendor.mjs';
 
 const NAME = 'vendor.llmgw.test';
-
-/* Answers A queries for NAME with 127.0.0.1; everything else NXDOMAIN. */
-function startDns() {
-    const seen = { queries: [] };
-    const sock = dgram.createSocket('udp4');
-    sock.on('message', (msg, rinfo) => {
-        if (msg.length < 12) {
-            return;
-        }
-        /* the question: labels, type, class */
-        let off = 12;
-        const labels = [];
-        while (off < msg.length && msg[off] !== 0) {
-            const n = msg[off];
-            labels.push(msg.subarray(off + 1, off + 1 + n).toString());
-            off += n + 1;
-        }
-        const qend = off + 5;
-        const qtype = msg.readUInt16BE(off + 1);
-        const name = labels.join('.').toLowerCase();
-        seen.queries.push({ name, qtype });
-
-        const known = name === NAME;
-        const answers = known && qtype === 1 ? 1 : 0;
-        const head = Buffer.alloc(12);
-        msg.copy(head, 0, 0, 2);                                 /* id */
-        head.writeUInt16BE(0x8180 | (known ? 0 : 3), 2);         /* NOERROR / NXDOMAIN */
-        head.writeUInt16BE(1, 4);                                /* one question */
-        head.writeUInt16BE(answers, 6);
-        const question = msg.subarray(12, qend);
-        const parts = [head, question];
-        if (answers) {
-            const rr = Buffer.alloc(16);
-            rr.writeUInt16BE(0xc00c, 0);                         /* the name */
-            rr.writeUInt16BE(1, 2);                              /* A */
-            rr.writeUInt16BE(1, 4);                              /* IN */
-            rr.writeUInt32BE(30, 6);                             /* TTL */
-            rr.writeUInt16BE(4, 10);
-            Buffer.from([127, 0, 0, 1]).copy(rr, 12);
-            parts.push(rr);
-        }
-        sock.send(Buffer.concat(parts), rinfo.port, rinfo.address);
-    });
-    return new Promise((resolve) => sock.bind(0, '127.0.0.1', () => {
-        seen.port = sock.address().port;
-        seen.close = () => new Promise((r) => sock.close(r));
-        resolve(seen);
-    }));
-}
 
 describe('task vendors named by host name', () => {
     let db, gw, dns, vendor;
 
     before(async () => {
-        dns = await startDns();
+        dns = await startDns([NAME]);
         vendor = await startVendor();
         db = await createDb();
         gw = await startGateway({ db, v8host: true, http:

@@ -188,6 +188,11 @@ describe('nginx -t names the directive of a bad value and its line', () => {
         ['llmgw_server_address http:///x;', /with a host/],
         ['llmgw_server_address https://gw.example/?x=1;', /without spaces, query or fragment/],
         ['llmgw_artifact_link_ttl 0;', /must be between 1ms and 366d/],
+        ['llmgw_content_allow_private 10.0.0.0/33;', /invalid address "10\.0\.0\.0\/33" in/],
+        ['llmgw_content_allow_private yes;', /invalid address "yes" in .*: on, off or addresses/],
+        ['llmgw_content_allow_private 10.0.0.0/8 on;', /invalid address "on" in/],
+        ['llmgw_content_allow_private localhost;', /invalid address "localhost" in/],
+        ['llmgw_content_allow_private off; llmgw_content_allow_private on;', /is duplicate/],
     ];
 
     for (const [line, re] of cases) {
@@ -276,6 +281,9 @@ describe('nginx -t accepts the bounds', () => {
         'llmgw_task_public_address https://gw.example:8443/llm/;',
         'llmgw_server_address http://10.0.0.1;',
         'llmgw_artifact_link_ttl 7d;',
+        'llmgw_content_allow_private on;',
+        'llmgw_content_allow_private off;',
+        'llmgw_content_allow_private 10.0.0.0/8 fd00::/8 127.0.0.1 ::1;',
     ];
 
     for (const line of lines) {

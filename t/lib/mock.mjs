@@ -1,8 +1,10 @@
 // Mock model vendors on 127.0.0.1: an HTTP server that records every
 // request and answers through a replaceable handler, plus builders for
-// OpenAI- and Anthropic-style bodies and streams.
+// OpenAI- and Anthropic-style bodies and streams, and a DNS server for
+// nginx's resolver.
 
 import { randomBytes } from 'node:crypto';
+import dgram from 'node:dgram';
 import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
@@ -270,4 +272,58 @@ export async function anthropicStream(res, chunks, { delayMs = 0,
 export function anthropicError(res, status, message,
     { type = 'invalid_request_error', headers = {} } = {}) {
     sendJson(res, status, { type: 'error', error: { type, message } }, headers);
+}
+
+/*
+ * startDns(names) -> {port, queries, close()}: a DNS server on 127.0.0.1
+ * (UDP) that answers A queries for each of names with 127.0.0.1, other
+ * questions for them with no record, and everything else NXDOMAIN.
+ */
+export function startDns(names) {
+    const known = new Set(names.map((n) => n.toLowerCase()));
+    const seen = { queries: [] };
+    const sock = dgram.createSocket('udp4');
+    sock.on('message', (msg, rinfo) => {
+        if (msg.length < 12) {
+            return;
+        }
+        /* the question: labels, type, class */
+        let off = 12;
+        const labels = [];
+        while (off < msg.length && msg[off] !== 0) {
+            const n = msg[off];
+            labels.push(msg.subarray(off + 1, off + 1 + n).toString());
+            off += n + 1;
+        }
+        const qend = off + 5;
+        const qtype = msg.readUInt16BE(off + 1);
+        const name = labels.join('.').toLowerCase();
+        seen.queries.push({ name, qtype });
+
+        const ours = known.has(name);
+        const answers = ours && qtype === 1 ? 1 : 0;
+        const head = Buffer.alloc(12);
+        msg.copy(head, 0, 0, 2);                                 /* id */
+        head.writeUInt16BE(0x8180 | (ours ? 0 : 3), 2);          /* NOERROR / NXDOMAIN */
+        head.writeUInt16BE(1, 4);                                /* one question */
+        head.writeUInt16BE(answers, 6);
+        const question = msg.subarray(12, qend);
+        const parts = [head, question];
+        if (answers) {
+            const rr = Buffer.alloc(16);
+            rr.writeUInt16BE(0xc00c, 0);                         /* the name */
+            rr.writeUInt16BE(1, 2);                              /* A */
+            rr.writeUInt16BE(1, 4);                              /* IN */
+            rr.writeUInt32BE(30, 6);                             /* TTL */
+            rr.writeUInt16BE(4, 10);
+            Buffer.from([127, 0, 0, 1]).copy(rr, 12);
+            parts.push(rr);
+        }
+        sock.send(Buffer.concat(parts), rinfo.port, rinfo.address);
+    });
+    return new Promise((resolve) => sock.bind(0, '127.0.0.1', () => {
+        seen.port = sock.address().port;
+        seen.close = () => new Promise((r) => sock.close(r));
+        resolve(seen);
+    }));
 }

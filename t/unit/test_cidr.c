@@ -1,6 +1,7 @@
 /*
  * A key's IP allow list: IPv4 and IPv6 addresses and CIDRs, IPv4-mapped
- * clients, and errors that name the bad entry.
+ * clients, and errors that name the bad entry.  The addresses a content
+ * fetch a plugin chose may reach, and the operator's list of exceptions.
  */
 
 #include <stdarg.h>
@@ -43,18 +44,29 @@ assert_parse_error(const char *json, const char *want)
 }
 
 
-/* 1 or 0 for a textual client address, IPv4 or IPv6. */
+typedef int (*addr_check_t)(const llmgw_iplist_t *l, int family,
+    const uint8_t *addr);
+
+/* check's answer for a textual address, IPv4 or IPv6. */
 static int
-match(const llmgw_iplist_t *l, const char *ip)
+check_text(addr_check_t check, const llmgw_iplist_t *l, const char *ip)
 {
     uint8_t addr[16];
 
     if (inet_pton(AF_INET, ip, addr) == 1) {
-        return llmgw_iplist_match(l, AF_INET, addr);
+        return check(l, AF_INET, addr);
     }
 
     assert_int_equal(inet_pton(AF_INET6, ip, addr), 1);
-    return llmgw_iplist_match(l, AF_INET6, addr);
+    return check(l, AF_INET6, addr);
+}
+
+
+/* 1 or 0 for a textual client address. */
+static int
+match(const llmgw_iplist_t *l, const char *ip)
+{
+    return check_text(llmgw_iplist_match, l, ip);
 }
 
 
@@ -301,6 +313,151 @@ test_long_bad_entry_is_cut_in_error(void **state)
 }
 
 
+/* llmgw_content_addr_ok for a textual address. */
+static int
+content_ok(const llmgw_iplist_t *allow, const char *ip)
+{
+    return check_text(llmgw_content_addr_ok, allow, ip);
+}
+
+
+static llmgw_iplist_t *
+from_words(const char *a, const char *b)
+{
+    llmgw_str_t  w[2] = { { a, strlen(a) }, { b ? b : "", b ? strlen(b) : 0 } };
+    size_t       bad = 99;
+    llmgw_iplist_t *l = llmgw_iplist_from(w, b ? 2 : 1, &bad);
+
+    assert_non_null(l);
+    return l;
+}
+
+
+/* Each of ips is admitted (want 1) or refused (want 0) with no list. */
+#define assert_content(ips, want)                                            \
+    assert_content_n(ips, sizeof(ips) / sizeof(ips[0]), want)
+
+static void
+assert_content_n(const char *const *ips, size_t n, int want)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (content_ok(NULL, ips[i]) != want) {
+            fail_msg("%s was %s", ips[i],
+                     want ? "refused" : "taken for public");
+        }
+    }
+}
+
+
+static void
+test_content_refuses_special_ipv4(void **state)
+{
+    static const char *special[] = {
+        "127.0.0.1", "127.255.255.254", "0.0.0.0", "0.1.2.3", "10.0.0.1",
+        "10.255.255.255", "172.16.0.1", "172.31.255.255", "192.168.1.1",
+        "169.254.169.254", "169.254.0.1", "100.64.0.1", "100.127.255.255",
+        "192.0.0.8", "192.0.2.1", "198.18.0.1", "198.19.255.255",
+        "198.51.100.7", "203.0.113.9", "224.0.0.1", "239.255.255.250",
+        "240.0.0.1", "255.255.255.255",
+    };
+
+    assert_content(special, 0);
+}
+
+
+static void
+test_content_admits_public_ipv4(void **state)
+{
+    static const char *public[] = {
+        "8.8.8.8", "1.1.1.1", "9.255.255.255", "11.0.0.0", "172.15.255.255",
+        "172.32.0.0", "192.167.255.255", "192.169.0.0", "169.253.255.255",
+        "100.63.255.255", "100.128.0.0", "223.255.255.255", "126.255.255.255",
+        "128.0.0.0",
+    };
+
+    assert_content(public, 1);
+}
+
+
+static void
+test_content_refuses_special_ipv6(void **state)
+{
+    static const char *special[] = {
+        "::", "::1", "::127.0.0.1", "fc00::1", "fd12:3456::1", "fe80::1",
+        "febf::1", "fec0::1", "ff02::1", "ff0e::1", "2001:db8::1",
+        "100::1", "2001::1", "64:ff9b:1::1",
+        /* IPv4 inside: mapped, NAT64, 6to4 */
+        "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::ffff:10.1.2.3",
+        "64:ff9b::127.0.0.1", "64:ff9b::a9fe:a9fe", "2002:7f00:1::1",
+        "2002:c0a8:101::",
+    };
+
+    assert_content(special, 0);
+}
+
+
+static void
+test_content_admits_public_ipv6(void **state)
+{
+    static const char *public[] = {
+        "2606:4700:4700::1111", "2a00:1450:4001::200e", "::ffff:8.8.8.8",
+        "64:ff9b::808:808", "2002:808:808::1", "fbff::1", "fe00::1",
+    };
+
+    assert_content(public, 1);
+}
+
+
+static void
+test_content_allow_list_admits_what_it_lists(void **state)
+{
+    llmgw_iplist_t *l = from_words("10.0.0.0/8", " ::1 ");
+
+    assert_true(content_ok(l, "10.1.2.3"));
+    assert_true(content_ok(l, "::ffff:10.1.2.3"));
+    assert_true(content_ok(l, "::1"));
+    assert_false(content_ok(l, "127.0.0.1"));
+    assert_false(content_ok(l, "169.254.169.254"));
+    assert_false(content_ok(l, "192.168.0.1"));
+    /* public addresses need no entry */
+    assert_true(content_ok(l, "8.8.8.8"));
+    llmgw_iplist_free(l);
+
+    /* what "on" stands for */
+    l = from_words("0.0.0.0/0", "::/0");
+    assert_true(content_ok(l, "127.0.0.1"));
+    assert_true(content_ok(l, "fe80::1"));
+    assert_true(content_ok(l, "169.254.169.254"));
+    llmgw_iplist_free(l);
+}
+
+
+static void
+test_content_unknown_family_is_refused(void **state)
+{
+    uint8_t addr[16] = { 8, 8, 8, 8 };
+
+    assert_false(llmgw_content_addr_ok(NULL, AF_UNIX, addr));
+    assert_false(llmgw_content_addr_ok(NULL, AF_INET, NULL));
+}
+
+
+static void
+test_words_name_the_bad_one(void **state)
+{
+    llmgw_str_t  w[3] = { { "10.0.0.0/8", 10 }, { "10.0.0.0/33", 11 },
+                          { "::1", 3 } };
+    size_t       bad = 99;
+
+    assert_null(llmgw_iplist_from(w, 3, &bad));
+    assert_int_equal(bad, 1);
+
+    w[1] = (llmgw_str_t) { "localhost", 9 };
+    assert_null(llmgw_iplist_from(w, 3, &bad));
+    assert_int_equal(bad, 1);
+}
+
+
 int
 main(void)
 {
@@ -326,6 +483,13 @@ main(void)
         cmocka_unit_test(test_non_string_entry_is_rejected),
         cmocka_unit_test(test_non_array_is_rejected),
         cmocka_unit_test(test_long_bad_entry_is_cut_in_error),
+        cmocka_unit_test(test_content_refuses_special_ipv4),
+        cmocka_unit_test(test_content_admits_public_ipv4),
+        cmocka_unit_test(test_content_refuses_special_ipv6),
+        cmocka_unit_test(test_content_admits_public_ipv6),
+        cmocka_unit_test(test_content_allow_list_admits_what_it_lists),
+        cmocka_unit_test(test_content_unknown_family_is_refused),
+        cmocka_unit_test(test_words_name_the_bad_one),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

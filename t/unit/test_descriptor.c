@@ -283,6 +283,50 @@ test_url_host_must_be_ascii(void **state)
             "url port \"99999\" is not valid");
 }
 
+/* Other parsers read these as 127.0.0.1; the resolver would not. */
+static void
+test_url_ipv4_only_as_four_decimal_numbers(void **state)
+{
+    llmgw_desc_policy_t  p = policy();
+    static const char   *odd[] = {
+        "2130706433", "0x7f000001", "0x7f.1", "0177.0.0.1", "127.1",
+        "127.0.1", "0x7F.0.0.1", "017700000001", "cdn.0x10", "a.b.1",
+        "127.000.0.1", "0x",
+    };
+    /* names whose last label only looks numeric, and a public address */
+    static const char   *fine[] = {
+        "203.0.113.9", "1x.example", "0xcafe.example", "0xg", "1.2.3.4x",
+    };
+    char                 d[128];
+    llmgw_outbound_t     cur, next;
+
+    (void) state;
+
+    p.allow_credentialless = 1;
+
+    for (size_t i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+        snprintf(d, sizeof(d), "{'url':'http://%s/','credentialless':true}",
+                 odd[i]);
+        refused_p(d, &p, "(an IPv4 address is four decimal numbers");
+    }
+
+    for (size_t i = 0; i < sizeof(fine) / sizeof(fine[0]); i++) {
+        snprintf(d, sizeof(d), "{'url':'http://%s/','credentialless':true}",
+                 fine[i]);
+        ok_p(d, &p, &cur);
+        llmgw_outbound_free(&cur);
+    }
+
+    /* redirects too */
+    ok_p("{'url':'https://cdn.example.net/v','credentialless':true}", &p,
+         &cur);
+    assert_int_equal(llmgw_descriptor_redirect(&cur, 302,
+                         LLMGW_STR("http://2130706433/"), &p, &next, err,
+                         sizeof(err)), -1);
+    assert_non_null(strstr(err, "four decimal numbers"));
+    llmgw_outbound_free(&cur);
+}
+
 static void
 test_url_non_ascii_path_is_percent_encoded(void **state)
 {
@@ -706,6 +750,8 @@ test_credentialless_get_may_reach_any_host(void **state)
     ok_p("{'url':'https://cdn.example.net/v.mp4?sig=abc',"
          "'credentialless':true}", &p, &o);
     assert_int_equal(o.credentialless, 1);
+    /* the plugin's address: only public addresses unless allowed */
+    assert_int_equal(o.public_only, 1);
     assert_string_equal(o.method, "GET");
     assert_string_equal(o.host, "cdn.example.net");
     assert_buf(o.headers, "");
@@ -721,6 +767,50 @@ test_credentialless_get_may_reach_any_host(void **state)
     refused_p("{'url':'https://cdn.example.net/v.mp4'}", &p, "is neither");
     refused_p("{'url':'ftp://cdn.example.net/v.mp4','credentialless':true}",
               &p, "url must be an absolute http(s) URL");
+}
+
+/*
+ * The channel's base URL is the operator's choice and may be private; a
+ * content address elsewhere is the plugin's, and only public addresses
+ * are connected to for it.  Requests with credentials stay on the
+ * channel host or allowedHosts, which the operator reviewed.
+ */
+/* public_only of what descriptor d builds to with p. */
+static int
+public_only_of(const char *d, const llmgw_desc_policy_t *p)
+{
+    llmgw_outbound_t  o;
+    int               v;
+
+    ok_p(d, p, &o);
+    v = o.public_only;
+    llmgw_outbound_free(&o);
+    return v;
+}
+
+static void
+test_credentialless_public_only_off_the_channel_origin(void **state)
+{
+    llmgw_desc_policy_t  p = policy();
+
+    (void) state;
+
+    p.allow_credentialless = 1;
+    p.base_url = LLMGW_STR("http://10.0.0.5:8080/v1");
+
+    assert_false(public_only_of("{'url':'http://10.0.0.5:8080/files/v.mp4',"
+                                "'credentialless':true}", &p));
+    /* the same host on another port or scheme is another origin */
+    assert_true(public_only_of("{'url':'http://10.0.0.5:22/',"
+                               "'credentialless':true}", &p));
+    assert_true(public_only_of("{'url':'https://10.0.0.5:8080/',"
+                               "'credentialless':true}", &p));
+    assert_true(public_only_of("{'url':'http://169.254.169.254/latest/',"
+                               "'credentialless':true}", &p));
+    assert_true(public_only_of("{'url':'http://[::ffff:127.0.0.1]/',"
+                               "'credentialless':true}", &p));
+    assert_false(public_only_of("{'url':'http://10.0.0.5:8080/v1/tasks'}",
+                                &p));
 }
 
 static void
@@ -1298,9 +1388,18 @@ test_credentialless_redirect_may_go_anywhere_http(void **state)
     redirect_ok(&cur, 302, "http://edge7.other-cdn.example/v.mp4?t=1", &p,
                 &next);
     assert_int_equal(next.credentialless, 1);
+    assert_int_equal(next.public_only, 1);
     assert_int_equal(next.tls, 0);
     assert_string_equal(next.host, "edge7.other-cdn.example");
     llmgw_outbound_free(&next);
+
+    /* every hop is checked again: to the channel's origin, or away */
+    redirect_ok(&cur, 302, "https://api.vendor.com/files/v.mp4", &p, &next);
+    assert_int_equal(next.public_only, 0);
+    redirect_ok(&next, 302, "http://127.0.0.1/v.mp4", &p, &cur);
+    llmgw_outbound_free(&next);
+    assert_int_equal(cur.public_only, 1);
+    assert_string_equal(cur.host, "127.0.0.1");
 
     assert_int_equal(redirect(&cur, 302, "file:///etc/passwd", &p, &next), -1);
     assert_int_equal(redirect(&cur, 302, "https://x.example/?k=" CRED, &p,
@@ -1351,6 +1450,7 @@ main(void)
         cmocka_unit_test(
             test_url_with_whitespace_control_or_backslash_is_refused),
         cmocka_unit_test(test_url_host_must_be_ascii),
+        cmocka_unit_test(test_url_ipv4_only_as_four_decimal_numbers),
         cmocka_unit_test(test_url_non_ascii_path_is_percent_encoded),
         cmocka_unit_test(test_foreign_host_is_refused),
         cmocka_unit_test(test_channel_host_needs_same_scheme_and_port),
@@ -1379,6 +1479,8 @@ main(void)
         cmocka_unit_test(test_response_type_sse_needs_declaration),
         cmocka_unit_test(test_credentialless_only_in_content_requests),
         cmocka_unit_test(test_credentialless_get_may_reach_any_host),
+        cmocka_unit_test(
+            test_credentialless_public_only_off_the_channel_origin),
         cmocka_unit_test(test_credentialless_allows_only_get_and_head),
         cmocka_unit_test(test_credentialless_refuses_plugin_headers),
         cmocka_unit_test(
