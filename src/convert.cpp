@@ -4650,13 +4650,6 @@ convert_error(llmgw_endpoint_e client, int status, std::string_view message,
 
 namespace {
 
-bool
-is_rerank_channel(int type)
-{
-    return type == 1 || type == 34 || type == 38;
-}
-
-
 /* The text of a rerank document: a string or {"text": ...}. */
 const json_t *
 document_text(const json_t *doc)
@@ -4824,7 +4817,7 @@ rerank_request(int to_type, const json_t *in, std::string_view upstream_model,
     Json &out, std::string &err)
 {
     try {
-        if (!is_rerank_channel(to_type)) {
+        if (!endpoint_serves(LLMGW_EP_RERANK, to_type)) {
             err = no_conversion(LLMGW_EP_RERANK, to_type);
             return false;
         }
@@ -4896,7 +4889,7 @@ rerank_response(int from_type, const json_t *upstream,
     const json_t *client_request, Json &out, std::string &err)
 {
     try {
-        if (!is_rerank_channel(from_type)) {
+        if (!endpoint_serves(LLMGW_EP_RERANK, from_type)) {
             err = "no rerank answer from channel type "
                   + std::to_string(from_type);
             return false;

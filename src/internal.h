@@ -99,6 +99,12 @@ std::string sha256_hex(std::string_view data);
 
 constexpr size_t kCredentialMinBytes = LLMGW_CREDENTIAL_MIN_BYTES;
 
+/* Whether channels of this type serve the endpoint (directly or through
+ * conversion). */
+bool endpoint_serves(llmgw_endpoint_e ep, int type);
+/* A type the gateway proxies itself (its channels hold a vendor API key). */
+bool proxied_type(int type);
+
 /*
  * s with every copy of a channel credential replaced by "[credential]": as
  * is (which covers "Bearer <key>") and percent-encoded (an upstream that

@@ -295,39 +295,6 @@ parse_rate_limit(const json_t *j)
     return rl;
 }
 
-bool
-endpoint_serves(llmgw_endpoint_e ep, int type)
-{
-    switch (ep) {
-    /* chat and messages reach the other formats through conversion */
-    case LLMGW_EP_CHAT:
-        return type == 1 || type == 14 || type == 24;
-    case LLMGW_EP_MESSAGES:
-        return type == 14 || type == 1;
-    case LLMGW_EP_GEMINI:
-        return type == 24;
-    case LLMGW_EP_RERANK:
-        return type == 1 || type == 34 || type == 38;
-    default:
-        return false;
-    }
-}
-
-/* A type the gateway proxies itself (its channels hold a vendor API key). */
-bool
-proxied_type(int type)
-{
-    for (auto ep : { LLMGW_EP_CHAT, LLMGW_EP_MESSAGES, LLMGW_EP_GEMINI,
-                     LLMGW_EP_RERANK })
-    {
-        if (endpoint_serves(ep, type)) {
-            return true;
-        }
-    }
-
-    return false;
-}
-
 uint64_t
 splitmix(uint64_t &x)
 {
@@ -454,6 +421,44 @@ keep_fit(std::vector<Channel *> &cand, const llmgw_req_t *req,
 }
 
 } /* namespace */
+
+
+namespace llmgw {
+
+bool
+endpoint_serves(llmgw_endpoint_e ep, int type)
+{
+    switch (ep) {
+    /* chat and messages reach the other formats through conversion */
+    case LLMGW_EP_CHAT:
+        return type == 1 || type == 14 || type == 24;
+    case LLMGW_EP_MESSAGES:
+        return type == 14 || type == 1;
+    case LLMGW_EP_GEMINI:
+        return type == 24;
+    case LLMGW_EP_RERANK:
+        return type == 1 || type == 34 || type == 38;
+    default:
+        return false;
+    }
+}
+
+/* A type the gateway proxies itself (its channels hold a vendor API key). */
+bool
+proxied_type(int type)
+{
+    for (auto ep : { LLMGW_EP_CHAT, LLMGW_EP_MESSAGES, LLMGW_EP_GEMINI,
+                     LLMGW_EP_RERANK })
+    {
+        if (endpoint_serves(ep, type)) {
+            return true;
+        }
+    }
+
+    return false;
+}
+
+} /* namespace llmgw */
 
 
 extern "C" llmgw_snapshot_t *
