@@ -909,6 +909,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *wait_look();
     const llmgw_tstep_t *wait_looked();
     const llmgw_tstep_t *start_protocol();
+    bool protocol_reads(const json_t *row) const;
     const llmgw_tstep_t *protocol_decode(json_t *dbody);
     const llmgw_tstep_t *responses_mode(const json_t *dbody);
     const llmgw_tstep_t *responses_render();
@@ -1354,6 +1355,11 @@ llmgw_tjob_s::after_intent()
         return refused;
     }
 
+    json_t *a = json_object_get(intent.get(), "action");
+    if (a != nullptr && !json_is_null(a) && !json_is_string(a)) {
+        return fail(500, "gateway_error", "plugin_error",
+                    hook_name_ + " returned an action that is not a string");
+    }
     action = std::string(json_str(intent.get(), "action"));
 
     if (route != nullptr || route_kind == LLMGW_TROUTE_PROTOCOL) {
@@ -1830,6 +1836,8 @@ llmgw_tjob_s::create_task()
     json_object_set_new(t.get(), "action", jstr(action));
     json_object_set_new(t.get(), "model", jstr(model));
     json_object_set_new(t.get(), "upstream_model", jstr(upstream_model));
+    /* a protocol's retrievals read only the tasks made through it */
+    json_object_set_new(t.get(), "protocol", jstr(protocol));
 
     bool retain = retains();
 
@@ -1908,6 +1916,27 @@ llmgw_tjob_s::render_created()
 }
 
 
+namespace {
+
+/* The path a host protocol's create is posted to, for its messages. */
+const char *
+protocol_path(llmgw_tproto_e proto)
+{
+    switch (proto) {
+    case LLMGW_TPROTO_IMAGE_GENERATE:
+        return "/v1/images/generations";
+    case LLMGW_TPROTO_IMAGE_EDIT:
+        return "/v1/images/edits";
+    case LLMGW_TPROTO_RESPONSES_CREATE:
+        return "/v1/responses";
+    default:
+        return "/v1/videos";
+    }
+}
+
+} /* namespace */
+
+
 /*
  * A host protocol's request, before its body is read: the decode context
  * with the protocol's members; a retrieval looks the task up (the step),
@@ -1949,6 +1978,24 @@ llmgw_tjob_s::start_protocol()
 
 
 /*
+ * Whether the protocol's retrieval reads a task of the caller's (its
+ * plugin and manifest already found): one made through this protocol, by
+ * a plugin that still claims it for the task's model.  A task from before
+ * sql/033 has no protocol recorded: the claim decides alone.
+ */
+bool
+llmgw_tjob_s::protocol_reads(const json_t *row) const
+{
+    const json_t *made = json_object_get(row, "protocol");
+
+    if (json_is_string(made) && json_string_value(made) != protocol) {
+        return false;
+    }
+    return manifest != nullptr && snap_claims(manifest, protocol, model);
+}
+
+
+/*
  * The body read: the channel tried first decides the plugin (several may
  * claim one protocol for a model), whose decoder turns the request into a
  * submit intent; the model is the one the request named.
@@ -1958,12 +2005,19 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
 {
     json_t *ctx = decode_ctx.get();
 
-    if (proto == LLMGW_TPROTO_IMAGE_GENERATE
-        && json_str(dbody, "kind") != "json")
-    {
+    /* spec rule 7 and the README: every create takes JSON, image edits
+       and videos multipart too (files); never a form, which the parser
+       reads for /v1/tasks and native routes */
+    bool multipart = proto == LLMGW_TPROTO_IMAGE_EDIT
+                     || proto == LLMGW_TPROTO_VIDEO_CREATE;
+    std::string_view kind = json_str(dbody, "kind");
+
+    if (kind != "json" && !(multipart && kind == "multipart")) {
         return fail(400, "gateway_error", "invalid_request",
-                    "POST /v1/images/generations takes a JSON body "
-                    "(Content-Type: application/json)");
+                    "POST " + std::string(protocol_path(proto)) + " takes a "
+                    + (multipart ? "JSON or multipart/form-data body"
+                                 : "JSON body (Content-Type: "
+                                   "application/json)"));
     }
 
     json_object_set(ctx, "body", dbody);
@@ -2828,9 +2882,7 @@ llmgw_tjob_s::artifacts_looked()
                                          &pinfo)
                            : nullptr;
 
-    if (proto == LLMGW_TPROTO_VIDEO_CONTENT
-        && (manifest == nullptr || !snap_claims(manifest, protocol, model)))
-    {
+    if (proto == LLMGW_TPROTO_VIDEO_CONTENT && !protocol_reads(row)) {
         return task_not_found();
     }
 
@@ -3154,7 +3206,7 @@ llmgw_tjob_s::answer_query(json_t *rows)
         manifest = plugin >= 0 ? snap_plugin(snap, static_cast<size_t>(plugin),
                                              &pinfo)
                                : nullptr;
-        if (manifest == nullptr || !snap_claims(manifest, protocol, model)) {
+        if (!protocol_reads(row)) {
             return task_not_found();
         }
         sha = pinfo.sha;

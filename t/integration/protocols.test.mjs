@@ -185,6 +185,60 @@ describe('host protocols', { timeout: 180000 }, () => {
             { code: 'model_not_found' });
     });
 
+    test('a protocol reads only the tasks created through it; /v1/tasks reads them all', async () => {
+        const acct = await account(gw);
+        const get = (path) => gw.req('GET', path, { key: acct.key });
+        const v = assertOk(await video({ model: env.model, up_id: uniq('up-xv') }, { key: acct.key }));
+        const b = assertOk(await gw.req('POST', '/v1/responses', { key: acct.key,
+            body: { model: env.model, input: 'hi', background: true, up_id: uniq('up-xr') } }));
+        assert.equal(b.json.background, true);
+        const t = assertOk(await gw.req('POST', `/v1/tasks/${env.key}`,
+            { key: acct.key, body: { model: env.model, up_id: uniq('up-xt') } }));
+
+        /* each through its own protocol */
+        assertOk(await getVideo(v.json.id, { key: acct.key }));
+        assertOk(await get(`/v1/responses/${b.json.id}`));
+        /* the plugin claims both protocols for the model, yet neither reads
+           the other's task, nor one made through its task route */
+        for (const [path, what] of [[`/v1/responses/${v.json.id}`, 'a video as a Response'],
+            [`/v1/videos/${b.json.id}`, 'a Response as a video'],
+            [`/v1/videos/${b.json.id}/content`, 'a Response\'s video content'],
+            [`/v1/videos/${t.json.task_id}`, 'a task route\'s task as a video'],
+            [`/v1/responses/${t.json.task_id}`, 'a task route\'s task as a Response']]) {
+            assert.equal((await get(path)).status, 404, what);
+            assertError(await get(path), 404, { code: 'task_not_found' });
+        }
+        /* the generic view reads every task of the caller */
+        for (const id of [v.json.id, b.json.id, t.json.task_id]) {
+            assert.equal(assertOk(await get(`/v1/tasks/${id}`)).json.task_id, id);
+        }
+    });
+
+    test('a form body for a create that takes JSON (or multipart), and a decoder\'s non-string action, are refused before anything is charged', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-form');
+        const form = { 'Content-Type': 'application/x-www-form-urlencoded' };
+        const body = `model=${encodeURIComponent(env.model)}&prompt=x&up_id=${up}`;
+        assertError(await image(body, 'edits', { key: acct.key, headers: form }), 400,
+            { code: 'invalid_request', message: /POST \/v1\/images\/edits takes a JSON or multipart\/form-data body/ });
+        assertError(await image(body, 'generations', { key: acct.key, headers: form }), 400,
+            { code: 'invalid_request', message: /POST \/v1\/images\/generations takes a JSON body/ });
+        assertError(await gw.req('POST', '/v1/responses', { key: acct.key, body, headers: form }), 400,
+            { code: 'invalid_request', message: /POST \/v1\/responses takes a JSON body/ });
+        assertError(await video(body, { key: acct.key, headers: form }), 400,
+            { code: 'invalid_request', message: /POST \/v1\/videos takes a JSON or multipart\/form-data body/ });
+        assertError(await gw.req('POST', '/v1/responses', { key: acct.key, body: 'hello',
+            headers: { 'Content-Type': 'text/plain' } }), 400, { code: 'invalid_request' });
+        assertError(await video({ model: env.model, up_id: up, decode: 'action' }, { key: acct.key }), 500,
+            { code: 'plugin_error', message: /returned an action that is not a string/ });
+
+        assert.equal(vendor.submits().filter((s) => s.json.up_id === up).length, 0,
+            'nothing reached the vendor');
+        await expectUsed(gw, db, acct, 0);
+        const rows = await psql(db.conninfo, `select count(*) from tasks where user_id = ${acct.user.id}`);
+        assert.equal(rows.trim(), '0', 'no task was created');
+    });
+
     test('the marketplace spelling openai_video serves as host_video', async () => {
         const key = `mk${Date.now().toString(36).slice(-6)}`;
         const model = `${key}-m`;

@@ -1,0 +1,39 @@
+-- A task remembers the host protocol it was created through, so that a
+-- protocol's retrieval (GET /v1/videos/{id}, its content, GET
+-- /v1/responses/{id}) finds only its own tasks: a plugin may claim several
+-- protocols for one model, and its tasks from /v1/tasks/{key}, a native
+-- route or another protocol are none of that protocol's.
+--
+--   tasks.protocol: host_video, host_image or host_responses; '' for a
+--   task created otherwise; NULL for a task created before this file,
+--   which recorded nothing (such a task is read as before, through any
+--   protocol its plugin claims for its model).
+--
+-- llmgw_task_create takes an optional member protocol; llmgw_task_json
+-- (the rows of llmgw_task_lookup) gives it.
+
+ALTER TABLE tasks ADD COLUMN protocol text;
+-- after the ADD, so that the rows already there keep NULL
+ALTER TABLE tasks ALTER COLUMN protocol SET DEFAULT '';
+
+ALTER FUNCTION llmgw_task_create(jsonb) RENAME TO llmgw_task_create_base;
+
+-- A protocol's task is marked after its insert; the others keep the
+-- default and cost no second write.  A repeated create changes nothing.
+CREATE FUNCTION llmgw_task_create(t jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    r jsonb := llmgw_task_create_base(t);
+BEGIN
+    IF coalesce(t ->> 'protocol', '') <> '' THEN
+        UPDATE tasks SET protocol = t ->> 'protocol'
+         WHERE task_id = t ->> 'task_id' AND protocol = '';
+    END IF;
+    RETURN r;
+END $$;
+
+CREATE OR REPLACE FUNCTION llmgw_task_json(t tasks) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT llmgw_task_json_text(t)::jsonb
+           || jsonb_build_object('protocol', t.protocol)
+$$;
