@@ -857,7 +857,7 @@ ngx_llmgw_price(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
  * The reservation: the prompt estimate plus max_tokens (or, when the
  * client set none, llmgw_reserve_tokens, or what a conversion for one of
  * the channels sends when more) for each answer asked for, priced like
- * the answer.
+ * the answer.  A rerank's max_tokens is 0: it is never billed for output.
  */
 static ngx_int_t
 ngx_llmgw_reserve(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,

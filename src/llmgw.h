@@ -403,7 +403,8 @@ llmgw_str_t llmgw_req_model(const llmgw_req_t *r);
 llmgw_str_t llmgw_req_model_in(const char *body, size_t len);
 int llmgw_req_stream(const llmgw_req_t *r);
 /* The most output tokens the client allowed an answer (max_tokens or an
-   equivalent above 0; of two given, the larger), or -1. */
+   equivalent above 0; of two given, the larger), or -1; 0 for a rerank,
+   which is never billed for output. */
 int64_t llmgw_req_max_tokens(const llmgw_req_t *r);
 /* How many answers the request asks for (n, candidateCount): 1 to 128. */
 int64_t llmgw_req_choices(const llmgw_req_t *r);
