@@ -15,7 +15,7 @@ const SPREAD = { listen: 'reuseport', server: 'add_header X-Worker $pid always;'
 
 describe('rate limits', { timeout: 180000 }, () => {
     let db, gw, mock;
-    const M = uniq('gpt-rl');
+    const M = uniq('gpt-rl'), PRICED = uniq('gpt-rl-priced');
     const upstreamCalls = () => mock.requests.length;
     const badJson = (key) => gw.req('POST', '/v1/chat/completions', {
         key, headers: { 'Content-Type': 'application/json' }, body: '{"model":',
@@ -41,9 +41,12 @@ describe('rate limits', { timeout: 180000 }, () => {
         db = await createDb();
         mock = await startMock();
         gw = await startGateway({ db, ...SPREAD });
-        const r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1, chg: 1 });
+        let r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1, chg: 1 });
         assert.equal(r.status, 200, r.text);
-        await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'two', 'succ', 'chg'] });
+        /* PRICED costs 30 a call: the mock reports 10 + 20 tokens */
+        r = await gw.admin('PUT', '/api/pricing', { [PRICED]: { ratio: 1, completion_ratio: 1 } });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M, PRICED], groups: ['default', 'two', 'succ', 'chg'] });
         await putLimits();
     });
 
@@ -86,6 +89,23 @@ describe('rate limits', { timeout: 180000 }, () => {
         assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minutes?\b/);
         assertLimited(await gw.req('GET', '/v1/models', { key }),
             /at most 2 requests in 1 minutes?\b/);
+    });
+
+    test('a key spent within the key cache is refused before the limit: its 401s do not count', async () => {
+        /* group "two": 2 requests a minute for all the user's keys */
+        const { user, key } = await makeUserKey(gw, { group: 'two' },
+            { unlimited_quota: false, remain_quota: 30 });
+        const other = (await makeKey(gw, user.id)).key;
+        assertOk(await gw.chat(key, PRICED, { extra: { max_tokens: 5 } }), 'spends the key');
+        const before = upstreamCalls();
+        for (let i = 0; i < 3; i++) {
+            assertError(await gw.chat(key, PRICED, { extra: { max_tokens: 5 } }), 401,
+                { code: 'invalid_token', message: /^Invalid token/ });
+        }
+        assert.equal(upstreamCalls(), before);
+        /* the user's other key has the second request of the window */
+        assertOk(await gw.chat(other, M), 'the 401s took no slot');
+        assertLimited(await gw.chat(other, M), /at most 2 requests in 1 minutes?\b/);
     });
 
     test('keys of other users keep their own budget', async () => {
