@@ -222,6 +222,11 @@ int llmgw_snapshot_group_check(const llmgw_snapshot_t *s, llmgw_str_t group,
     double *ratio, llmgw_verdict_t *v);
 void llmgw_snapshot_rate_limit(const llmgw_snapshot_t *s, llmgw_str_t group,
     llmgw_rate_limit_t *rl);
+/* The window of the limit in force for the group whose
+   llmgw_rl_group_hash() this is (its own, else the default; 0: none):
+   how long a log of the group's users still counts. */
+int64_t llmgw_snapshot_rate_limit_window(const llmgw_snapshot_t *s,
+    uint64_t group_hash);
 
 /*
  * Candidate channels for a model in the order they are tried: enabled
@@ -624,6 +629,8 @@ llmgw_buf_t llmgw_flush_new_sql(const llmgw_charge_t *c, size_t n);
  * under the zone mutex): "at most total requests, and at most success
  * successful ones, in any window_ms".  Exact: timestamps, not buckets.
  */
+/* The group of a limiter, by name (64-bit FNV-1a). */
+uint64_t llmgw_rl_group_hash(llmgw_str_t group);
 size_t llmgw_rl_size(uint32_t total, uint32_t success);
 void llmgw_rl_init(void *mem, uint32_t total, uint32_t success);
 

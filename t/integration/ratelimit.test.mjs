@@ -210,6 +210,53 @@ describe('rate limits', { timeout: 180000 }, () => {
     });
 });
 
+describe('rate limit windows that a changed limit lengthens', { timeout: 60000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-rlwin');
+
+    async function putWindow(minutes) {
+        const t0 = Date.now();
+        const r = await gw.admin('PUT', '/api/rate_limit', {
+            default: null, groups: { win: { duration_minutes: minutes, total: 3, success: 0 } },
+        });
+        assert.equal(r.status, 200, r.text);
+        await settle(t0);
+    }
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        /* a clock moved on instead of minutes waited */
+        gw = await startGateway({ db, clock: true });
+        const r = await gw.admin('PUT', '/api/group', { default: 1, win: 1 });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'win'] });
+        await putWindow(1);
+    });
+
+    after(() => tearDown(db, [gw], [mock]));
+
+    test('requests made under the old window count in the new one, also after the old one passed', async () => {
+        const { key } = await makeUserKey(gw, { group: 'win' });
+        for (let i = 0; i < 3; i++) {
+            assertOk(await gw.chat(key, M));
+        }
+        assertError(await gw.chat(key, M), 429, { code: 'rate_limit_exceeded' });
+
+        /* 62 s later, past the 1-minute window, the window becomes 10 minutes */
+        gw.clockForward(62000);
+        await putWindow(10);
+        const r = await gw.chat(key, M);
+        assertError(r, 429, { code: 'rate_limit_exceeded', message: /at most 3 requests in 10 minutes\b/ });
+        const ra = Number(r.headers['retry-after']);
+        assert.ok(ra > 500 && ra <= 538, `Retry-After ${ra}: the oldest of the 3 leaves 10 minutes after it was made`);
+
+        /* and they leave it when that time has passed */
+        gw.clockForward(ra * 1000);
+        assertOk(await gw.chat(key, M));
+    });
+});
+
 describe('rate limit logs in a full zone', { timeout: 180000 }, () => {
     let db, gw, mock;
     const M = uniq('gpt-rlzone');
