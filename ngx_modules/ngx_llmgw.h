@@ -370,6 +370,9 @@ void ngx_llmgw_billing_exit_process(ngx_cycle_t *cycle);
 /* Releases what dead processes held; the zone mutex is held. */
 void ngx_llmgw_billing_reap_locked(ngx_llmgw_shm_ctx_t *shm);
 ngx_llmgw_proc_t *ngx_llmgw_billing_me(void);
+/* 401 for a key spent in the zone, before its record shows it. */
+ngx_int_t ngx_llmgw_billing_key_check(ngx_llmgw_ctx_t *ctx,
+    llmgw_verdict_t *v);
 ngx_int_t ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     llmgw_verdict_t *v);
 /* Ends the reservation; a charge moves the balances and queues its row. */

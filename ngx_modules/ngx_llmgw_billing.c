@@ -334,6 +334,71 @@ ngx_llmgw_billing_reap_locked(ngx_llmgw_shm_ctx_t *shm)
 }
 
 
+/* The key's balance in the zone, from the record its lookup read. */
+static ngx_llmgw_bal_t *
+ngx_llmgw_bal_token(ngx_llmgw_shm_ctx_t *shm, ngx_llmgw_ctx_t *ctx)
+{
+    llmgw_token_t  *t;
+
+    t = ctx->token;
+
+    return ngx_llmgw_bal_get(shm, NGX_LLMGW_BAL_TOKEN, ctx->token_id,
+                             llmgw_token_remain_quota(t),
+                             llmgw_token_unlimited(t),
+                             llmgw_token_bal_rev(t));
+}
+
+
+/*
+ * Spent (charges not yet written count): an exhausted key, refused as the
+ * key lookup refuses one whose record says so.  What requests under way
+ * hold is not spent: their failures give it back.
+ */
+static ngx_int_t
+ngx_llmgw_bal_spent(ngx_llmgw_bal_t *b, llmgw_verdict_t *v)
+{
+    if (b->unlimited || b->known - b->pending > 0) {
+        return NGX_OK;
+    }
+
+    llmgw_verdict_set(v, NGX_HTTP_UNAUTHORIZED, "gateway_error",
+                      "invalid_token", "Invalid token");
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * A key spent within llmgw_key_cache_ttl, whose record still shows a
+ * balance: refused with the key checks, before the rate limit counts the
+ * request.  The reservation checks again, under the same lock as it takes
+ * its amount: requests of the key may spend it in between.
+ */
+ngx_int_t
+ngx_llmgw_billing_key_check(ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v)
+{
+    ngx_int_t             rc;
+    ngx_llmgw_bal_t      *tok;
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+    rc = NGX_OK;
+
+    ngx_shmtx_lock(&shm->shpool->mutex);
+
+    /* a zone without room for the balance: the reservation says so */
+    tok = ngx_llmgw_bal_token(shm, ctx);
+
+    if (tok != NULL) {
+        rc = ngx_llmgw_bal_spent(tok, v);
+    }
+
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+
+    return rc;
+}
+
+
 ngx_int_t
 ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     llmgw_verdict_t *v)
@@ -353,9 +418,7 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
 
     ngx_shmtx_lock(&shm->shpool->mutex);
 
-    tok = ngx_llmgw_bal_get(shm, NGX_LLMGW_BAL_TOKEN, ctx->token_id,
-                            llmgw_token_remain_quota(t),
-                            llmgw_token_unlimited(t), llmgw_token_bal_rev(t));
+    tok = ngx_llmgw_bal_token(shm, ctx);
 
     /* the key's balance is not freed to make room for the user's */
     if (tok) {
@@ -390,13 +453,9 @@ ngx_llmgw_billing_reserve(ngx_llmgw_ctx_t *ctx, int64_t amount,
     if (!tok->unlimited) {
         avail = tok->known - tok->hold - tok->pending;
 
-        /* spent (charges not yet written count): an exhausted key; held
-           by requests under way, whose failures give it back: not yet */
-        if (tok->known - tok->pending <= 0) {
+        if (ngx_llmgw_bal_spent(tok, v) != NGX_OK) {
             ngx_slab_free_locked(shm->shpool, h);
             ngx_shmtx_unlock(&shm->shpool->mutex);
-            llmgw_verdict_set(v, NGX_HTTP_UNAUTHORIZED, "gateway_error",
-                              "invalid_token", "Invalid token");
             return NGX_DECLINED;
         }
 

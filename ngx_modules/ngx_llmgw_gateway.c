@@ -292,7 +292,9 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ctx->token_id = llmgw_token_id(t);
     ctx->user_id = llmgw_token_user_id(t);
 
-    if (llmgw_token_check(t, (int64_t) ngx_time(), &v) != 0) {
+    if (llmgw_token_check(t, (int64_t) ngx_time(), &v) != 0
+        || ngx_llmgw_billing_key_check(ctx, &v) != NGX_OK)
+    {
         return ngx_llmgw_send_error(r, ctx, &v);
     }
 
@@ -857,7 +859,7 @@ ngx_llmgw_price(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
  * The reservation: the prompt estimate plus max_tokens (or, when the
  * client set none, llmgw_reserve_tokens, or what a conversion for one of
  * the channels sends when more) for each answer asked for, priced like
- * the answer.
+ * the answer.  A rerank's max_tokens is 0: it is never billed for output.
  */
 static ngx_int_t
 ngx_llmgw_reserve(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,

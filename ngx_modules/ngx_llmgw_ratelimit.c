@@ -7,8 +7,9 @@
  * group's limit.  A changed limit moves the history into a node of the new
  * sizes, so that a lowered limit applies to what was already used.  All of it is
  * touched under the zone mutex, so the limit is exact across the workers
- * of one node.  Nodes idle for longer than their window are freed; when the
- * slab is full the least recently used ones go, as limit_req does, and the
+ * of one node.  Nodes idle for longer than their window (their group's in
+ * force, or the one they were last used with when longer) are freed; when
+ * the slab is full the least recently used ones go, as limit_req does, and the
  * loss of a window still running is logged.
  */
 
@@ -156,20 +157,12 @@ ngx_llmgw_shm_attach(ngx_shm_zone_t *zone)
 }
 
 
-/* FNV-1a of the group name: groups are told apart by it. */
+/* Groups are told apart by a hash of their name. */
 uint64_t
 ngx_llmgw_rl_group(ngx_str_t *group)
 {
-    size_t    i;
-    uint64_t  h;
-
-    h = 0xcbf29ce484222325ULL;
-
-    for (i = 0; i < group->len; i++) {
-        h = (h ^ group->data[i]) * 0x100000001b3ULL;
-    }
-
-    return h;
+    return llmgw_rl_group_hash((llmgw_str_t) { (char *) group->data,
+                                               group->len });
 }
 
 
@@ -263,12 +256,17 @@ ngx_llmgw_rbtree_find(ngx_rbtree_t *tree, ngx_rbtree_key_t key,
 
 
 /*
- * Frees least recently used nodes idle longer than their window; with
- * force, the least recently used one in any case (the slab is full).
+ * Frees least recently used nodes idle longer than their window: the one
+ * they were last used with, or the one their group's limit has in the
+ * snapshot when longer (a raised window counts requests made under the
+ * old one, also when none was made since); with force, the least recently
+ * used one in any case (the slab is full).
  */
 static void
-ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
+ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force,
+    const llmgw_snapshot_t *snapshot)
 {
+    int64_t               window;
     ngx_uint_t            n;
     ngx_queue_t          *q;
     ngx_msec_int_t        idle;
@@ -284,13 +282,19 @@ ngx_llmgw_rl_expire(ngx_llmgw_shm_ctx_t *ctx, ngx_uint_t force)
         q = ngx_queue_last(&ctx->sh->rl_lru);
         rn = ngx_queue_data(q, ngx_llmgw_rl_node_t, queue);
         idle = (ngx_msec_int_t) (ngx_current_msec - rn->last);
+        window = rn->window_ms;
 
-        if (!force && idle < rn->window_ms) {
+        if (snapshot != NULL) {
+            window = ngx_max(window,
+                llmgw_snapshot_rate_limit_window(snapshot, rn->group));
+        }
+
+        if (!force && idle < window) {
             return;
         }
 
         /* at most one line a minute from each worker */
-        if (idle < rn->window_ms
+        if (idle < window
             && (warned == 0 || ngx_current_msec - warned > 60000))
         {
             warned = ngx_current_msec;
@@ -327,7 +331,7 @@ ngx_llmgw_shm_alloc_locked(ngx_llmgw_shm_ctx_t *ctx, size_t size)
             return p;
         }
 
-        ngx_llmgw_rl_expire(ctx, 1);
+        ngx_llmgw_rl_expire(ctx, 1, NULL);
     }
 }
 
@@ -361,7 +365,7 @@ ngx_llmgw_rl_alloc(ngx_llmgw_shm_ctx_t *ctx, const ngx_llmgw_rl_want_t *w,
     node = ngx_slab_alloc_locked(ctx->shpool, size);
 
     if (node == NULL) {
-        ngx_llmgw_rl_expire(ctx, 1);
+        ngx_llmgw_rl_expire(ctx, 1, NULL);
         node = ngx_slab_alloc_locked(ctx->shpool, size);
     }
 
@@ -455,7 +459,7 @@ ngx_llmgw_rl_acquire(ngx_llmgw_ctx_t *rctx, const llmgw_rate_limit_t *rl,
 
     ngx_shmtx_lock(&ctx->shpool->mutex);
 
-    ngx_llmgw_rl_expire(ctx, 0);
+    ngx_llmgw_rl_expire(ctx, 0, rctx->snapshot);
 
     n = ngx_llmgw_rl_node(ctx, &w, rl);
 

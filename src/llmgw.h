@@ -222,6 +222,11 @@ int llmgw_snapshot_group_check(const llmgw_snapshot_t *s, llmgw_str_t group,
     double *ratio, llmgw_verdict_t *v);
 void llmgw_snapshot_rate_limit(const llmgw_snapshot_t *s, llmgw_str_t group,
     llmgw_rate_limit_t *rl);
+/* The window of the limit in force for the group whose
+   llmgw_rl_group_hash() this is (its own, else the default; 0: none):
+   how long a log of the group's users still counts. */
+int64_t llmgw_snapshot_rate_limit_window(const llmgw_snapshot_t *s,
+    uint64_t group_hash);
 
 /*
  * Candidate channels for a model in the order they are tried: enabled
@@ -403,7 +408,8 @@ llmgw_str_t llmgw_req_model(const llmgw_req_t *r);
 llmgw_str_t llmgw_req_model_in(const char *body, size_t len);
 int llmgw_req_stream(const llmgw_req_t *r);
 /* The most output tokens the client allowed an answer (max_tokens or an
-   equivalent above 0; of two given, the larger), or -1. */
+   equivalent above 0; of two given, the larger), or -1; 0 for a rerank,
+   which is never billed for output. */
 int64_t llmgw_req_max_tokens(const llmgw_req_t *r);
 /* How many answers the request asks for (n, candidateCount): 1 to 128. */
 int64_t llmgw_req_choices(const llmgw_req_t *r);
@@ -623,6 +629,8 @@ llmgw_buf_t llmgw_flush_new_sql(const llmgw_charge_t *c, size_t n);
  * under the zone mutex): "at most total requests, and at most success
  * successful ones, in any window_ms".  Exact: timestamps, not buckets.
  */
+/* The group of a limiter, by name (64-bit FNV-1a). */
+uint64_t llmgw_rl_group_hash(llmgw_str_t group);
 size_t llmgw_rl_size(uint32_t total, uint32_t success);
 void llmgw_rl_init(void *mem, uint32_t total, uint32_t success);
 

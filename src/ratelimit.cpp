@@ -158,6 +158,20 @@ wait_for(const Ring &r, int64_t now, int64_t window)
 } // namespace
 
 
+extern "C" uint64_t
+llmgw_rl_group_hash(llmgw_str_t group)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+
+    for (size_t i = 0; i < group.len; i++) {
+        h = (h ^ static_cast<unsigned char>(group.data[i]))
+            * 0x100000001b3ULL;
+    }
+
+    return h;
+}
+
+
 extern "C" size_t
 llmgw_rl_size(uint32_t total, uint32_t success)
 {

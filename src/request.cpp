@@ -308,12 +308,15 @@ gemini_config(const JsonView field[F_COUNT], std::string_view camel,
 /*
  * The most output tokens the client allowed one answer, or -1: the larger
  * of max_completion_tokens and max_tokens when both are given (upstreams
- * differ in which one wins, and many read 0 as not given).
+ * differ in which one wins, and many read 0 as not given).  A rerank
+ * writes no output that is billed: 0, whatever its body says.
  */
 int64_t
 max_tokens_of(llmgw_endpoint_e ep, const JsonView field[F_COUNT])
 {
     switch (ep) {
+    case LLMGW_EP_RERANK:
+        return 0;
     case LLMGW_EP_CHAT:
         return std::max(positive(field[F_MAX_COMPLETION_TOKENS]),
                         positive(field[F_MAX_TOKENS]));

@@ -54,6 +54,9 @@ struct llmgw_snapshot_s {
     Json                                                   price_entries;
     llmgw_rate_limit_t                                     rl_default {};
     std::unordered_map<std::string, llmgw_rate_limit_t>    rl_groups;
+    /* the groups' windows by llmgw_rl_group_hash(): what the shared
+       zone, which keeps no names, asks about */
+    std::unordered_map<uint64_t, int64_t>                  rl_windows;
     std::vector<std::string>                               admin_hashes;
     std::vector<Plugin>                                    plugins;
     /* disabled plugins (after plugins in snap_plugin's numbering) */
@@ -534,6 +537,8 @@ llmgw_snapshot_parse(const char *json, size_t len, char *err, size_t errlen)
 
         json_object_foreach(json_object_get(rl, "groups"), k, v) {
             s->rl_groups[k] = parse_rate_limit(v);
+            s->rl_windows[llmgw_rl_group_hash({ k, strlen(k) })] =
+                s->rl_groups[k].window_ms;
         }
 
         std::pair<const char *, std::vector<Plugin> *> lists[] = {
@@ -627,6 +632,16 @@ llmgw_snapshot_rate_limit(const llmgw_snapshot_t *s, llmgw_str_t group,
     auto it = s->rl_groups.find(std::string(sv(group)));
 
     *rl = it != s->rl_groups.end() ? it->second : s->rl_default;
+}
+
+
+extern "C" int64_t
+llmgw_snapshot_rate_limit_window(const llmgw_snapshot_t *s,
+    uint64_t group_hash)
+{
+    auto it = s->rl_windows.find(group_hash);
+
+    return it != s->rl_windows.end() ? it->second : s->rl_default.window_ms;
 }
 
 

@@ -604,6 +604,29 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         assert.equal(rows[0].quota, rows[1].quota, 'the echoed documents cost nothing');
     });
 
+    test('a rerank reserves its query and documents only, no output: a key that covers the call is served', async () => {
+        /* 3 search units x 100 = 300; the estimate of the prompt (the
+           strings / 4 + 4: under 15 tokens) x 100 fits in 3,000, where
+           1,024 output tokens more would not */
+        const a = await account(gw, { remain: 3000 });
+        const r = await gw.req('POST', '/v1/rerank', {
+            key: a.key, body: { model: M.cohere, query: 'q', documents: ['d0', 'd1', 'd2', 'd3'] },
+        });
+        await charged(a, r, { prompt: 3, completion: 0, quota: 300 });
+        /* a max_tokens in the body changes nothing */
+        const b = await account(gw, { remain: 3000 });
+        const r2 = await gw.req('POST', '/v1/rerank', {
+            key: b.key, body: { model: M.cohere, query: 'q', documents: ['d0'], max_tokens: 1000 },
+        });
+        await charged(b, r2, { prompt: 3, completion: 0, quota: 300 });
+        /* what the estimate does not cover is still refused */
+        const c = await account(gw, { remain: 3000 });
+        const r3 = await gw.req('POST', '/v1/rerank', {
+            key: c.key, body: { model: M.cohere, query: 'q', documents: ['d'.repeat(200)] },
+        });
+        assertError(r3, 403, { code: 'pre_consume_token_quota_failed' });
+    });
+
     test('a per-call price is not charged for a stream the upstream cut; a whole one is', async () => {
         const events = (n) => Array.from({ length: n }, (_, i) => `data: ${JSON.stringify({
             candidates: [{ content: { role: 'model', parts: [{ text: `part ${i} ` }] }, index: 0,

@@ -15,7 +15,7 @@ const SPREAD = { listen: 'reuseport', server: 'add_header X-Worker $pid always;'
 
 describe('rate limits', { timeout: 180000 }, () => {
     let db, gw, mock;
-    const M = uniq('gpt-rl');
+    const M = uniq('gpt-rl'), PRICED = uniq('gpt-rl-priced');
     const upstreamCalls = () => mock.requests.length;
     const badJson = (key) => gw.req('POST', '/v1/chat/completions', {
         key, headers: { 'Content-Type': 'application/json' }, body: '{"model":',
@@ -41,9 +41,12 @@ describe('rate limits', { timeout: 180000 }, () => {
         db = await createDb();
         mock = await startMock();
         gw = await startGateway({ db, ...SPREAD });
-        const r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1, chg: 1 });
+        let r = await gw.admin('PUT', '/api/group', { default: 1, two: 1, succ: 1, chg: 1 });
         assert.equal(r.status, 200, r.text);
-        await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'two', 'succ', 'chg'] });
+        /* PRICED costs 30 a call: the mock reports 10 + 20 tokens */
+        r = await gw.admin('PUT', '/api/pricing', { [PRICED]: { ratio: 1, completion_ratio: 1 } });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M, PRICED], groups: ['default', 'two', 'succ', 'chg'] });
         await putLimits();
     });
 
@@ -86,6 +89,23 @@ describe('rate limits', { timeout: 180000 }, () => {
         assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minutes?\b/);
         assertLimited(await gw.req('GET', '/v1/models', { key }),
             /at most 2 requests in 1 minutes?\b/);
+    });
+
+    test('a key spent within the key cache is refused before the limit: its 401s do not count', async () => {
+        /* group "two": 2 requests a minute for all the user's keys */
+        const { user, key } = await makeUserKey(gw, { group: 'two' },
+            { unlimited_quota: false, remain_quota: 30 });
+        const other = (await makeKey(gw, user.id)).key;
+        assertOk(await gw.chat(key, PRICED, { extra: { max_tokens: 5 } }), 'spends the key');
+        const before = upstreamCalls();
+        for (let i = 0; i < 3; i++) {
+            assertError(await gw.chat(key, PRICED, { extra: { max_tokens: 5 } }), 401,
+                { code: 'invalid_token', message: /^Invalid token/ });
+        }
+        assert.equal(upstreamCalls(), before);
+        /* the user's other key has the second request of the window */
+        assertOk(await gw.chat(other, M), 'the 401s took no slot');
+        assertLimited(await gw.chat(other, M), /at most 2 requests in 1 minutes?\b/);
     });
 
     test('keys of other users keep their own budget', async () => {
@@ -187,6 +207,53 @@ describe('rate limits', { timeout: 180000 }, () => {
         const limited = rs.filter((x) => x.status === 429);
         assert.equal(limited.length, 5);
         assertLimited(limited[0], /at most 3 requests in 1 minutes?\b/);
+    });
+});
+
+describe('rate limit windows that a changed limit lengthens', { timeout: 60000 }, () => {
+    let db, gw, mock;
+    const M = uniq('gpt-rlwin');
+
+    async function putWindow(minutes) {
+        const t0 = Date.now();
+        const r = await gw.admin('PUT', '/api/rate_limit', {
+            default: null, groups: { win: { duration_minutes: minutes, total: 3, success: 0 } },
+        });
+        assert.equal(r.status, 200, r.text);
+        await settle(t0);
+    }
+
+    before(async () => {
+        db = await createDb();
+        mock = await startMock();
+        /* a clock moved on instead of minutes waited */
+        gw = await startGateway({ db, clock: true });
+        const r = await gw.admin('PUT', '/api/group', { default: 1, win: 1 });
+        assert.equal(r.status, 200, r.text);
+        await makeChannel(gw, { base_url: mock.url, models: [M], groups: ['default', 'win'] });
+        await putWindow(1);
+    });
+
+    after(() => tearDown(db, [gw], [mock]));
+
+    test('requests made under the old window count in the new one, also after the old one passed', async () => {
+        const { key } = await makeUserKey(gw, { group: 'win' });
+        for (let i = 0; i < 3; i++) {
+            assertOk(await gw.chat(key, M));
+        }
+        assertError(await gw.chat(key, M), 429, { code: 'rate_limit_exceeded' });
+
+        /* 62 s later, past the 1-minute window, the window becomes 10 minutes */
+        gw.clockForward(62000);
+        await putWindow(10);
+        const r = await gw.chat(key, M);
+        assertError(r, 429, { code: 'rate_limit_exceeded', message: /at most 3 requests in 10 minutes\b/ });
+        const ra = Number(r.headers['retry-after']);
+        assert.ok(ra > 500 && ra <= 538, `Retry-After ${ra}: the oldest of the 3 leaves 10 minutes after it was made`);
+
+        /* and they leave it when that time has passed */
+        gw.clockForward(ra * 1000);
+        assertOk(await gw.chat(key, M));
     });
 });
 

@@ -510,6 +510,10 @@ http {
  *   conf      the whole nginx.conf (overrides everything; may use
  *             {{DIR}} and {{PORT}} placeholders)
  *   rootToken reuse a root token (several gateways on one database)
+ *   clock     true: nginx runs with a monotonic clock the test moves on
+ *             with gw.clockForward(ms) (t/lib/clock.c, preloaded): the
+ *             clock of its timers and rate limit windows; the wall clock
+ *             is left alone
  *   v8host    true or {workers, deadlineMs, heapMb, extra}: start a plugin
  *             runtime helper for this gateway (socket in its folder; also
  *             {{V8SOCK}} in conf) and add `llmgw_v8host unix:<sock>;` to
@@ -518,7 +522,8 @@ http {
  *             log()}; gw.stop() stops it after nginx.
  */
 export async function startGateway({ db, workers = 2, http: httpExtra = '',
-    server = '', listen = '', conf, rootToken, v8host, errorLevel } = {}) {
+    server = '', listen = '', conf, rootToken, v8host, errorLevel,
+    clock = false } = {}) {
     assert.ok(db && db.conninfo, 'startGateway needs {db}');
     assert.ok(fs.existsSync(MODULE), `module not built: ${MODULE}`);
 
@@ -541,6 +546,14 @@ export async function startGateway({ db, workers = 2, http: httpExtra = '',
         httpExtra = `llmgw_v8host unix:${helper.socket};\n  ${httpExtra}`;
     }
 
+    const env = clock ? {
+        ...process.env, LD_PRELOAD: await clockLibrary(),
+        LLMGW_TEST_CLOCK: path.join(dir, 'clock'),
+    } : process.env;
+    if (clock) {
+        fs.writeFileSync(env.LLMGW_TEST_CLOCK, '0');
+    }
+
     let lastFailure = '';
     /* A port picked by freePort() can be taken before nginx binds it. */
     for (let attempt = 0; attempt < 3; attempt++) {
@@ -551,7 +564,7 @@ export async function startGateway({ db, workers = 2, http: httpExtra = '',
             : nginxConf({ dir, port, dbConninfo: db.conninfo, http: httpExtra,
                 server, workers, listen, errorLevel });
         fs.writeFileSync(path.join(dir, 'nginx.conf'), text);
-        const gw = await launch({ dir, port, token, db, helper });
+        const gw = await launch({ dir, port, token, db, helper, env });
         if (gw.ok) {
             return gw.gw;
         }
@@ -567,11 +580,26 @@ export async function startGateway({ db, workers = 2, http: httpExtra = '',
     throw new Error(`nginx did not start (dir ${dir}):\n${lastFailure}`);
 }
 
-async function launch({ dir, port, token, db, helper = null }) {
+/* t/lib/clock.c built once into GW_BASE (several test files may ask at
+   once: each builds its own copy and renames it into place). */
+async function clockLibrary() {
+    const so = path.join(GW_BASE, 'llmgw-test-clock.so');
+    const src = path.join(HERE, 'clock.c');
+    if (fs.existsSync(so) && fs.statSync(so).mtimeMs >= fs.statSync(src).mtimeMs) {
+        return so;
+    }
+    fs.mkdirSync(GW_BASE, { recursive: true });
+    const tmp = `${so}.${process.pid}.${hex(4)}`;
+    await run('cc', ['-shared', '-fPIC', '-O2', '-o', tmp, src, '-ldl']);
+    fs.renameSync(tmp, so);
+    return so;
+}
+
+async function launch({ dir, port, token, db, helper = null, env = process.env }) {
     const stderrPath = path.join(dir, 'stderr.log');
     const errFd = fs.openSync(stderrPath, 'a');
     const proc = spawn(NGINX, ['-p', dir, '-c', path.join(dir, 'nginx.conf')], {
-        stdio: ['ignore', errFd, errFd],
+        stdio: ['ignore', errFd, errFd], env,
     });
     fs.closeSync(errFd);
     let exited = null;
@@ -652,6 +680,16 @@ async function launch({ dir, port, token, db, helper = null }) {
                     messages: [{ role: 'user', content }], ...extra,
                 },
             });
+        },
+
+        /* Moves nginx's monotonic clock on by ms (startGateway({clock})):
+           as if that much time had passed while nothing happened. */
+        clockForward(ms) {
+            const file = env.LLMGW_TEST_CLOCK;
+            assert.ok(file, 'clockForward needs startGateway({clock: true})');
+            const now = Number(fs.readFileSync(file, 'utf8')) + ms;
+            fs.writeFileSync(`${file}.new`, String(now));
+            fs.renameSync(`${file}.new`, file);
         },
 
         errorLog: () => readLog('error.log'),

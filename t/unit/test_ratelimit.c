@@ -461,6 +461,23 @@ test_matches_naive_sliding_log(void **state)
 }
 
 
+/* A group is told apart by its name's 64-bit FNV-1a: the hash the shared
+   zone keeps and the snapshot is asked about must be the same, byte for
+   byte (names are UTF-8). */
+static void
+test_group_hash_is_fnv1a_of_the_name(void **state)
+{
+    (void) state;
+
+    assert_true(llmgw_rl_group_hash((llmgw_str_t) { "", 0 })
+                == 0xcbf29ce484222325ULL);
+    assert_true(llmgw_rl_group_hash((llmgw_str_t) { "a", 1 })
+                == 0xaf63dc4c8601ec8cULL);
+    assert_true(llmgw_rl_group_hash((llmgw_str_t) { "\xc3\xa9", 2 })
+                != llmgw_rl_group_hash((llmgw_str_t) { "\xc3\xa8", 2 }));
+}
+
+
 int
 main(void)
 {
@@ -486,6 +503,7 @@ main(void)
         cmocka_unit_test(test_null_retry_pointer_is_allowed),
         cmocka_unit_test(test_state_survives_a_move_to_other_memory),
         cmocka_unit_test(test_matches_naive_sliding_log),
+        cmocka_unit_test(test_group_hash_is_fnv1a_of_the_name),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -322,8 +322,29 @@ test_rerank_needs_query_and_documents(void **state)
                  "{\"model\":\"rerank-v3.5\",\"query\":\"capital\","
                  "\"documents\":[\"Paris\",\"Berlin\"],\"top_n\":1}");
     assert_str(llmgw_req_model(r), "rerank-v3.5");
-    assert_int_equal(llmgw_req_max_tokens(r), -1);
     llmgw_req_free(r);
+}
+
+
+/* A rerank is billed for its query and documents only: nothing of
+   llmgw_reserve_tokens, nor of a max_tokens it carries, is reserved. */
+static void
+test_rerank_reserves_no_output(void **state)
+{
+    static const char *bodies[] = {
+        "{\"model\":\"rerank-v3.5\",\"query\":\"capital\","
+        "\"documents\":[\"Paris\",\"Berlin\"]}",
+        "{\"model\":\"rerank-v3.5\",\"query\":\"capital\","
+        "\"documents\":[\"Paris\"],\"max_tokens\":500}",
+    };
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(bodies) / sizeof(bodies[0]); i++) {
+        llmgw_req_t *r = parse_ok(LLMGW_EP_RERANK, no_path_model, bodies[i]);
+
+        assert_int_equal(llmgw_req_max_tokens(r), 0);
+        llmgw_req_free(r);
+    }
 }
 
 
@@ -572,6 +593,7 @@ main(void)
         cmocka_unit_test(test_gemini_needs_contents),
         cmocka_unit_test(test_gemini_speech_model_needs_generation_config),
         cmocka_unit_test(test_rerank_needs_query_and_documents),
+        cmocka_unit_test(test_rerank_reserves_no_output),
         cmocka_unit_test(
             test_upstream_body_replaces_the_model_and_keeps_the_rest),
         cmocka_unit_test(

@@ -863,6 +863,34 @@ test_rate_limit_group_overrides_default(void **state)
 }
 
 
+/* What the shared zone, which knows groups by hash only, asks of a
+   user's log: how long it still counts. */
+static void
+test_rate_limit_window_by_group_hash(void **state)
+{
+    (void) state;
+
+    llmgw_snapshot_t *s = snap(
+        "{'rate_limit':{'default':{'duration_minutes':1,'total':60,"
+        "'success':0},'groups':{'vip':{'duration_minutes':10,"
+        "'total':1000,'success':0},'open':null}}}");
+
+    assert_int_equal(llmgw_snapshot_rate_limit_window(s,
+                         llmgw_rl_group_hash(S("vip"))), 600000);
+    assert_int_equal(llmgw_snapshot_rate_limit_window(s,
+                         llmgw_rl_group_hash(S("other"))), 60000);
+    /* a group without a limit of its own limits nothing */
+    assert_int_equal(llmgw_snapshot_rate_limit_window(s,
+                         llmgw_rl_group_hash(S("open"))), 0);
+    llmgw_snapshot_free(s);
+
+    s = snap("{}");
+    assert_int_equal(llmgw_snapshot_rate_limit_window(s,
+                         llmgw_rl_group_hash(S("vip"))), 0);
+    llmgw_snapshot_free(s);
+}
+
+
 static void
 test_rate_limit_absent_means_no_limit(void **state)
 {
@@ -1098,6 +1126,7 @@ main(void)
         cmocka_unit_test(test_group_deprecated_is_403_group_deprecated),
         cmocka_unit_test(test_group_ratio_is_returned),
         cmocka_unit_test(test_rate_limit_group_overrides_default),
+        cmocka_unit_test(test_rate_limit_window_by_group_hash),
         cmocka_unit_test(test_rate_limit_absent_means_no_limit),
         cmocka_unit_test(test_is_admin_only_for_listed_hashes),
         cmocka_unit_test(test_price_per_token_reads_ratios),
