@@ -288,9 +288,12 @@ ngx_llmgw_task_request_gone(void *data)
     /*
      * A stream being read (an SSE submit the vendor accepted) goes on, as
      * a JSON submit would, until the task is stored: the vendor's task
-     * must not be left without a row and its charge.
+     * must not be left without a row and its charge; so does one waiting
+     * for the plugin runtime to read the vendor's answer to a submit.
      */
-    if (!rn->inflight && !rn->driving && rn->http == NULL) {
+    if (!rn->inflight && !rn->driving && rn->http == NULL
+        && !llmgw_tjob_must_go_on(rn->job))
+    {
         ngx_llmgw_runner_free(rn);
     }
 }

@@ -46,6 +46,11 @@ constexpr size_t kErrBody = LLMGW_ERROR_BODY_MAX;  /* kept of an error body */
 /* creates of a task the vendor took, sent again while the database cannot
    be reached: about 30 s of an outage with llmgw_pg_timeout's default */
 constexpr int kCreateTries = 6;
+/* how long parseSubmitResponse waits for a plugin runtime that is down or
+   busy once the vendor took the submit (a runtime worker that hangs is
+   replaced after llmgw_v8host_timeout's default and 5 s), and between tries */
+constexpr int64_t kRuntimeWaitMs = 30000;
+constexpr int64_t kRuntimeRetryMs = 1000;
 
 const char *const kStatuses[] = {
     "NOT_START", "SUBMITTED", "QUEUED", "IN_PROGRESS", "SUCCESS", "FAILURE",
@@ -438,7 +443,7 @@ struct llmgw_tjob_s {
         /* request */
         DECODED, LOOKED_UP_QUERY, ORIGINS, CHANNEL, USAGE, RESERVED,
         BUILT, SENT, STREAMING, EVENT, PARSED, SUBMIT_USAGE, FINAL_USAGE,
-        CREATED, RENDERED, ERROR_RENDERED,
+        CREATED, RENDERED, ERROR_RENDERED, RUNTIME_SLEPT,
         /* a request waiting for its task */
         WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, DOWNLOADED,
         /* artifacts */
@@ -476,6 +481,10 @@ struct llmgw_tjob_s {
     /* host_image: waiting for the task, polling it in between */
     std::chrono::steady_clock::time_point wait_start;
     bool                     waiting = false;
+    /* the vendor's answer waiting for the runtime (kRuntimeWaitMs) */
+    std::chrono::steady_clock::time_point runtime_wait_start;
+    bool                     runtime_waiting = false;
+    Phase                    runtime_phase = START;
     bool                     in_request_poll = false;
     /* a failure from here fails and refunds the task this request created
        (its result was not rendered); voided once that was asked */
@@ -652,13 +661,50 @@ struct llmgw_tjob_s {
         }
 
         step_body = json_dump(frame.get());
+        hook_name_ = hook_name;
+        return send_hook(next);
+    }
+
+    /* the hook call in step_body, sent (again) */
+    const llmgw_tstep_t *send_hook(Phase next)
+    {
         step = llmgw_tstep_t {};
         step.sha = sha.c_str();
         step.body = str(step_body);
         step.channel_id = channel_id();
         phase = next;
-        hook_name_ = hook_name;
         return emit(LLMGW_TSTEP_HOOK);
+    }
+
+    /*
+     * The hook call just made, sent again in a while when the runtime was
+     * down or busy (not the plugin's fault) and kRuntimeWaitMs have not
+     * passed since the first such failure; else nullptr.  For the calls
+     * after the vendor took a submit: giving up would leave a task the
+     * vendor works on (and bills) that nobody saves, polls or charges.
+     */
+    const llmgw_tstep_t *await_runtime()
+    {
+        if (hook.ok || (hook.kind != "internal" && hook.kind != "not_loaded")) {
+            return nullptr;
+        }
+
+        auto now = std::chrono::steady_clock::now();
+        if (!runtime_waiting) {
+            runtime_waiting = true;
+            runtime_wait_start = now;
+        }
+        int64_t waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             now - runtime_wait_start).count();
+        if (waited >= kRuntimeWaitMs) {
+            return nullptr;
+        }
+
+        runtime_phase = phase;
+        step = llmgw_tstep_t {};
+        step.amount = std::min(kRuntimeRetryMs, kRuntimeWaitMs - waited);
+        phase = RUNTIME_SLEPT;
+        return emit(LLMGW_TSTEP_SLEEP);
     }
 
     std::string hook_name_;
@@ -808,6 +854,21 @@ struct llmgw_tjob_s {
         } else if (hook.kind == "internal" || hook.kind == "not_loaded"
                    || hook.kind == "bad_request")
         {
+            if (runtime_waiting) {
+                /* a retry would start a second task at the vendor */
+                return fail(502, "gateway_error", "plugin_unavailable",
+                            "the plugin runtime could not read the vendor's "
+                            "answer to the submit within "
+                            + std::to_string(kRuntimeWaitMs / 1000)
+                            + " s: the vendor may have started the task, "
+                            "which is neither saved nor charged");
+            }
+            if (charged && !task_id.empty()) {
+                return fail(502, "gateway_error", "plugin_unavailable",
+                            "the plugin runtime is unavailable; task "
+                            + task_id + " goes on, and is settled when it "
+                            "ends");
+            }
             return fail(502, "gateway_error", "plugin_unavailable",
                         "the plugin runtime is unavailable; retry shortly");
         } else if (!hook.message.empty()) {
@@ -3468,9 +3529,13 @@ llmgw_tjob_s::next_request()
             return parse_submit(json_incref(sse_body.get()));
         }
         if (!hook.ok) {
-            return plugin_failed(nullptr);
+            const llmgw_tstep_t *again = await_runtime();
+            return again != nullptr ? again : plugin_failed(nullptr);
         }
         return after_parse();
+
+    case RUNTIME_SLEPT:
+        return send_hook(runtime_phase);
 
     case SUBMIT_USAGE:
         take_usage_after_submit(&quota_submit);
@@ -4854,6 +4919,15 @@ extern "C" int
 llmgw_tjob_charged(const llmgw_tjob_t *j)
 {
     return j->charged;
+}
+
+
+/* A job waiting to read a submit the vendor took goes on without its
+   request, until the task is stored. */
+extern "C" int
+llmgw_tjob_must_go_on(const llmgw_tjob_t *j)
+{
+    return j->phase == llmgw_tjob_s::RUNTIME_SLEPT;
 }
 
 

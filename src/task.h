@@ -257,6 +257,11 @@ void llmgw_tjob_reserve_done(llmgw_tjob_t *j, const llmgw_verdict_t *v);
 
 /* Whether the job has charged the reservation into the database. */
 int llmgw_tjob_charged(const llmgw_tjob_t *j);
+
+/* Whether the job goes on without its request: it waits to read a submit
+   the vendor took. */
+int llmgw_tjob_must_go_on(const llmgw_tjob_t *j);
+
 /* Whether a step is in flight (its result not handed back yet). */
 int llmgw_tjob_busy(const llmgw_tjob_t *j);
 void llmgw_tjob_set_sse_idle(llmgw_tjob_t *j, int64_t ms);

@@ -307,6 +307,74 @@ describe('a hook that ends its runtime worker', { timeout: 120000 }, () => {
     });
 });
 
+describe('the plugin runtime out when the vendor answers a submit', { timeout: 120000 }, () => {
+    const V8_TIMEOUT_MS = 1500;
+    const s = vendorSuite({ http: `${HTTP}\n  llmgw_v8host_timeout ${V8_TIMEOUT_MS}ms;`,
+        workers: 1, v8host: { workers: 2 } });
+    let env;
+
+    before(async () => {
+        env = await taskSetup(s.gw, { vendors: [s.vendor], models: 1 });
+    });
+
+    /*
+     * Two submits held at the vendor; the runtime goes out (out()), the
+     * vendor answers, the runtime comes back (back()) after calls of
+     * parseSubmitResponse have failed: both tasks are stored and charged,
+     * also the one whose client left meanwhile, and nothing is sent twice.
+     */
+    async function outWhileAnswering(out, back) {
+        const { gw, vendor, db } = s;
+        const acct = await account(gw);
+        const held = gate();
+        const ups = [uniq('up-rt'), uniq('up-rt')];
+        vendor.onSubmit = async () => { await held.promise; return undefined; };
+        try {
+            const stays = submitTask(gw, env, { model: env.model, up_id: ups[0] },
+                { key: acct.key, timeoutMs: 60000 });
+            const leaves = submitTask(gw, env, { model: env.model, up_id: ups[1] },
+                { key: acct.key, timeoutMs: V8_TIMEOUT_MS * 2 }).then(
+                () => assert.fail('the client was to leave first'), (e) => e);
+            await waitFor(() => ups.every((up) => vendor.submits().some((r) => r.upId === up
+                || r.json?.up_id === up)), 10000, { what: 'both submits at the vendor' });
+            await out();
+            held.open();
+            /* past two failed calls, and the second client gone */
+            await sleep(V8_TIMEOUT_MS * 2 + 1000);
+            assert.match((await leaves).message, /no complete response/);
+            await back();
+
+            const r = assertOk(await stays, 'the submit whose answer waited for the runtime');
+            assert.match(r.json.task_id, /^task_/);
+            await waitFor(async () => Number(await psql(db.conninfo,
+                `select count(*) from tasks where user_id = ${acct.user.id}`)) === 2,
+            10000, { what: 'the task of the client that left, stored' });
+            const rows = JSON.parse(await psql(db.conninfo, `select json_agg(upstream_task_id
+                order by upstream_task_id) from tasks where user_id = ${acct.user.id}`));
+            assert.deepEqual(rows, [...ups].sort());
+            for (const up of ups) {
+                assert.equal(vendor.submits().filter((x) => x.upId === up).length, 1,
+                    'each submit reached the vendor once');
+            }
+            await expectUsed(gw, db, acct, 2 * PER_TASK);
+        } finally {
+            held.open();
+            vendor.onSubmit = null;
+        }
+    }
+
+    test('stopped: the answer is read once it runs again', async () => {
+        const h = s.gw.v8host;
+        await outWhileAnswering(async () => h.proc.kill('SIGSTOP'),
+            async () => h.proc.kill('SIGCONT'));
+    });
+
+    test('killed: the answer is read once it is started again', async () => {
+        const h = s.gw.v8host;
+        await outWhileAnswering(() => h.kill('SIGKILL'), () => h.start());
+    });
+});
+
 describe('batch plugin', { timeout: 120000 }, () => {
     let db, gw, v1, v2;
 
