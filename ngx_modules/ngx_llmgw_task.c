@@ -278,6 +278,8 @@ ngx_llmgw_task_request_gone(void *data)
 
     rn->request = NULL;
     rn->gone = 1;
+    /* the cleanup lives in the request's pool, freed after this */
+    rn->cleanup = NULL;
 
     if (rn->pipe && !rn->driving) {
         /* content for nobody: the call is stopped */

@@ -5,12 +5,14 @@
 -- route or another protocol are none of that protocol's.
 --
 --   tasks.protocol: host_video, host_image or host_responses; '' for a
---   task created otherwise; NULL for a task created before this file,
---   which recorded nothing (such a task is read as before, through any
---   protocol its plugin claims for its model).
+--   task created otherwise; NULL for a task created before this file, or
+--   by a gateway from before it (still running while an upgrade is rolled
+--   out), which recorded nothing: such a task is read as before, through
+--   any protocol its plugin claims for its model.
 --
--- llmgw_task_create takes an optional member protocol; llmgw_task_json
--- (the rows of llmgw_task_lookup) gives it.
+-- llmgw_task_create takes a member protocol (a gateway from before this
+-- file sends none); llmgw_task_json (the rows of llmgw_task_lookup) gives
+-- it.
 
 ALTER TABLE tasks ADD COLUMN protocol text;
 -- after the ADD, so that the rows already there keep NULL
@@ -18,15 +20,16 @@ ALTER TABLE tasks ALTER COLUMN protocol SET DEFAULT '';
 
 ALTER FUNCTION llmgw_task_create(jsonb) RENAME TO llmgw_task_create_base;
 
--- A protocol's task is marked after its insert; the others keep the
+-- A protocol's task is marked after its insert, and one from a gateway
+-- that does not know protocols is left unknown; the others keep the
 -- default and cost no second write.  A repeated create changes nothing.
 CREATE FUNCTION llmgw_task_create(t jsonb) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
     r jsonb := llmgw_task_create_base(t);
 BEGIN
-    IF coalesce(t ->> 'protocol', '') <> '' THEN
-        UPDATE tasks SET protocol = t ->> 'protocol'
+    IF NOT t ? 'protocol' OR coalesce(t ->> 'protocol', '') <> '' THEN
+        UPDATE tasks SET protocol = nullif(t ->> 'protocol', '')
          WHERE task_id = t ->> 'task_id' AND protocol = '';
     END IF;
     RETURN r;

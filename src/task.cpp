@@ -854,7 +854,7 @@ struct llmgw_tjob_s {
         } else if (hook.kind == "internal" || hook.kind == "not_loaded"
                    || hook.kind == "bad_request")
         {
-            if (runtime_waiting) {
+            if (runtime_waiting && !charged) {
                 /* a retry would start a second task at the vendor */
                 return fail(502, "gateway_error", "plugin_unavailable",
                             "the plugin runtime could not read the vendor's "
@@ -863,7 +863,9 @@ struct llmgw_tjob_s {
                             + " s: the vendor may have started the task, "
                             "which is neither saved nor charged");
             }
-            if (charged && !task_id.empty()) {
+            if (charged && !task_id.empty()
+                && !(void_on_fail && created && !voided))
+            {
                 return fail(502, "gateway_error", "plugin_unavailable",
                             "the plugin runtime is unavailable; task "
                             + task_id + " goes on, and is settled when it "
@@ -3532,6 +3534,7 @@ llmgw_tjob_s::next_request()
             const llmgw_tstep_t *again = await_runtime();
             return again != nullptr ? again : plugin_failed(nullptr);
         }
+        runtime_waiting = false;
         return after_parse();
 
     case RUNTIME_SLEPT:
