@@ -46,6 +46,9 @@ constexpr size_t kErrBody = LLMGW_ERROR_BODY_MAX;  /* kept of an error body */
 /* creates of a task the vendor took, sent again while the database cannot
    be reached: about 30 s of an outage with llmgw_pg_timeout's default */
 constexpr int kCreateTries = 6;
+/* a poll that timed out this close to the end of its request's wait was
+   ended by the wait (nginx's clock lags the engine's by a little) */
+constexpr int64_t kWaitSlackMs = 250;
 
 const char *const kStatuses[] = {
     "NOT_START", "SUBMITTED", "QUEUED", "IN_PROGRESS", "SUCCESS", "FAILURE",
@@ -440,7 +443,7 @@ struct llmgw_tjob_s {
         BUILT, SENT, STREAMING, EVENT, PARSED, SUBMIT_USAGE, FINAL_USAGE,
         CREATED, RENDERED, ERROR_RENDERED,
         /* a request waiting for its task */
-        WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, DOWNLOADED,
+        WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, WAIT_RELEASED, DOWNLOADED,
         /* artifacts */
         ART_LOOKED, ART_LISTED, CONTENT_BUILT, PIPED,
         /* host_responses */
@@ -476,6 +479,7 @@ struct llmgw_tjob_s {
     /* host_image: waiting for the task, polling it in between */
     std::chrono::steady_clock::time_point wait_start;
     bool                     waiting = false;
+    bool                     wait_over = false;  /* a poll ran to its end */
     bool                     in_request_poll = false;
     /* a failure from here fails and refunds the task this request created
        (its result was not rendered); voided once that was asked */
@@ -627,6 +631,10 @@ struct llmgw_tjob_s {
             return wait_look();
         }
         step.kind = kind;
+        if (kind == LLMGW_TSTEP_HTTP && in_request_poll) {
+            /* a poll made while a request waits ends with the wait */
+            step.deadline_ms = std::max<int64_t>(wait_left_ms(), 1);
+        }
         busy = kind != LLMGW_TSTEP_WAIT && kind != LLMGW_TSTEP_SLEEP
                && kind != LLMGW_TSTEP_RESPOND
                && kind != LLMGW_TSTEP_DONE && kind != LLMGW_TSTEP_HTTP_CANCEL
@@ -635,6 +643,15 @@ struct llmgw_tjob_s {
     }
 
     bool sse_mode_step = false;
+
+    /* What is left of llmgw_task_wait_timeout for a waiting request. */
+    int64_t wait_left_ms() const
+    {
+        auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - wait_start)
+                          .count();
+        return conf.wait_ms - waited;
+    }
 
     const llmgw_tstep_t *call(const char *hook_name, json_t *args_steal,
         Phase next)
@@ -2020,7 +2037,7 @@ llmgw_tjob_s::image_wait()
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
                       now - wait_start).count();
 
-    if (waited >= conf.wait_ms) {
+    if (wait_over || waited >= conf.wait_ms) {
         return fail(504, "gateway_error", "task_timeout",
                     "task " + task_id + " did not finish within "
                     + std::to_string(conf.wait_ms / 1000) + " s; it goes "
@@ -3470,6 +3487,9 @@ llmgw_tjob_s::next_request()
     case WAIT_LOOKED:
         return wait_looked();
 
+    case WAIT_RELEASED:
+        return image_wait();
+
     case DOWNLOADED:
         return image_downloaded();
 
@@ -3727,6 +3747,26 @@ llmgw_tjob_s::poll_build()
 const llmgw_tstep_t *
 llmgw_tjob_s::poll_sent()
 {
+    if (in_request_poll && transport_timeout
+        && wait_left_ms() < kWaitSlackMs)
+    {
+        /*
+         * The request's wait ended while its poll was under way: the poll
+         * is given up uncounted (the vendor was not given its time), its
+         * lease given back so that the background pollers take the task at
+         * once, and the request answers task_timeout.
+         */
+        wait_over = true;
+        in_request_poll = false;
+        mode = REQUEST;
+        Json ids(json_array());
+        json_array_append_new(ids.get(), jstr(task_id));
+        param[0] = owner;
+        param[1] = json_dump_pg(ids.get());
+        return sql("select llmgw_task_release($1, $2::jsonb)", WAIT_RELEASED,
+                   2, 0);
+    }
+
     if (!transport_error.empty()) {
         return fail_all(transport_error);
     }

@@ -23,7 +23,8 @@ import { after, before, describe, test } from 'node:test';
 
 import { assertError, assertOk, sseEvents, uniq } from '../lib/harness.mjs';
 import {
-    account, expectUsed, sleep, taskSetup, vendorSuite, waitFor, waitLedger,
+    account, expectUsed, pollFailures, sleep, taskSetup, vendorSuite, waitFor,
+    waitLedger,
 } from '../lib/vendor.mjs';
 
 const POLL_MS = 200;
@@ -294,5 +295,33 @@ describe('host_responses', { timeout: 180000 }, () => {
         const tid = vendor.submits().find((x) => x.json.up_id === up).headers['x-public-task-id'];
         await waitFor(async () => (await retrieve(tid)).json.status === 'completed', 8000,
             { what: 'the task ended in the background' });
+    });
+
+    test('a poll the vendor does not answer ends with the wait: 504 or the error event on time', async () => {
+        const up = uniq('up-hung');
+        vendor.setPoll(up, { body: { status: 'running' }, delayMs: 30000 });
+        let t0 = Date.now();
+        const r = await create({ model: env.model, input: 'hi', up_id: up }, { timeoutMs: 40000 });
+        let took = Date.now() - t0;
+        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 4 s/ });
+        assert.ok(took < 6000, `answered after ${took} ms`);
+
+        const up2 = uniq('up-hung2');
+        vendor.setPoll(up2, { body: { status: 'running' }, delayMs: 30000 });
+        t0 = Date.now();
+        const st = await create({ model: env.model, input: 'hi', up_id: up2, stream: true },
+            { timeoutMs: 40000 });
+        took = Date.now() - t0;
+        const events = sseEvents(st.text);
+        assert.equal(events.at(-1).event, 'error', st.text);
+        assert.equal(JSON.parse(events.at(-1).data).code, 'task_timeout');
+        assert.ok(took < 6000, `ended after ${took} ms`);
+
+        /* the polls cut short counted no failure against the tasks */
+        for (const u of [up, up2]) {
+            const tid = vendor.submits().find((x) => x.json.up_id === u).headers['x-public-task-id'];
+            assert.equal(await pollFailures(db, tid), 0);
+            vendor.setPoll(u, { body: { status: 'done', data: { text: 'late' } } });
+        }
     });
 });
