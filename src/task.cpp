@@ -732,10 +732,20 @@ struct llmgw_tjob_s {
         err_message = std::move(message);
 
         if (void_on_fail && created && !voided) {
+            /* a finished task is voided (sql/028); one still running (a
+               stream's render failed before its end) fails as a poll
+               would fail it: either way FAILURE and refunded */
             voided = true;
             param[0] = task_id;
-            param[1] = "the result could not be rendered: " + err_message;
-            return sql("select llmgw_task_void($1, $2)", VOIDED, 2, 1);
+            param[1] = std::string(utf8_prefix(
+                "the result could not be rendered: " + err_message, 1000));
+            return sql("with v as (select llmgw_task_void($1, $2) as r) "
+                       "select case when (r ->> 'voided')::boolean then r "
+                       "else (select u || jsonb_build_object('voided', "
+                       "u -> 'applied' ? $1) from llmgw_task_update(null, "
+                       "jsonb_build_array(jsonb_build_object('task_id', $1, "
+                       "'status', 'FAILURE', 'fail_reason', $2))) as u) end "
+                       "from v", VOIDED, 2, 1);
         }
 
         return error_answer();
@@ -2579,6 +2589,10 @@ llmgw_tjob_s::responses_artifacts()
 {
     std::string err;
 
+    /* part of the render: a create's failing here leaves the client
+       nothing, as its render's does */
+    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE;
+
     if (!hook.ok) {
         return plugin_failed(nullptr);
     }
@@ -2678,9 +2692,10 @@ llmgw_tjob_s::responses_final()
 const llmgw_tstep_t *
 llmgw_tjob_s::responses_events()
 {
-    /* a sync create rendered by the events of a stream-only plugin: as
-       renderFinal's, a failure leaves the client nothing */
-    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE && !resp_stream;
+    /* a create's render failing leaves the client without its result (a
+       stream: whatever it sent before was not the result, and it ends
+       here), as renderFinal's does: its task fails and is refunded */
+    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE;
 
     if (!hook.ok) {
         return plugin_failed(nullptr);
@@ -2721,6 +2736,9 @@ llmgw_tjob_s::responses_events()
         return responses_answer(obj.get());
     }
 
+    /* rendered: what fails later on (the wait's timeout) leaves the task
+       going */
+    void_on_fail = false;
     resp_state = Json(json_incref(json_object_get(r, "state")));
     stream_done = json_is_true(done)
                   || terminal(json_str(proto_view.get(), "status"));

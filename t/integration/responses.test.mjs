@@ -270,6 +270,63 @@ describe('host_responses', { timeout: 180000 }, () => {
         assert.equal(g.json.seen.operation, 'retrieve');
     });
 
+    test('stream: a renderEvents that fails fails the task and refunds it, and says so', async () => {
+        /* a result final at once: nothing was sent, the answer is the error */
+        const acct = await account(gw);
+        vendor.onSubmit = (rec, n) => ({ status: 200, body: { id: `evt-${n}`,
+            immediate: { status: 'SUCCESS', data: { text: 'hi', events: 'throw' } } } });
+        let r;
+        try {
+            r = await create({ model: streamOnly.model, input: 'hi', stream: true }, { key: acct.key });
+        } finally {
+            vendor.onSubmit = null;
+        }
+        assertError(r, 500, { code: 'plugin_error',
+            message: /events broke.*; task \S+ was failed and refunded/ });
+        const id = /task (\S+) was failed/.exec(r.json.error.message)[1];
+        assert.equal((await waitLedger(db, id, ['reserve', 'refund'])).refund, PER_TASK);
+        await expectUsed(gw, db, acct, 0);
+
+        /* polled to its end: the stream's error event says it */
+        const acct2 = await account(gw);
+        const up = uniq('up-evthrow');
+        vendor.setPoll(up, { body: { status: 'done', data: { text: 'hi', events: 'throw' } } });
+        const st = await create({ model: streamOnly.model, input: 'hi', up_id: up, stream: true },
+            { key: acct2.key });
+        assert.equal(st.status, 200, st.text);
+        let events = sseEvents(st.text);
+        assert.deepEqual(events.map((e) => e.event), ['response.created', 'error'], st.text);
+        let e = JSON.parse(events[1].data);
+        assert.equal(e.code, 'plugin_error');
+        assert.match(e.message, /events broke.*; task (\S+) was failed and refunded \(request id: [0-9a-f]+\)$/);
+        const id2 = /task (\S+) was failed/.exec(e.message)[1];
+        assert.equal((await waitLedger(db, id2, ['reserve', 'refund'])).refund, PER_TASK);
+        await expectUsed(gw, db, acct2, 0);
+        /* its retrieval answers the failed Response, not an error */
+        const g = assertOk(await retrieve(id2, { key: acct2.key }), 'GET');
+        assertResponse(g.json, { status: 'failed', model: streamOnly.model });
+        assert.match(g.json.error.message, /^the result could not be rendered: .*events broke/);
+
+        /* a render that fails while the task runs: the client gets no result
+           either, so the task fails and is refunded there and then */
+        const acct3 = await account(gw);
+        const up3 = uniq('up-evrun');
+        vendor.setPoll(up3, { body: { status: 'running', progress: 'unrenderable' } });
+        const st3 = await create({ model: env.model, input: 'hi', up_id: up3, stream: true },
+            { key: acct3.key });
+        events = sseEvents(st3.text);
+        assert.deepEqual(events.map((x) => x.event), ['response.created', 'error'], st3.text);
+        e = JSON.parse(events[1].data);
+        assert.match(e.message, /events broke while running.*; task \S+ was failed and refunded/);
+        const id3 = /task (\S+) was failed/.exec(e.message)[1];
+        assert.equal((await waitLedger(db, id3, ['reserve', 'refund'])).refund, PER_TASK);
+        /* the vendor finishing later changes nothing */
+        vendor.setPoll(up3, { body: { status: 'done', data: { text: 'late' } } });
+        await sleep(4 * POLL_MS);
+        assertResponse(assertOk(await retrieve(id3, { key: acct3.key })).json, { status: 'failed' });
+        await expectUsed(gw, db, acct3, 0);
+    });
+
     test('past llmgw_task_wait_timeout: sync is 504 task_timeout, a stream ends with an error event', async () => {
         const up = uniq('up-slow');
         const r = await create({ model: env.model, input: 'hi', up_id: up },
