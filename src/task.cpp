@@ -945,6 +945,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *responses_events();
     const llmgw_tstep_t *responses_emitted();
     const llmgw_tstep_t *responses_answer(json_t *obj);
+    void response_members(json_t *obj);
     json_t *pending_response();
     json_t *artifact_task_arg(const json_t *view);
     void note_row(const json_t *row)
@@ -2651,9 +2652,9 @@ llmgw_tjob_s::responses_hook()
 }
 
 
-/* A Response object completed by the host: its id is the task's. */
-const llmgw_tstep_t *
-llmgw_tjob_s::responses_answer(json_t *obj)
+/* The host's members of a Response object: its id is the task's. */
+void
+llmgw_tjob_s::response_members(json_t *obj)
 {
     const json_t *view = proto_view.get();
     std::string_view status = json_str(view, "status");
@@ -2666,7 +2667,13 @@ llmgw_tjob_s::responses_answer(json_t *obj)
     if (!json_is_string(json_object_get(obj, "status"))) {
         json_object_set_new(obj, "status", json_string(video_status(status)));
     }
+}
 
+
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_answer(json_t *obj)
+{
+    response_members(obj);
     return respond_json(200, obj);
 }
 
@@ -2718,13 +2725,20 @@ llmgw_tjob_s::responses_events()
     json_t *e;
 
     json_array_foreach(events, i, e) {
+        /* the Response an event carries (response.created, ...completed,
+           its data's when framed) gets the host's members */
+        json_t *resp = json_object_get(e, "response");
+        if (!json_is_object(resp)) {
+            resp = json_object_get(json_object_get(e, "data"), "response");
+        }
+        if (json_is_object(resp)) {
+            response_members(resp);
+            last_response = resp;
+        }
         if (!sse_event(e, text)) {
             return fail(500, "gateway_error", "plugin_error",
                         hook_name_ + ": event " + std::to_string(i)
                         + " has an event name or id that is not one line");
-        }
-        if (json_is_object(json_object_get(e, "response"))) {
-            last_response = json_object_get(e, "response");
         }
     }
 

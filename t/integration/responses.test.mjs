@@ -215,8 +215,14 @@ describe('host_responses', { timeout: 180000 }, () => {
         /* a framed event: its event name, id and data as given, a data line
            for each line however it ends (a lone CR too) */
         assert.match(r.text, /event: note\nid: n1\ndata: two\ndata: lines\ndata: three\ndata: four\n\n/);
+        /* the Responses the events carry get the host's members: the task's id */
+        const created = JSON.parse(events[0].data).response;
+        assertResponse(created, { status: 'in_progress' });
+        const tid = vendor.submits().find((x) => x.json.up_id === up).headers['x-public-task-id'];
+        assert.equal(created.id, tid);
         const done = JSON.parse(events[4].data).response;
-        assert.equal(done.status, 'completed');
+        assertResponse(done, { status: 'completed' });
+        assert.equal(done.id, tid, 'the plugin\'s id is replaced');
         assert.equal(done.seen.stream, true);
         assert.match(done.output[0].content[1].url, /\/artifacts\/image\/content\?expires=/);
 
