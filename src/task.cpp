@@ -1766,6 +1766,16 @@ llmgw_tjob_s::after_parse()
         }
     }
 
+    if (resp_background && (!task_data || json_is_null(task_data.get())
+                            || json_is_object(task_data.get())))
+    {
+        /* a background Response says so when retrieved while it runs */
+        Json d(task_data && json_is_object(task_data.get())
+               ? json_deep_copy(task_data.get()) : json_object());
+        json_object_set_new(d.get(), "background", json_true());
+        task_data = std::move(d);
+    }
+
     /*
      * What would be stored over the limit is refused as a poll's result
      * would be; here, after the vendor answered, like any other result the
@@ -2514,7 +2524,11 @@ llmgw_tjob_s::pending_response()
                         unix_seconds(json_object_get(view, "created_at")));
     json_object_set_new(o, "status", json_string(video_status(status)));
     json_object_set_new(o, "model", jstr(model));
-    json_object_set_new(o, "background", json_boolean(resp_background));
+    json_object_set_new(o, "background",
+                        json_boolean(resp_background
+                                     || json_is_true(json_object_get(
+                                            json_object_get(view, "data"),
+                                            "background"))));
     json_object_set_new(o, "output", json_array());
 
     if (status == "FAILURE") {

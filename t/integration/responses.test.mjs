@@ -178,6 +178,8 @@ describe('host_responses', { timeout: 180000 }, () => {
         vendor.setPoll(up, { body: { status: 'running', progress: '30%' } });
         await waitFor(async () => (await retrieve(r.json.id)).json.status === 'in_progress',
             8000, { what: 'in_progress' });
+        /* retrieved while it runs, it is still the background Response it was made */
+        assert.equal((await retrieve(r.json.id)).json.background, true);
         vendor.setPoll(up, { body: { status: 'done', data: { text: 'later' } } });
         await waitFor(async () => (await retrieve(r.json.id)).json.status === 'completed',
             8000, { what: 'completed' });
@@ -351,6 +353,12 @@ describe('host_responses', { timeout: 180000 }, () => {
         assert.equal(e.type, 'error');
         assert.equal(e.code, 'task_timeout');
         assert.match(e.message, /\(request id: [0-9a-f]+\)$/);
+
+        /* retrieved while it runs: not a background Response */
+        const pendingTid = vendor.submits().find((x) => x.json.up_id === up).headers['x-public-task-id'];
+        const p = assertOk(await retrieve(pendingTid));
+        assert.equal(p.json.id, pendingTid);
+        assert.equal(p.json.background, false, JSON.stringify(p.json));
 
         /* the tasks go on in the background and end */
         vendor.setPoll(up, { body: { status: 'done', data: { text: 'late' } } });
