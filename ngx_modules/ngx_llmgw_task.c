@@ -522,7 +522,7 @@ static ngx_int_t
 ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     ngx_uint_t pipe)
 {
-    ngx_msec_t               lease;
+    ngx_msec_t               lease, wait;
     ngx_llmgw_http_opts_t    opts;
     const llmgw_outbound_t  *o = st->out;
 
@@ -575,6 +575,15 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
         lease = ngx_llmgw_task_mcf->task_lease;
         opts.deadline = rn->claimed + (lease - lease / 8)
                         - NGX_LLMGW_LEASE_MARGIN;
+    }
+
+    if (st->deadline_ms > 0) {
+        /* a request's poll ends with its wait for the task */
+        wait = ngx_current_msec + (ngx_msec_t) st->deadline_ms;
+        if (opts.deadline == 0 || (ngx_msec_int_t) (wait - opts.deadline) < 0)
+        {
+            opts.deadline = wait;
+        }
     }
 
     rn->http = ngx_llmgw_http_start(&opts, ngx_llmgw_task_log);

@@ -51,6 +51,9 @@ constexpr int kCreateTries = 6;
    replaced after llmgw_v8host_timeout's default and 5 s), and between tries */
 constexpr int64_t kRuntimeWaitMs = 30000;
 constexpr int64_t kRuntimeRetryMs = 1000;
+/* a poll that timed out this close to the end of its request's wait was
+   ended by the wait (nginx's clock lags the engine's by a little) */
+constexpr int64_t kWaitSlackMs = 250;
 
 const char *const kStatuses[] = {
     "NOT_START", "SUBMITTED", "QUEUED", "IN_PROGRESS", "SUCCESS", "FAILURE",
@@ -445,7 +448,7 @@ struct llmgw_tjob_s {
         BUILT, SENT, STREAMING, EVENT, PARSED, SUBMIT_USAGE, FINAL_USAGE,
         CREATED, RENDERED, ERROR_RENDERED, RUNTIME_SLEPT,
         /* a request waiting for its task */
-        WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, DOWNLOADED,
+        WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, WAIT_RELEASED, DOWNLOADED,
         /* artifacts */
         ART_LOOKED, ART_LISTED, CONTENT_BUILT, PIPED,
         /* host_responses */
@@ -485,6 +488,7 @@ struct llmgw_tjob_s {
     std::chrono::steady_clock::time_point runtime_wait_start;
     bool                     runtime_waiting = false;
     Phase                    runtime_phase = START;
+    bool                     wait_over = false;  /* a poll ran to its end */
     bool                     in_request_poll = false;
     /* a failure from here fails and refunds the task this request created
        (its result was not rendered); voided once that was asked */
@@ -636,6 +640,10 @@ struct llmgw_tjob_s {
             return wait_look();
         }
         step.kind = kind;
+        if (kind == LLMGW_TSTEP_HTTP && in_request_poll) {
+            /* a poll made while a request waits ends with the wait */
+            step.deadline_ms = std::max<int64_t>(wait_left_ms(), 1);
+        }
         busy = kind != LLMGW_TSTEP_WAIT && kind != LLMGW_TSTEP_SLEEP
                && kind != LLMGW_TSTEP_RESPOND
                && kind != LLMGW_TSTEP_DONE && kind != LLMGW_TSTEP_HTTP_CANCEL
@@ -644,6 +652,15 @@ struct llmgw_tjob_s {
     }
 
     bool sse_mode_step = false;
+
+    /* What is left of llmgw_task_wait_timeout for a waiting request. */
+    int64_t wait_left_ms() const
+    {
+        auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now() - wait_start)
+                          .count();
+        return conf.wait_ms - waited;
+    }
 
     const llmgw_tstep_t *call(const char *hook_name, json_t *args_steal,
         Phase next)
@@ -761,10 +778,20 @@ struct llmgw_tjob_s {
         err_message = std::move(message);
 
         if (void_on_fail && created && !voided) {
+            /* a finished task is voided (sql/028); one still running (a
+               stream's render failed before its end) fails as a poll
+               would fail it: either way FAILURE and refunded */
             voided = true;
             param[0] = task_id;
-            param[1] = "the result could not be rendered: " + err_message;
-            return sql("select llmgw_task_void($1, $2)", VOIDED, 2, 1);
+            param[1] = std::string(utf8_prefix(
+                "the result could not be rendered: " + err_message, 1000));
+            return sql("with v as (select llmgw_task_void($1, $2) as r) "
+                       "select case when (r ->> 'voided')::boolean then r "
+                       "else (select u || jsonb_build_object('voided', "
+                       "u -> 'applied' ? $1) from llmgw_task_update(null, "
+                       "jsonb_build_array(jsonb_build_object('task_id', $1, "
+                       "'status', 'FAILURE', 'fail_reason', $2))) as u) end "
+                       "from v", VOIDED, 2, 1);
         }
 
         return error_answer();
@@ -982,6 +1009,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *responses_events();
     const llmgw_tstep_t *responses_emitted();
     const llmgw_tstep_t *responses_answer(json_t *obj);
+    void response_members(json_t *obj);
     json_t *pending_response();
     json_t *artifact_task_arg(const json_t *view);
     void note_row(const json_t *row)
@@ -1807,6 +1835,16 @@ llmgw_tjob_s::after_parse()
         }
     }
 
+    if (resp_background && (!task_data || json_is_null(task_data.get())
+                            || json_is_object(task_data.get())))
+    {
+        /* a background Response says so when retrieved while it runs */
+        Json d(task_data && json_is_object(task_data.get())
+               ? json_deep_copy(task_data.get()) : json_object());
+        json_object_set_new(d.get(), "background", json_true());
+        task_data = std::move(d);
+    }
+
     /*
      * What would be stored over the limit is refused as a poll's result
      * would be; here, after the vendor answered, like any other result the
@@ -2137,7 +2175,7 @@ llmgw_tjob_s::image_wait()
     auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
                       now - wait_start).count();
 
-    if (waited >= conf.wait_ms) {
+    if (wait_over || waited >= conf.wait_ms) {
         return fail(504, "gateway_error", "task_timeout",
                     "task " + task_id + " did not finish within "
                     + std::to_string(conf.wait_ms / 1000) + " s; it goes "
@@ -2603,7 +2641,11 @@ llmgw_tjob_s::pending_response()
                         unix_seconds(json_object_get(view, "created_at")));
     json_object_set_new(o, "status", json_string(video_status(status)));
     json_object_set_new(o, "model", jstr(model));
-    json_object_set_new(o, "background", json_boolean(resp_background));
+    json_object_set_new(o, "background",
+                        json_boolean(resp_background
+                                     || json_is_true(json_object_get(
+                                            json_object_get(view, "data"),
+                                            "background"))));
     json_object_set_new(o, "output", json_array());
 
     if (status == "FAILURE") {
@@ -2679,6 +2721,10 @@ llmgw_tjob_s::responses_artifacts()
 {
     std::string err;
 
+    /* part of the render: a create's failing here leaves the client
+       nothing, as its render's does */
+    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE;
+
     if (!hook.ok) {
         return plugin_failed(nullptr);
     }
@@ -2737,9 +2783,9 @@ llmgw_tjob_s::responses_hook()
 }
 
 
-/* A Response object completed by the host: its id is the task's. */
-const llmgw_tstep_t *
-llmgw_tjob_s::responses_answer(json_t *obj)
+/* The host's members of a Response object: its id is the task's. */
+void
+llmgw_tjob_s::response_members(json_t *obj)
 {
     const json_t *view = proto_view.get();
     std::string_view status = json_str(view, "status");
@@ -2752,7 +2798,13 @@ llmgw_tjob_s::responses_answer(json_t *obj)
     if (!json_is_string(json_object_get(obj, "status"))) {
         json_object_set_new(obj, "status", json_string(video_status(status)));
     }
+}
 
+
+const llmgw_tstep_t *
+llmgw_tjob_s::responses_answer(json_t *obj)
+{
+    response_members(obj);
     return respond_json(200, obj);
 }
 
@@ -2778,9 +2830,10 @@ llmgw_tjob_s::responses_final()
 const llmgw_tstep_t *
 llmgw_tjob_s::responses_events()
 {
-    /* a sync create rendered by the events of a stream-only plugin: as
-       renderFinal's, a failure leaves the client nothing */
-    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE && !resp_stream;
+    /* a create's render failing leaves the client without its result (a
+       stream: whatever it sent before was not the result, and it ends
+       here), as renderFinal's does: its task fails and is refunded */
+    void_on_fail = proto == LLMGW_TPROTO_RESPONSES_CREATE;
 
     if (!hook.ok) {
         return plugin_failed(nullptr);
@@ -2803,13 +2856,20 @@ llmgw_tjob_s::responses_events()
     json_t *e;
 
     json_array_foreach(events, i, e) {
+        /* the Response an event carries (response.created, ...completed,
+           its data's when framed) gets the host's members */
+        json_t *resp = json_object_get(e, "response");
+        if (!json_is_object(resp)) {
+            resp = json_object_get(json_object_get(e, "data"), "response");
+        }
+        if (json_is_object(resp)) {
+            response_members(resp);
+            last_response = resp;
+        }
         if (!sse_event(e, text)) {
             return fail(500, "gateway_error", "plugin_error",
                         hook_name_ + ": event " + std::to_string(i)
                         + " has an event name or id that is not one line");
-        }
-        if (json_is_object(json_object_get(e, "response"))) {
-            last_response = json_object_get(e, "response");
         }
     }
 
@@ -2821,6 +2881,9 @@ llmgw_tjob_s::responses_events()
         return responses_answer(obj.get());
     }
 
+    /* rendered: what fails later on (the wait's timeout) leaves the task
+       going */
+    void_on_fail = false;
     resp_state = Json(json_incref(json_object_get(r, "state")));
     stream_done = json_is_true(done)
                   || terminal(json_str(proto_view.get(), "status"));
@@ -3590,6 +3653,9 @@ llmgw_tjob_s::next_request()
     case WAIT_LOOKED:
         return wait_looked();
 
+    case WAIT_RELEASED:
+        return image_wait();
+
     case DOWNLOADED:
         return image_downloaded();
 
@@ -3847,6 +3913,26 @@ llmgw_tjob_s::poll_build()
 const llmgw_tstep_t *
 llmgw_tjob_s::poll_sent()
 {
+    if (in_request_poll && transport_timeout
+        && wait_left_ms() < kWaitSlackMs)
+    {
+        /*
+         * The request's wait ended while its poll was under way: the poll
+         * is given up uncounted (the vendor was not given its time), its
+         * lease given back so that the background pollers take the task at
+         * once, and the request answers task_timeout.
+         */
+        wait_over = true;
+        in_request_poll = false;
+        mode = REQUEST;
+        Json ids(json_array());
+        json_array_append_new(ids.get(), jstr(task_id));
+        param[0] = owner;
+        param[1] = json_dump_pg(ids.get());
+        return sql("select llmgw_task_release($1, $2::jsonb)", WAIT_RELEASED,
+                   2, 0);
+    }
+
     if (!transport_error.empty()) {
         return fail_all(transport_error);
     }

@@ -116,6 +116,10 @@ typedef struct {
     const llmgw_outbound_t  *out;
     int64_t                  timeout_ms; /* HTTP: idle timeout of a stream */
     int                      resend;     /* HTTP: may be sent twice */
+    int64_t                  deadline_ms; /* HTTP: the call ends within
+                                             this many ms, whatever its
+                                             timeouts (a request's wait
+                                             for its task); 0: none */
     const char              *sql;
     const char              *params[4];
     int                      nparams;

@@ -25,8 +25,8 @@ import { after, before, describe, test } from 'node:test';
 import { assertError, assertOk, psql, uniq } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 import {
-    account, expectUsed, pluginSource, taskSetup, uploadPlugin, vendorSuite,
-    waitFor, waitLedger,
+    account, expectUsed, pluginSource, pollFailures, taskSetup, uploadPlugin,
+    vendorSuite, waitFor, waitLedger,
 } from '../lib/vendor.mjs';
 
 const POLL_MS = 200;
@@ -529,5 +529,28 @@ describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
             `select to_json(count(*)) from tasks where token_id = ${Number(env.acct.token.id)}
                and status = 'SUCCESS'`)) === 2, 8000, { what: 'the second task ends' });
         await expectUsed(gw, db, env.acct, 2 * PER_TASK);
+    });
+
+    test('a poll the vendor does not answer ends with the wait: 504 on time, the poll uncounted', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-hung');
+        vendor.setPoll(up, { body: { status: 'running' }, delayMs: 20000 });
+        const t0 = Date.now();
+        const r = await gw.req('POST', '/v1/images/generations',
+            { key: acct.key, body: { model: env.model, up_id: up }, timeoutMs: 30000 });
+        const took = Date.now() - t0;
+        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 1 s/ });
+        assert.ok(took < 3000, `answered after ${took} ms`);
+        assert.ok(vendor.polls(up).length >= 1, 'the request was polling');
+
+        /* the vendor was not given its time: no failure counted, and the
+           request's lease is given back to the background pollers */
+        const id = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+            where token_id = ${Number(acct.token.id)}`));
+        assert.equal(await pollFailures(db, id), 0);
+        const owner = JSON.parse(await psql(db.conninfo,
+            `select to_json(coalesce(lease_owner, '')) from tasks where task_id = '${id}'`));
+        assert.ok(!owner.startsWith('request:'), `leased to ${owner}`);
+        vendor.setPoll(up, { body: { status: 'done', data: { images: [] } } });
     });
 });

@@ -23,7 +23,8 @@ import { after, before, describe, test } from 'node:test';
 
 import { assertError, assertOk, sseEvents, uniq } from '../lib/harness.mjs';
 import {
-    account, expectUsed, sleep, taskSetup, vendorSuite, waitFor, waitLedger,
+    account, expectUsed, pollFailures, sleep, taskSetup, vendorSuite, waitFor,
+    waitLedger,
 } from '../lib/vendor.mjs';
 
 const POLL_MS = 200;
@@ -177,6 +178,8 @@ describe('host_responses', { timeout: 180000 }, () => {
         vendor.setPoll(up, { body: { status: 'running', progress: '30%' } });
         await waitFor(async () => (await retrieve(r.json.id)).json.status === 'in_progress',
             8000, { what: 'in_progress' });
+        /* retrieved while it runs, it is still the background Response it was made */
+        assert.equal((await retrieve(r.json.id)).json.background, true);
         vendor.setPoll(up, { body: { status: 'done', data: { text: 'later' } } });
         await waitFor(async () => (await retrieve(r.json.id)).json.status === 'completed',
             8000, { what: 'completed' });
@@ -214,8 +217,14 @@ describe('host_responses', { timeout: 180000 }, () => {
         /* a framed event: its event name, id and data as given, a data line
            for each line however it ends (a lone CR too) */
         assert.match(r.text, /event: note\nid: n1\ndata: two\ndata: lines\ndata: three\ndata: four\n\n/);
+        /* the Responses the events carry get the host's members: the task's id */
+        const created = JSON.parse(events[0].data).response;
+        assertResponse(created, { status: 'in_progress' });
+        const tid = vendor.submits().find((x) => x.json.up_id === up).headers['x-public-task-id'];
+        assert.equal(created.id, tid);
         const done = JSON.parse(events[4].data).response;
-        assert.equal(done.status, 'completed');
+        assertResponse(done, { status: 'completed' });
+        assert.equal(done.id, tid, 'the plugin\'s id is replaced');
         assert.equal(done.seen.stream, true);
         assert.match(done.output[0].content[1].url, /\/artifacts\/image\/content\?expires=/);
 
@@ -269,6 +278,63 @@ describe('host_responses', { timeout: 180000 }, () => {
         assert.equal(g.json.seen.operation, 'retrieve');
     });
 
+    test('stream: a renderEvents that fails fails the task and refunds it, and says so', async () => {
+        /* a result final at once: nothing was sent, the answer is the error */
+        const acct = await account(gw);
+        vendor.onSubmit = (rec, n) => ({ status: 200, body: { id: `evt-${n}`,
+            immediate: { status: 'SUCCESS', data: { text: 'hi', events: 'throw' } } } });
+        let r;
+        try {
+            r = await create({ model: streamOnly.model, input: 'hi', stream: true }, { key: acct.key });
+        } finally {
+            vendor.onSubmit = null;
+        }
+        assertError(r, 500, { code: 'plugin_error',
+            message: /events broke.*; task \S+ was failed and refunded/ });
+        const id = /task (\S+) was failed/.exec(r.json.error.message)[1];
+        assert.equal((await waitLedger(db, id, ['reserve', 'refund'])).refund, PER_TASK);
+        await expectUsed(gw, db, acct, 0);
+
+        /* polled to its end: the stream's error event says it */
+        const acct2 = await account(gw);
+        const up = uniq('up-evthrow');
+        vendor.setPoll(up, { body: { status: 'done', data: { text: 'hi', events: 'throw' } } });
+        const st = await create({ model: streamOnly.model, input: 'hi', up_id: up, stream: true },
+            { key: acct2.key });
+        assert.equal(st.status, 200, st.text);
+        let events = sseEvents(st.text);
+        assert.deepEqual(events.map((e) => e.event), ['response.created', 'error'], st.text);
+        let e = JSON.parse(events[1].data);
+        assert.equal(e.code, 'plugin_error');
+        assert.match(e.message, /events broke.*; task (\S+) was failed and refunded \(request id: [0-9a-f]+\)$/);
+        const id2 = /task (\S+) was failed/.exec(e.message)[1];
+        assert.equal((await waitLedger(db, id2, ['reserve', 'refund'])).refund, PER_TASK);
+        await expectUsed(gw, db, acct2, 0);
+        /* its retrieval answers the failed Response, not an error */
+        const g = assertOk(await retrieve(id2, { key: acct2.key }), 'GET');
+        assertResponse(g.json, { status: 'failed', model: streamOnly.model });
+        assert.match(g.json.error.message, /^the result could not be rendered: .*events broke/);
+
+        /* a render that fails while the task runs: the client gets no result
+           either, so the task fails and is refunded there and then */
+        const acct3 = await account(gw);
+        const up3 = uniq('up-evrun');
+        vendor.setPoll(up3, { body: { status: 'running', progress: 'unrenderable' } });
+        const st3 = await create({ model: env.model, input: 'hi', up_id: up3, stream: true },
+            { key: acct3.key });
+        events = sseEvents(st3.text);
+        assert.deepEqual(events.map((x) => x.event), ['response.created', 'error'], st3.text);
+        e = JSON.parse(events[1].data);
+        assert.match(e.message, /events broke while running.*; task \S+ was failed and refunded/);
+        const id3 = /task (\S+) was failed/.exec(e.message)[1];
+        assert.equal((await waitLedger(db, id3, ['reserve', 'refund'])).refund, PER_TASK);
+        /* the vendor finishing later changes nothing */
+        vendor.setPoll(up3, { body: { status: 'done', data: { text: 'late' } } });
+        await sleep(4 * POLL_MS);
+        assertResponse(assertOk(await retrieve(id3, { key: acct3.key })).json, { status: 'failed' });
+        await expectUsed(gw, db, acct3, 0);
+    });
+
     test('past llmgw_task_wait_timeout: sync is 504 task_timeout, a stream ends with an error event', async () => {
         const up = uniq('up-slow');
         const r = await create({ model: env.model, input: 'hi', up_id: up },
@@ -288,11 +354,45 @@ describe('host_responses', { timeout: 180000 }, () => {
         assert.equal(e.code, 'task_timeout');
         assert.match(e.message, /\(request id: [0-9a-f]+\)$/);
 
+        /* retrieved while it runs: not a background Response */
+        const pendingTid = vendor.submits().find((x) => x.json.up_id === up).headers['x-public-task-id'];
+        const p = assertOk(await retrieve(pendingTid));
+        assert.equal(p.json.id, pendingTid);
+        assert.equal(p.json.background, false, JSON.stringify(p.json));
+
         /* the tasks go on in the background and end */
         vendor.setPoll(up, { body: { status: 'done', data: { text: 'late' } } });
         vendor.setPoll(up2, { body: { status: 'done', data: { text: 'late' } } });
         const tid = vendor.submits().find((x) => x.json.up_id === up).headers['x-public-task-id'];
         await waitFor(async () => (await retrieve(tid)).json.status === 'completed', 8000,
             { what: 'the task ended in the background' });
+    });
+
+    test('a poll the vendor does not answer ends with the wait: 504 or the error event on time', async () => {
+        const up = uniq('up-hung');
+        vendor.setPoll(up, { body: { status: 'running' }, delayMs: 30000 });
+        let t0 = Date.now();
+        const r = await create({ model: env.model, input: 'hi', up_id: up }, { timeoutMs: 40000 });
+        let took = Date.now() - t0;
+        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 4 s/ });
+        assert.ok(took < 6000, `answered after ${took} ms`);
+
+        const up2 = uniq('up-hung2');
+        vendor.setPoll(up2, { body: { status: 'running' }, delayMs: 30000 });
+        t0 = Date.now();
+        const st = await create({ model: env.model, input: 'hi', up_id: up2, stream: true },
+            { timeoutMs: 40000 });
+        took = Date.now() - t0;
+        const events = sseEvents(st.text);
+        assert.equal(events.at(-1).event, 'error', st.text);
+        assert.equal(JSON.parse(events.at(-1).data).code, 'task_timeout');
+        assert.ok(took < 6000, `ended after ${took} ms`);
+
+        /* the polls cut short counted no failure against the tasks */
+        for (const u of [up, up2]) {
+            const tid = vendor.submits().find((x) => x.json.up_id === u).headers['x-public-task-id'];
+            assert.equal(await pollFailures(db, tid), 0);
+            vendor.setPoll(u, { body: { status: 'done', data: { text: 'late' } } });
+        }
     });
 });
