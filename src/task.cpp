@@ -653,6 +653,20 @@ struct llmgw_tjob_s {
 
     bool sse_mode_step = false;
 
+    /* Milliseconds since *start, set by the first call (*started). */
+    static int64_t waited_ms(bool *started,
+        std::chrono::steady_clock::time_point *start)
+    {
+        auto now = std::chrono::steady_clock::now();
+
+        if (!*started) {
+            *started = true;
+            *start = now;
+        }
+        return std::chrono::duration_cast<std::chrono::milliseconds>(
+                   now - *start).count();
+    }
+
     /* What is left of llmgw_task_wait_timeout for a waiting request. */
     int64_t wait_left_ms() const
     {
@@ -660,6 +674,15 @@ struct llmgw_tjob_s {
                           std::chrono::steady_clock::now() - wait_start)
                           .count();
         return conf.wait_ms - waited;
+    }
+
+    /* A pause of ms, then the step of phase next. */
+    const llmgw_tstep_t *sleep_then(int64_t ms, Phase next)
+    {
+        step = llmgw_tstep_t {};
+        step.amount = ms;
+        phase = next;
+        return emit(LLMGW_TSTEP_SLEEP);
     }
 
     const llmgw_tstep_t *call(const char *hook_name, json_t *args_steal,
@@ -706,22 +729,14 @@ struct llmgw_tjob_s {
             return nullptr;
         }
 
-        auto now = std::chrono::steady_clock::now();
-        if (!runtime_waiting) {
-            runtime_waiting = true;
-            runtime_wait_start = now;
-        }
-        int64_t waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-                             now - runtime_wait_start).count();
+        int64_t waited = waited_ms(&runtime_waiting, &runtime_wait_start);
         if (waited >= kRuntimeWaitMs) {
             return nullptr;
         }
 
         runtime_phase = phase;
-        step = llmgw_tstep_t {};
-        step.amount = std::min(kRuntimeRetryMs, kRuntimeWaitMs - waited);
-        phase = RUNTIME_SLEPT;
-        return emit(LLMGW_TSTEP_SLEEP);
+        return sleep_then(std::min(kRuntimeRetryMs, kRuntimeWaitMs - waited),
+                          RUNTIME_SLEPT);
     }
 
     std::string hook_name_;
@@ -2165,15 +2180,7 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
 const llmgw_tstep_t *
 llmgw_tjob_s::image_wait()
 {
-    auto now = std::chrono::steady_clock::now();
-
-    if (!waiting) {
-        waiting = true;
-        wait_start = now;
-    }
-
-    auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      now - wait_start).count();
+    int64_t waited = waited_ms(&waiting, &wait_start);
 
     if (wait_over || waited >= conf.wait_ms) {
         return fail(504, "gateway_error", "task_timeout",
@@ -2182,11 +2189,9 @@ llmgw_tjob_s::image_wait()
                     "on, and is settled when it ends");
     }
 
-    step = llmgw_tstep_t {};
-    step.amount = std::min<int64_t>({ conf.poll_interval_ms, 2000,
-                                      conf.wait_ms - waited });
-    phase = WAIT_SLEPT;
-    return emit(LLMGW_TSTEP_SLEEP);
+    return sleep_then(std::min<int64_t>({ conf.poll_interval_ms, 2000,
+                                          conf.wait_ms - waited }),
+                      WAIT_SLEPT);
 }
 
 
