@@ -10,13 +10,17 @@
 --   out), which recorded nothing: such a task is read as before, through
 --   any protocol its plugin claims for its model.
 --
--- llmgw_task_create takes a member protocol (a gateway from before this
--- file sends none); llmgw_task_json (the rows of llmgw_task_lookup) gives
--- it.
+--   tasks.background: a Response created with background: true, whose
+--   retrieval says so while it runs.
+--
+-- llmgw_task_create takes the members protocol (a gateway from before this
+-- file sends none) and background; llmgw_task_json (the rows of
+-- llmgw_task_lookup) gives them.
 
 ALTER TABLE tasks ADD COLUMN protocol text;
 -- after the ADD, so that the rows already there keep NULL
 ALTER TABLE tasks ALTER COLUMN protocol SET DEFAULT '';
+ALTER TABLE tasks ADD COLUMN background boolean NOT NULL DEFAULT false;
 
 ALTER FUNCTION llmgw_task_create(jsonb) RENAME TO llmgw_task_create_base;
 
@@ -29,7 +33,8 @@ DECLARE
     r jsonb := llmgw_task_create_base(t);
 BEGIN
     IF NOT t ? 'protocol' OR coalesce(t ->> 'protocol', '') <> '' THEN
-        UPDATE tasks SET protocol = nullif(t ->> 'protocol', '')
+        UPDATE tasks SET protocol = nullif(t ->> 'protocol', ''),
+                         background = coalesce(t -> 'background' = 'true', false)
          WHERE task_id = t ->> 'task_id' AND protocol = '';
     END IF;
     RETURN r;
@@ -38,5 +43,6 @@ END $$;
 CREATE OR REPLACE FUNCTION llmgw_task_json(t tasks) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
     SELECT llmgw_task_json_text(t)::jsonb
-           || jsonb_build_object('protocol', t.protocol)
+           || jsonb_build_object('protocol', t.protocol,
+                                 'background', t.background)
 $$;

@@ -510,6 +510,7 @@ struct llmgw_tjob_s {
     /* host_responses: the request's mode, a stream's progress */
     bool                     resp_stream = false;
     bool                     resp_background = false;
+    bool                     made_background = false;  /* the task read */
     bool                     emitting = false;   /* the stream's head sent */
     bool                     stream_done = false;
     bool                     arts_injected = false;
@@ -1030,6 +1031,7 @@ struct llmgw_tjob_s {
     void note_row(const json_t *row)
     {
         producer_version = std::string(json_str(row, "plugin_version"));
+        made_background = json_is_true(json_object_get(row, "background"));
         if (action.empty()) {
             action = std::string(json_str(row, "action"));
         }
@@ -1850,16 +1852,6 @@ llmgw_tjob_s::after_parse()
         }
     }
 
-    if (resp_background && (!task_data || json_is_null(task_data.get())
-                            || json_is_object(task_data.get())))
-    {
-        /* a background Response says so when retrieved while it runs */
-        Json d(task_data && json_is_object(task_data.get())
-               ? json_deep_copy(task_data.get()) : json_object());
-        json_object_set_new(d.get(), "background", json_true());
-        task_data = std::move(d);
-    }
-
     /*
      * What would be stored over the limit is refused as a poll's result
      * would be; here, after the vendor answered, like any other result the
@@ -1954,6 +1946,7 @@ llmgw_tjob_s::create_task()
     json_object_set_new(t.get(), "upstream_model", jstr(upstream_model));
     /* a protocol's retrievals read only the tasks made through it */
     json_object_set_new(t.get(), "protocol", jstr(protocol));
+    json_object_set_new(t.get(), "background", json_boolean(resp_background));
 
     bool retain = retains();
 
@@ -2647,10 +2640,7 @@ llmgw_tjob_s::pending_response()
     json_object_set_new(o, "status", json_string(video_status(status)));
     json_object_set_new(o, "model", jstr(model));
     json_object_set_new(o, "background",
-                        json_boolean(resp_background
-                                     || json_is_true(json_object_get(
-                                            json_object_get(view, "data"),
-                                            "background"))));
+                        json_boolean(resp_background || made_background));
     json_object_set_new(o, "output", json_array());
 
     if (status == "FAILURE") {

@@ -180,6 +180,10 @@ describe('host_responses', { timeout: 180000 }, () => {
             8000, { what: 'in_progress' });
         /* retrieved while it runs, it is still the background Response it was made */
         assert.equal((await retrieve(r.json.id)).json.background, true);
+        /* the mode is the host's record, not part of the task's data */
+        const tv = assertOk(await gw.req('GET', `/v1/tasks/${r.json.id}`, { key: env.acct.key }));
+        assert.equal(JSON.stringify(tv.json.data ?? null).includes('background'), false,
+            JSON.stringify(tv.json));
         vendor.setPoll(up, { body: { status: 'done', data: { text: 'later' } } });
         await waitFor(async () => (await retrieve(r.json.id)).json.status === 'completed',
             8000, { what: 'completed' });

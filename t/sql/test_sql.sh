@@ -952,14 +952,14 @@ expect_eq "a failed create leaves nothing" "$(sql "SELECT count(*) FROM tasks WH
 
 # sql/033: the protocol a task was created through ('' for none); a create
 # that names none (a gateway from before 033) leaves it unknown (NULL)
-task_create "$(tj p1 '{"quota_reserve":0,"poll_interval_ms":60000,"protocol":"host_video"}')"
+task_create "$(tj p1 '{"quota_reserve":0,"poll_interval_ms":60000,"protocol":"host_responses","background":true}')"
 task_create "$(tj p2 '{"quota_reserve":0,"poll_interval_ms":60000,"protocol":""}')"
 task_create "$(tj p3 '{"quota_reserve":0,"poll_interval_ms":60000}')"
-task_create "$(tj p1 '{"quota_reserve":0,"poll_interval_ms":60000,"protocol":"host_responses"}')"
+task_create "$(tj p1 '{"quota_reserve":0,"poll_interval_ms":60000,"protocol":"host_video"}')"
 expect_eq "tasks.protocol: named, none, unknown; a repeated create changes nothing" \
-    "$(sql "SELECT string_agg(coalesce(protocol, 'NULL'), ',' ORDER BY task_id) FROM tasks WHERE task_id IN ('${T}_p1', '${T}_p2', '${T}_p3')")" "host_video,,NULL"
+    "$(sql "SELECT string_agg(coalesce(protocol, 'NULL') || ' ' || background, ',' ORDER BY task_id) FROM tasks WHERE task_id IN ('${T}_p1', '${T}_p2', '${T}_p3')")" "host_responses true, false,NULL false"
 task_lookup "$TU" "[\"${T}_p1\",\"${T}_p3\"]"
-expect "llmgw_task_lookup gives the protocol" '[.tasks[].protocol] == ["host_video", null]'
+expect "llmgw_task_lookup gives the protocol and the background mode" '[.tasks[] | [.protocol, .background]] == [["host_responses", true], [null, false]]'
 
 
 echo "== tasks: llmgw_task_void"
