@@ -337,16 +337,18 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         if (which == LLMGW_RL_SUCCESS) {
             llmgw_verdict_set(&v, NGX_HTTP_TOO_MANY_REQUESTS, "gateway_error",
                               "rate_limit_exceeded", "rate limit exceeded: "
-                              "at most %u successful requests in %d minutes "
+                              "at most %u successful requests in %d minute%s "
                               "(a request under way holds a slot until it "
                               "ends)", (unsigned) rl.success,
-                              (int) (rl.window_ms / 60000));
+                              (int) (rl.window_ms / 60000),
+                              rl.window_ms == 60000 ? "" : "s");
         } else {
             llmgw_verdict_set(&v, NGX_HTTP_TOO_MANY_REQUESTS, "gateway_error",
                               "rate_limit_exceeded", "rate limit exceeded: "
-                              "at most %u requests in %d minutes (failed "
+                              "at most %u requests in %d minute%s (failed "
                               "requests count too)", (unsigned) rl.total,
-                              (int) (rl.window_ms / 60000));
+                              (int) (rl.window_ms / 60000),
+                              rl.window_ms == 60000 ? "" : "s");
         }
 
         return ngx_llmgw_send_error(r, ctx, &v);

@@ -68,7 +68,7 @@ describe('rate limits', { timeout: 180000 }, () => {
         assert.equal(passed.length, 5, `statuses: ${rs.map((r) => r.status).join(',')}`);
         passed.forEach((r) => assertOk(r));
         rs.filter((r) => r.status === 429)
-            .forEach((r) => assertLimited(r, /at most 5 requests in 1 minutes?\b/));
+            .forEach((r) => assertLimited(r, /at most 5 requests in 1 minute\b/));
         assert.equal(upstreamCalls() - before, 5, 'limited requests reach no upstream');
         const workers = new Set(rs.map((r) => r.headers['x-worker']));
         assert.equal(workers.size, 2, `served by workers ${[...workers]}`);
@@ -79,16 +79,16 @@ describe('rate limits', { timeout: 180000 }, () => {
         for (let i = 0; i < 5; i++) {
             assertError(await badJson(key), 400, { code: 'invalid_json' });
         }
-        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minute\b/);
     });
 
     test('model listings count toward the total limit, and are limited too', async () => {
         const { key } = await makeUserKey(gw, { group: 'two' });
         assertOk(await gw.req('GET', '/v1/models', { key }));
         assertOk(await gw.chat(key, M));
-        assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minute\b/);
         assertLimited(await gw.req('GET', '/v1/models', { key }),
-            /at most 2 requests in 1 minutes?\b/);
+            /at most 2 requests in 1 minute\b/);
     });
 
     test('a key spent within the key cache is refused before the limit: its 401s do not count', async () => {
@@ -105,7 +105,7 @@ describe('rate limits', { timeout: 180000 }, () => {
         assert.equal(upstreamCalls(), before);
         /* the user's other key has the second request of the window */
         assertOk(await gw.chat(other, M), 'the 401s took no slot');
-        assertLimited(await gw.chat(other, M), /at most 2 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(other, M), /at most 2 requests in 1 minute\b/);
     });
 
     test('keys of other users keep their own budget', async () => {
@@ -120,7 +120,7 @@ describe('rate limits', { timeout: 180000 }, () => {
         const { key } = await makeUserKey(gw, { group: 'two' });
         assertOk(await gw.chat(key, M));
         assertOk(await gw.chat(key, M));
-        assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(key, M), /at most 2 requests in 1 minute\b/);
     });
 
     test('the success limit counts only successful requests', async () => {
@@ -132,7 +132,7 @@ describe('rate limits', { timeout: 180000 }, () => {
         assertOk(await gw.chat(key, M));
         assertOk(await gw.chat(key, M));
         assertLimited(await gw.chat(key, M),
-            /at most 2 successful requests in 1 minutes? \(a request under way holds a slot until it ends\)/);
+            /at most 2 successful requests in 1 minute \(a request under way holds a slot until it ends\)/);
         assert.equal(upstreamCalls() - before, 2);
     });
 
@@ -150,7 +150,7 @@ describe('rate limits', { timeout: 180000 }, () => {
             assert.equal(rs.filter((r) => r.status === 200).length, 2,
                 `statuses: ${rs.map((r) => r.status).join(',')}`);
             rs.filter((r) => r.status !== 200).forEach((r) =>
-                assertLimited(r, /at most 2 successful requests in 1 minutes?\b/));
+                assertLimited(r, /at most 2 successful requests in 1 minute\b/));
             assert.equal(upstreamCalls() - before, 2);
         } finally {
             mock.handler = plain;
@@ -164,23 +164,23 @@ describe('rate limits', { timeout: 180000 }, () => {
         }
         /* lowered below what was used: refused */
         await putLimits({ chg: 3 });
-        assertLimited(await gw.chat(key, M), /at most 3 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(key, M), /at most 3 requests in 1 minute\b/);
 
         /* another user spends the 3, then the limit is raised to 5: two more */
         const other = (await makeUserKey(gw, { group: 'chg' })).key;
         for (let i = 0; i < 3; i++) {
             assertOk(await gw.chat(other, M));
         }
-        assertLimited(await gw.chat(other, M), /at most 3 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(other, M), /at most 3 requests in 1 minute\b/);
         await putLimits({ chg: 5 });
         assertOk(await gw.chat(other, M));
         assertOk(await gw.chat(other, M));
-        assertLimited(await gw.chat(other, M), /at most 5 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(other, M), /at most 5 requests in 1 minute\b/);
 
         /* the first user's 4 still count after the limit went down and up
            again: one more */
         assertOk(await gw.chat(key, M));
-        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minute\b/);
     });
 
     test('keys of one user in two groups: each group keeps its own log', async () => {
@@ -190,12 +190,12 @@ describe('rate limits', { timeout: 180000 }, () => {
         for (let i = 0; i < 5; i++) {
             assertOk(await gw.chat(key, M));
         }
-        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minute\b/);
         /* a request under the other group neither resets nor shrinks it */
         assertOk(await gw.chat(other, M));
         assertOk(await gw.chat(other, M));
-        assertLimited(await gw.chat(other, M), /at most 2 requests in 1 minutes?\b/);
-        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minutes?\b/);
+        assertLimited(await gw.chat(other, M), /at most 2 requests in 1 minute\b/);
+        assertLimited(await gw.chat(key, M), /at most 5 requests in 1 minute\b/);
     });
 
     test('a changed limit applies within 1 s', async () => {
@@ -206,7 +206,7 @@ describe('rate limits', { timeout: 180000 }, () => {
             `statuses: ${rs.map((x) => x.status).join(',')}`);
         const limited = rs.filter((x) => x.status === 429);
         assert.equal(limited.length, 5);
-        assertLimited(limited[0], /at most 3 requests in 1 minutes?\b/);
+        assertLimited(limited[0], /at most 3 requests in 1 minute\b/);
     });
 });
 
