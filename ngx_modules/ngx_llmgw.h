@@ -33,6 +33,7 @@ typedef struct {
     ngx_msec_t                 refresh_interval;
     ngx_uint_t                 key_cache_size;
     ngx_msec_t                 key_cache_ttl;
+    ngx_msec_t                 key_cache_stale;
     ngx_shm_zone_t            *shm_zone;
     ssize_t                    shm_size;
     ngx_uint_t                 keepalive;
@@ -277,6 +278,7 @@ void ngx_llmgw_pg_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_llmgw_pg_query(const char *sql, int nparams,
     const char *const *params, const int *lengths,
     ngx_llmgw_pg_handler_pt handler, void *data);
+ngx_uint_t ngx_llmgw_pg_failing(ngx_msec_t ms);
 /* One blocking statement at worker exit only, never while serving. */
 ngx_int_t ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
     const u_char *copy, size_t len, ngx_llmgw_pg_handler_pt handler,

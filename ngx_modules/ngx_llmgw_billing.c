@@ -90,7 +90,8 @@ ngx_llmgw_bal_find(ngx_llmgw_shm_t *sh, ngx_uint_t kind, int64_t id)
 /*
  * How long a balance is kept after its last change although idle: a
  * worker's cached key record is at most llmgw_key_cache_ttl old (read
- * within llmgw_pg_timeout), and one read before a charge was written would
+ * within llmgw_pg_timeout; llmgw_key_cache_stale more while the database
+ * cannot be read), and one read before a charge was written would
  * bring the balance from before that charge back into a new entry, which
  * has no revision left to tell.
  */
@@ -209,7 +210,8 @@ ngx_llmgw_billing_init_process(ngx_cycle_t *cycle)
     }
 
     mcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_llmgw_module);
-    ngx_llmgw_bal_keep = mcf->key_cache_ttl + mcf->pg_timeout;
+    ngx_llmgw_bal_keep = mcf->key_cache_ttl + mcf->key_cache_stale
+                         + mcf->pg_timeout;
 
     ngx_shmtx_lock(&shm->shpool->mutex);
 

@@ -26,6 +26,9 @@ struct ngx_llmgw_snap_holder_s {
  * pooled connection.
  */
 #define NGX_LLMGW_LOOKUP_AGAIN_MS  1000
+/* after a failure of the database, stale key records are used without
+   trying to read them again for this long */
+#define NGX_LLMGW_STALE_AT_ONCE_MS 1000
 
 
 typedef struct {
@@ -57,6 +60,7 @@ static void ngx_llmgw_cache_run_waiters(ngx_uint_t done, ngx_uint_t all);
 static void ngx_llmgw_cache_rev_checked(void *data, PGresult *res,
     const char *err);
 static ngx_int_t ngx_llmgw_cache_lookup(ngx_llmgw_lookup_t *lk);
+static ngx_uint_t ngx_llmgw_cache_stale(ngx_log_t *log, llmgw_token_t *t);
 static void ngx_llmgw_cache_token_found(void *data, PGresult *res,
     const char *err);
 static void ngx_llmgw_cache_invalidate_all(void);
@@ -195,10 +199,14 @@ ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
     if (llmgw_tcache_get(ngx_llmgw_tcache, hash, t)) {
 
         /* a record older than llmgw_key_cache_ttl is read again, so that
-         * what other nodes charged is learned */
+         * what other nodes charged is learned; while the database has
+         * just failed, a stale one is used as it is (see
+         * ngx_llmgw_cache_stale()) */
         if (*t == NULL
             || ngx_current_msec - (ngx_msec_t) llmgw_token_loaded_at(*t)
-               < ngx_llmgw_cache_mcf->key_cache_ttl)
+               < ngx_llmgw_cache_mcf->key_cache_ttl
+            || (ngx_llmgw_pg_failing(NGX_LLMGW_STALE_AT_ONCE_MS)
+                && ngx_llmgw_cache_stale(r->connection->log, *t)))
         {
             return NGX_OK;
         }
@@ -220,6 +228,39 @@ ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
     ngx_memcpy(lk->hash, hash, 65);
 
     return ngx_llmgw_cache_lookup(lk) == NGX_OK ? NGX_AGAIN : NGX_ERROR;
+}
+
+
+/*
+ * Whether a key record older than llmgw_key_cache_ttl may still be used
+ * while the database cannot be read: up to llmgw_key_cache_stale old.
+ * Its balances stay exact, as the zone keeps them that long (see
+ * ngx_llmgw_bal_keep); what it cannot know is a change made through the
+ * admin API meanwhile.  Said once a second at most.
+ */
+static ngx_uint_t
+ngx_llmgw_cache_stale(ngx_log_t *log, llmgw_token_t *t)
+{
+    ngx_msec_t         age;
+    static ngx_msec_t  said;
+
+    age = ngx_current_msec - (ngx_msec_t) llmgw_token_loaded_at(t);
+
+    if (age >= ngx_llmgw_cache_mcf->key_cache_ttl
+                + ngx_llmgw_cache_mcf->key_cache_stale)
+    {
+        return 0;
+    }
+
+    if (said == 0 || ngx_current_msec - said >= 1000) {
+        said = ngx_current_msec | 1;
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "llmgw: the database cannot be read: key %L is "
+                      "served from its record of %M ms ago",
+                      (long long) llmgw_token_id(t), age);
+    }
+
+    return 1;
 }
 
 
@@ -265,6 +306,19 @@ ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
         if (ngx_llmgw_cache_lookup(lk) == NGX_OK) {
             return;
         }
+    }
+
+    /* the database failed: the record this worker last read, when it is
+       not too old, stands in for the one it could not read */
+    if (err != NULL && llmgw_tcache_get(ngx_llmgw_tcache, lk->hash, &t)) {
+        if (t != NULL && ngx_llmgw_cache_stale(c->log, t)) {
+            lk->handler(r, t, NULL);
+            ngx_http_run_posted_requests(c);
+            return;
+        }
+
+        llmgw_token_free(t);
+        t = NULL;
     }
 
     if (err == NULL && !PQgetisnull(res, 0, 0)) {

@@ -41,6 +41,7 @@ static char *ngx_llmgw_check_range(ngx_conf_t *cf,
 static u_char *ngx_llmgw_print_bound(u_char *p, u_char *last, ngx_int_t n,
     ngx_uint_t size);
 static char *ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data);
+static char *ngx_llmgw_check_age(ngx_conf_t *cf, void *post, void *data);
 static char *ngx_llmgw_check_header_name(ngx_conf_t *cf, void *post,
     void *data);
 static char *ngx_llmgw_check_ca_file(ngx_conf_t *cf, void *post, void *data);
@@ -102,6 +103,11 @@ static ngx_conf_num_bounds_t  ngx_llmgw_file_bounds = {
  * once. */
 static ngx_conf_post_t  ngx_llmgw_interval_bounds = {
     ngx_llmgw_check_interval
+};
+
+/* An age a timer never waits for: 0 (none) up to a year. */
+static ngx_conf_post_t  ngx_llmgw_age_bounds = {
+    ngx_llmgw_check_age
 };
 
 static ngx_conf_post_t  ngx_llmgw_header_name = {
@@ -199,6 +205,13 @@ static ngx_command_t  ngx_llmgw_commands[] = {
       NGX_HTTP_MAIN_CONF_OFFSET,
       offsetof(ngx_llmgw_main_conf_t, key_cache_ttl),
       NULL },
+
+    { ngx_string("llmgw_key_cache_stale"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      offsetof(ngx_llmgw_main_conf_t, key_cache_stale),
+      &ngx_llmgw_age_bounds },
 
     { ngx_string("llmgw_zone_size"),
       NGX_HTTP_MAIN_CONF|NGX_CONF_TAKE1,
@@ -1167,6 +1180,7 @@ ngx_llmgw_create_main_conf(ngx_conf_t *cf)
     mcf->refresh_interval = NGX_CONF_UNSET_MSEC;
     mcf->key_cache_size = NGX_CONF_UNSET_UINT;
     mcf->key_cache_ttl = NGX_CONF_UNSET_MSEC;
+    mcf->key_cache_stale = NGX_CONF_UNSET_MSEC;
     mcf->shm_size = NGX_CONF_UNSET;
     mcf->keepalive = NGX_CONF_UNSET_UINT;
     mcf->keepalive_timeout = NGX_CONF_UNSET_MSEC;
@@ -1253,6 +1267,7 @@ ngx_llmgw_init_main_conf(ngx_conf_t *cf, void *conf)
     ngx_conf_init_msec_value(mcf->refresh_interval, 1000);
     ngx_conf_init_uint_value(mcf->key_cache_size, 100000);
     ngx_conf_init_msec_value(mcf->key_cache_ttl, 10000);
+    ngx_conf_init_msec_value(mcf->key_cache_stale, 600000);
     if (mcf->shm_size == NGX_CONF_UNSET) {
         mcf->shm_size = 64 * 1024 * 1024;
     }
@@ -1589,6 +1604,19 @@ ngx_llmgw_check_interval(ngx_conf_t *cf, void *post, void *data)
     }
 
     return "must be between 1ms and 366d";
+}
+
+
+static char *
+ngx_llmgw_check_age(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_msec_t  *mp = data;
+
+    if (*mp <= (ngx_msec_t) 366 * 24 * 3600 * 1000) {
+        return NGX_CONF_OK;
+    }
+
+    return "must be between 0 and 366d";
 }
 
 

@@ -88,6 +88,9 @@ static ngx_llmgw_main_conf_t   *ngx_llmgw_pg_mcf;
 static ngx_llmgw_pg_notify_pt   ngx_llmgw_pg_notify;
 static char                    *ngx_llmgw_pg_conninfo;
 static ngx_log_t               *ngx_llmgw_pg_log;
+/* when a connection or statement last failed on the database, 0 once one
+   has succeeded since */
+static ngx_msec_t               ngx_llmgw_pg_failed_at;
 
 
 ngx_int_t
@@ -518,6 +521,7 @@ ngx_llmgw_pg_connecting(ngx_llmgw_pg_conn_t *pc)
 
     pc->backoff = 100;
     pc->state = NGX_LLMGW_PG_IDLE;
+    ngx_llmgw_pg_failed_at = 0;
 
     ngx_log_error(NGX_LOG_INFO, ngx_llmgw_pg_log, 0,
                   "llmgw: database connection %s ready",
@@ -598,6 +602,7 @@ ngx_llmgw_pg_drive(ngx_llmgw_pg_conn_t *pc)
             pc->result = NULL;
             pc->query = NULL;
             pc->state = NGX_LLMGW_PG_IDLE;
+            ngx_llmgw_pg_failed_at = 0;
 
             if (q) {
                 ngx_llmgw_pg_finish_query(q, res, NULL);
@@ -783,6 +788,8 @@ ngx_llmgw_pg_query_timeout(ngx_event_t *ev)
 {
     ngx_llmgw_pg_query_t  *q = ev->data;
 
+    ngx_llmgw_pg_failed_at = ngx_current_msec | 1;
+
     if (q->queued) {
         ngx_queue_remove(&q->queue);
         ngx_llmgw_pg_npending--;
@@ -807,6 +814,8 @@ ngx_llmgw_pg_fail(ngx_llmgw_pg_conn_t *pc, const char *why)
 
     ngx_log_error(NGX_LOG_ERR, ngx_llmgw_pg_log, 0,
                   "llmgw: database connection failed: %s", why);
+
+    ngx_llmgw_pg_failed_at = ngx_current_msec | 1;
 
     q = pc->query;
     pc->query = NULL;
@@ -879,6 +888,19 @@ ngx_llmgw_pg_wake(void)
             ngx_add_timer(&ngx_llmgw_pg_conns[i].retry, 1);
         }
     }
+}
+
+
+/*
+ * Whether the database failed (a connection, or a statement that did not
+ * answer in time) within the last ms milliseconds, with nothing
+ * succeeding since.
+ */
+ngx_uint_t
+ngx_llmgw_pg_failing(ngx_msec_t ms)
+{
+    return ngx_llmgw_pg_failed_at != 0
+           && ngx_current_msec - ngx_llmgw_pg_failed_at < ms;
 }
 
 

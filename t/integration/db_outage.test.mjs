@@ -1,0 +1,115 @@
+// The database goes away under a running gateway: keys a worker has read
+// go on being served from their records (llmgw_key_cache_stale), with
+// exact balances, and every charge reaches the ledger once the database
+// is back; a key no worker has read is 503.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, dropDb, eventually, makeChannel,
+    makeUserKey, psql, startGateway, stopAll, uniq,
+} from '../lib/harness.mjs';
+import { startMock } from '../lib/mock.mjs';
+import { startPgProxy } from '../lib/pgproxy.mjs';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/* echo's usage: 10 + 20 tokens at ratio 1 */
+const PER_CALL = 30;
+
+describe('database outage', { timeout: 120000 }, () => {
+    let db, px, mock, gw, strict;
+
+    before(async () => {
+        db = await createDb();
+        px = await startPgProxy();
+        mock = await startMock();
+        const viaProxy = { ...db, conninfo: px.conninfo(db.name) };
+        const http = 'llmgw_key_cache_ttl 1s; llmgw_pg_timeout 2s;';
+        gw = await startGateway({ db: viaProxy, workers: 1, http });
+        strict = await startGateway({ db: viaProxy, workers: 1,
+            rootToken: gw.rootToken,
+            http: `${http} llmgw_key_cache_stale 0;` });
+    });
+
+    after(async () => {
+        try {
+            await px?.restore().catch(() => {});
+            await stopAll(gw, strict);
+        } finally {
+            await mock?.close();
+            await px?.close();
+            await dropDb(db);
+        }
+    });
+
+    test('a key read before the outage is served from its record, charged once, and an unread key is 503', async () => {
+        const model = uniq('gpt-out');
+        await makeChannel(gw, { base_url: mock.url, models: [model], free: false });
+        assertOk(await gw.admin('PUT', '/api/pricing',
+            { [model]: { ratio: 1, completion_ratio: 1 } }));
+        const a = await makeUserKey(gw, {}, { unlimited_quota: false, remain_quota: 100000 });
+        const b = await makeUserKey(gw);
+        await eventually(async () => assertOk(await gw.chat(a.key, model)), { ms: 3000 });
+        await eventually(async () => assertOk(await strict.chat(a.key, model)), { ms: 3000 });
+        let served = 2;
+
+        /* older than llmgw_key_cache_ttl: each gateway would read it again */
+        await sleep(1500);
+        await px.cut();
+
+        const t0 = Date.now();
+        assertOk(await gw.chat(a.key, model), 'first request in the outage');
+        served++;
+        for (let i = 0; i < 5; i++) {
+            assertOk(await gw.chat(a.key, model), `request ${i} in the outage`);
+            served++;
+        }
+        assert.ok(Date.now() - t0 < 4000, `served in ${Date.now() - t0} ms`);
+
+        assertError(await gw.chat(b.key, model), 503, { code: 'service_unavailable' });
+        assertError(await strict.chat(a.key, model), 503, { code: 'service_unavailable' });
+        assert.match(gw.errorLog(), new RegExp(
+            `the database cannot be read: key ${a.token.id} is served from its record of \\d+ ms ago`));
+        assert.doesNotMatch(gw.errorLog(), new RegExp(a.key.slice(3, 20)));
+
+        await px.restore();
+        await eventually(async () => assertOk(await gw.chat(b.key, model)), { ms: 8000 });
+
+        /* every charge of key a written once, the balance to the unit */
+        await eventually(async () => {
+            const rows = await psql(db.conninfo, `select count(*), count(distinct request_id),
+                coalesce(sum(quota), 0) from logs where token_id = ${a.token.id} and type = 'consume'`);
+            assert.equal(rows, `${served}|${served}|${served * PER_CALL}`);
+            const tok = await gw.admin('GET', `/api/token/${a.token.id}`);
+            assert.equal(tok.json.remain_quota, 100000 - served * PER_CALL);
+            assert.equal(tok.json.used_quota, served * PER_CALL);
+        }, { ms: 8000 });
+    });
+
+    test('a record older than llmgw_key_cache_ttl + llmgw_key_cache_stale is not used', async () => {
+        const model = uniq('gpt-out2');
+        await makeChannel(gw, { base_url: mock.url, models: [model] });
+        const a = await makeUserKey(gw);
+        const late = await startGateway({ db: { ...db, conninfo: px.conninfo(db.name) },
+            workers: 1, rootToken: gw.rootToken,
+            http: 'llmgw_key_cache_ttl 1s; llmgw_pg_timeout 2s; llmgw_key_cache_stale 1s;' });
+        try {
+            await eventually(async () => assertOk(await late.chat(a.key, model)), { ms: 3000 });
+            await sleep(1500);
+            await px.cut();
+            assertOk(await late.chat(a.key, model), 'within ttl + stale');
+            await sleep(1000);
+            assertError(await late.chat(a.key, model), 503, { code: 'service_unavailable' });
+        } finally {
+            await px.restore();
+            await stopAll(late);
+        }
+    });
+
+    test('llmgw_key_cache_stale takes 0 to 366d', async () => {
+        await assert.rejects(startGateway({ db, workers: 1,
+            http: 'llmgw_key_cache_stale 400d;' }), /must be between 0 and 366d/);
+    });
+});
