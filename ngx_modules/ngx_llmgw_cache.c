@@ -27,8 +27,10 @@ struct ngx_llmgw_snap_holder_s {
  */
 #define NGX_LLMGW_LOOKUP_AGAIN_MS  1000
 /* after a failure of the database, stale key records are used without
-   trying to read them again for this long */
-#define NGX_LLMGW_STALE_AT_ONCE_MS 1000
+   trying to read them again for this long (longer than the 2 s between
+   two tries to connect, so that a database that refuses connections is
+   known to be down all along) */
+#define NGX_LLMGW_STALE_AT_ONCE_MS 3000
 
 
 typedef struct {

@@ -94,13 +94,21 @@ describe('database outage', { timeout: 120000 }, () => {
         const a = await makeUserKey(gw);
         const late = await startGateway({ db: { ...db, conninfo: px.conninfo(db.name) },
             workers: 1, rootToken: gw.rootToken,
-            http: 'llmgw_key_cache_ttl 1s; llmgw_pg_timeout 2s; llmgw_key_cache_stale 1s;' });
+            http: 'llmgw_key_cache_ttl 1s; llmgw_pg_timeout 1s; llmgw_key_cache_stale 4s;' });
         try {
-            await eventually(async () => assertOk(await late.chat(a.key, model)), { ms: 3000 });
-            await sleep(1500);
+            /* the record is read after sent and before ok */
+            let sent = 0;
+            await eventually(async () => {
+                sent = Date.now();
+                assertOk(await late.chat(a.key, model));
+            }, { ms: 3000 });
+            const ok = Date.now();
+            assert.ok(ok - sent < 1000, `read in ${ok - sent} ms`);
+            await sleep(1200);
             await px.cut();
+            /* at most about 2.5 s old: within 1 s + 4 s */
             assertOk(await late.chat(a.key, model), 'within ttl + stale');
-            await sleep(1000);
+            await sleep(Math.max(0, ok + 5500 - Date.now()));
             assertError(await late.chat(a.key, model), 503, { code: 'service_unavailable' });
         } finally {
             await px.restore();

@@ -5,7 +5,8 @@
 //   const px = await startPgProxy();
 //   px.conninfo(dbname)   conninfo through the relay
 //   await px.cut()        ends every relayed connection and refuses new ones
-//   await px.restore()    accepts connections again (same port)
+//   await px.restore()    accepts connections again (same port; nothing
+//                         when it does already)
 //   await px.close()
 
 import net from 'node:net';
@@ -37,6 +38,9 @@ export async function startPgProxy() {
     }
 
     async function listen() {
+        if (server) {
+            return;
+        }
         server = net.createServer(relay);
         await new Promise((resolve, reject) => {
             server.once('error', reject);
