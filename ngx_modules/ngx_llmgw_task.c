@@ -462,8 +462,9 @@ ngx_llmgw_task_http_done(void *data, ngx_int_t rc,
     if (rn->streaming) {
         rn->streaming = 0;
 
-        /* a stream's end while the plugin works on an event waits for it */
-        if (llmgw_tjob_busy(rn->job)) {
+        /* a stream's end while the plugin works on an event, or while the
+           job waits for the plugin runtime, waits for that */
+        if (llmgw_tjob_busy(rn->job) || rn->sleep.timer_set) {
             return;
         }
     }

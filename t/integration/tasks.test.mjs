@@ -946,6 +946,31 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(env.vendor.submits().length, 1, 'never retried');
         await expectUsed(gw, db, env.acct, 0);
     });
+
+    test('SSE: events received before the connection failed still reach the plugin; a done among them makes the task', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        const N = 20;
+        /* the plugin takes 30 ms an event: the reset or the cut chunked
+           body comes while most events still wait for it */
+        for (const end of ['reset', 'close']) {
+            const up = `up-${hex(4)}`;
+            env.vendor.onSubmit = () => ({
+                upId: up, sseEnd: end, sseEndDelayMs: 100,
+                sse: [sseFrame({ event: 'accepted', data: { id: up, spin: 30 } }),
+                    ...Array.from({ length: N }, (_, i) => sseFrame({ data: { progress: i, spin: 30 } })),
+                    sseFrame({ event: 'done', data: {} })],
+            });
+            const r = assertOk(await submit(env, { model: env.model }), `done, then ${end}`);
+            const st = r.json.data.stream;
+            assert.equal(st.id, up, r.text);
+            assert.deepEqual(st.events, ['accepted', ...Array(N).fill('message'), 'done'],
+                'every event, in order');
+            assert.equal(st.progress, N - 1);
+        }
+        assert.equal(env.vendor.submits().length, 2, 'never retried');
+        await expectUsed(gw, db, env.acct, 2 * PER_TASK);
+    });
+
 });
 
 describe('task timeout: the outer deadline fails and refunds', { timeout: 120000 }, () => {

@@ -1472,6 +1472,124 @@ test_sse_submit_event_not_done_waits_for_more(void **state)
 }
 
 
+/* The stream to one SSE submit, its head answered; ready for events. */
+static llmgw_tjob_t *
+sse_submit_streaming(void)
+{
+    llmgw_tjob_t  *j = submit_job("{'model':'m1'}");
+    llmgw_str_t    names[] = { LLMGW_STR("content-type") };
+    llmgw_str_t    values[] = { LLMGW_STR("text/event-stream") };
+
+    json_decref(submit_to_build(j));
+    hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{},"
+               "'responseType':'sse'}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    assert_int_equal(llmgw_tjob_stream_headers(j, 200, names, values, 1), 0);
+    return j;
+}
+
+
+/* Events that came whole before the connection failed go to the plugin,
+ * in order; one it reports done at makes the submit. */
+static void
+test_sse_events_before_a_reset_still_reach_the_plugin(void **state)
+{
+    llmgw_tjob_t       *j = sse_submit_streaming();
+    json_t             *f;
+    static const char   ev1[] = "data: a\n\n";
+    static const char   rest[] = "data: b\n\nevent: done\ndata: c\n\ndata: d";
+
+    (void) state;
+
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+    json_decref(f);
+
+    /* while the plugin works on the first: two more, then a reset */
+    assert_int_equal(llmgw_tjob_stream_data(j, rest, strlen(rest)), 0);
+    llmgw_tjob_http_done(j, -1, LLMGW_THTTP_SENT, 0, NULL, NULL, 0, NULL, 0,
+                         "reading the response from vendor.example failed");
+    hook_ok(j, "{'state':{'n':1},'done':false}");
+
+    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+    assert_string_equal(jstr_at(hook_arg(f, 1), "data", NULL), "b");
+    json_decref(f);
+    hook_ok(j, "{'state':{'n':2},'done':false}");
+
+    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+    assert_string_equal(jstr_at(hook_arg(f, 1), "event", NULL), "done");
+    json_decref(f);
+    hook_ok(j, "{'state':{'taskId':'up-r'},'done':true}");
+
+    /* the stream is over already: nothing to cancel */
+    f = expect_hook(j, "parseSubmitResponse", "sha-vid");
+    assert_json_eq(json_object_get(hook_arg(f, 1), "body"),
+                   "{'taskId':'up-r'}");
+    json_decref(f);
+    llmgw_tjob_free(j);
+
+    /* without done among them the failure is the answer, after them */
+    j = sse_submit_streaming();
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    json_decref(expect_hook(j, "parseSubmitEvent", "sha-vid"));
+    llmgw_tjob_http_done(j, -1, LLMGW_THTTP_SENT, 0, NULL, NULL, 0, NULL, 0,
+                         "reading the response from vendor.example failed");
+    hook_ok(j, "{'state':{'n':1},'done':false}");
+    expect_error(j, 502, "upstream_error", "bad_response_status_code",
+                 "the submit event stream failed: reading the response");
+    llmgw_tjob_free(j);
+}
+
+
+/* The runtime down while the vendor streams an accepted submit: the event
+ * is given again after a pause, as a JSON answer would be, and the job
+ * goes on without its client meanwhile. */
+static void
+test_sse_event_waits_for_the_plugin_runtime(void **state)
+{
+    llmgw_tjob_t         *j = sse_submit_streaming();
+    const llmgw_tstep_t  *st;
+    json_t               *f;
+    static const char     ev1[] = "data: a\n\n";
+    static const char     ev2[] = "event: done\ndata: b\n\n";
+
+    (void) state;
+
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    json_decref(expect_hook(j, "parseSubmitEvent", "sha-vid"));
+    llmgw_tjob_hook_done(j, -1, "the plugin runtime is not available", 35);
+
+    st = expect_step(j, LLMGW_TSTEP_SLEEP);
+    assert_true(st->amount > 0 && st->amount <= 1000);
+    assert_true(llmgw_tjob_must_go_on(j));
+    /* the stream is read on meanwhile, without waking the job */
+    assert_int_equal(llmgw_tjob_stream_data(j, ev2, strlen(ev2)), 0);
+
+    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+    assert_string_equal(jstr_at(hook_arg(f, 1), "data", NULL), "a");
+    json_decref(f);
+    hook_ok(j, "{'state':{'n':1},'done':false}");
+
+    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+    assert_string_equal(jstr_at(hook_arg(f, 1), "data", NULL), "b");
+    json_decref(f);
+    hook_ok(j, "{'state':{'taskId':'up-w'},'done':true}");
+    expect_step(j, LLMGW_TSTEP_HTTP_CANCEL);
+    json_decref(expect_hook(j, "parseSubmitResponse", "sha-vid"));
+    llmgw_tjob_free(j);
+
+    /* a refusal of the call itself: no retry is offered once accepted */
+    j = sse_submit_streaming();
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    json_decref(expect_hook(j, "parseSubmitEvent", "sha-vid"));
+    hook_reply(j, "{'ok':false,'error':{'kind':'bad_request',"
+                  "'message':'unreadable frame'}}");
+    expect_error(j, 502, "gateway_error", "plugin_unavailable",
+                 "the vendor may have started the task");
+    llmgw_tjob_free(j);
+}
+
+
 /* What parseSubmitEvent returns outside its contract ({state, done} with
  * a boolean done) is the plugin's error, as for every hook: 500. */
 static void
@@ -2144,6 +2262,9 @@ main(void)
         cmocka_unit_test(
             test_sse_submit_reads_events_until_done_then_parses_the_state),
         cmocka_unit_test(test_sse_submit_event_not_done_waits_for_more),
+        cmocka_unit_test(
+            test_sse_events_before_a_reset_still_reach_the_plugin),
+        cmocka_unit_test(test_sse_event_waits_for_the_plugin_runtime),
         cmocka_unit_test(
             test_sse_event_result_outside_the_contract_is_plugin_error),
         cmocka_unit_test(
