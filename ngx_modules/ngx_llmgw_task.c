@@ -559,7 +559,8 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
         opts.max_body = NGX_MAX_SIZE_T_VALUE / 2;
 
     } else if (o->sse) {
-        opts.timeout = (ngx_msec_t) st->timeout_ms;
+        /* connecting, sending and the head: llmgw_task_http_timeout */
+        opts.body_timeout = (ngx_msec_t) st->timeout_ms;
         opts.on_headers = ngx_llmgw_task_stream_headers;
         opts.on_data = ngx_llmgw_task_stream_data;
         rn->streaming = 1;
