@@ -4906,8 +4906,7 @@ llmgw_tjob_stream_headers(llmgw_tjob_t *j, int status,
         bool es = false;
         for (size_t i = 0; i < nheaders; i++) {
             if (sv(names[i]) == "content-type"
-                && sv(values[i]).find("text/event-stream")
-                   != std::string_view::npos)
+                && llmgw_is_event_stream(values[i]))
             {
                 es = true;
             }

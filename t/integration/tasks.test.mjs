@@ -983,6 +983,27 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(r.json.data.stream.id, up, r.text);
     });
 
+    test('SSE: the Content-Type is text/event-stream in any case, with parameters, and nothing else', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        for (const type of ['Text/Event-Stream; charset=utf-8', 'TEXT/EVENT-STREAM',
+            'text/event-streamx', 'application/json; x=text/event-stream']) {
+            const up = `up-${hex(4)}`;
+            env.vendor.onSubmit = () => ({
+                upId: up, headers: { 'Content-Type': type },
+                sse: [sseFrame({ event: 'accepted', data: { id: up } }),
+                    sseFrame({ event: 'done', data: {} })],
+            });
+            const r = await submit(env, { model: env.model });
+            if (/^text\/event-stream$/i.test(type.split(';')[0].trim())) {
+                assert.equal(assertOk(r, type).json.data.stream.id, up, r.text);
+            } else {
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_status_code' });
+                assert.match(bareMessage(r), /did not answer with an event stream/, type);
+            }
+        }
+        assert.equal(env.vendor.submits().length, 4, 'never retried');
+        await expectUsed(gw, db, env.acct, 2 * PER_TASK);
+    });
 });
 
 describe('SSE submit timeouts: the head within llmgw_task_http_timeout, the stream within llmgw_task_sse_idle_timeout', { timeout: 120000 }, () => {
