@@ -3986,7 +3986,10 @@ llmgw_tjob_s::poll_sent()
 
     int s = http_status;
 
-    if (s == 404 || s == 410) {
+    if ((s == 404 || s == 410) && !batch) {
+        /* a batch query's URL that is not found (say a route the vendor
+           moved) says nothing of its tasks: its answer is parsed as any
+           other 4xx, and a task without a result counts one failure */
         for (size_t i = 0; i < tasks.size(); i++) {
             poll_terminal(i, "FAILURE", "the upstream no longer knows the "
                           "task (HTTP " + std::to_string(s) + ")");
@@ -4063,7 +4066,11 @@ llmgw_tjob_s::poll_parsed()
 
     for (size_t i = 0; i < tasks.size(); i++) {
         if (!seen[i]) {
-            poll_failure(i, "the batch answer did not mention the task");
+            poll_failure(i, ok2xx ? std::string("the batch answer did not "
+                                                "mention the task")
+                                  : "the upstream answered HTTP "
+                                    + std::to_string(http_status)
+                                    + " to the batch query");
         }
     }
 

@@ -466,6 +466,48 @@ describe('batch plugin', { timeout: 120000 }, () => {
         }
         await expectUsed(gw, db, env.acct, N * PER_TASK);
     });
+    test('a 404 or 410 to the batch query is one more failure for each task in it, not its end', async () => {
+        const v = await startVendor();
+        try {
+            const env = await taskSetup(gw, { fixture: 'task-batch.js', vendors: [v], models: 1 });
+            /* the batch route is missing twice for every task (a misrouted
+               URL), then answers: the tasks go on to SUCCESS */
+            const missed = new Map();
+            v.onBatch = (rec) => {
+                const ids = rec.json.ids;
+                if (!ids.every((id) => (missed.get(id) || 0) < MAX_FAILURES - 1)) {
+                    return undefined;
+                }
+                ids.forEach((id) => missed.set(id, (missed.get(id) || 0) + 1));
+                return { status: rec.n % 2 ? 404 : 410, body: { error: 'no such route' } };
+            };
+            v.pollAnswer = () => ({ body: { status: 'done' } });
+            const ups = [uniq('up-b404'), uniq('up-b404'), uniq('up-b404')];
+            const rs = await Promise.all(ups.map((up) =>
+                submitTask(gw, env, { model: env.model, up_id: up })));
+            const ids = rs.map((r) => assertOk(r, 'submit').json.task_id);
+            for (const id of ids) {
+                await waitStatus(gw, env.acct.key, id, 'SUCCESS', { ms: 10000 });
+                await waitLedger(db, id, ['reserve', 'settle']);
+            }
+            for (const up of ups) {
+                assert.ok(missed.get(up) >= 1, `${up} was in a batch answered 404 or 410`);
+            }
+            await expectUsed(gw, db, env.acct, ups.length * PER_TASK);
+
+            /* a batch route that stays missing ends its tasks at the limit */
+            v.onBatch = () => ({ status: 404, body: { error: 'no such route' } });
+            const r = assertOk(await submitTask(gw, env, { model: env.model }), 'submit');
+            const view = await waitStatus(gw, env.acct.key, r.json.task_id, 'FAILURE', { ms: 10000 });
+            assert.equal(view.fail_reason, `polling failed ${MAX_FAILURES} times in a row: `
+                + 'the upstream answered HTTP 404 to the batch query');
+            assert.equal(await pollFailures(db, r.json.task_id), MAX_FAILURES);
+            await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        } finally {
+            await v.close();
+        }
+    });
+
     test('a NUL in a poll result is stored; an update the database refuses holds up no other task of its batch', async () => {
         const v = await startVendor();
         const nul = uniq('up-nul');

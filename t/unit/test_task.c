@@ -2175,6 +2175,64 @@ test_batch_poll_matches_results_by_task_id(void **state)
 }
 
 
+/* A 404 to the batch query says nothing of its tasks: each without a
+ * result counts one failure (FAILURE only at the limit), parsed as any
+ * other 4xx, so a result for a task still applies. */
+static void
+test_batch_poll_404_counts_a_failure_for_each_task(void **state)
+{
+    llmgw_tjob_t        **jobs;
+    llmgw_tjob_t         *j;
+    size_t                n, ntasks;
+    json_t               *f, *list;
+    const json_t         *u;
+
+    (void) state;
+
+    jobs = claim("{'tasks':["
+                 "{'task_id':'t1','upstream_task_id':'u1','plugin_key':'bat',"
+                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'},"
+                 "{'task_id':'t2','upstream_task_id':'u2','plugin_key':'bat',"
+                 "'channel_id':2,'poll_failures':2,'status':'QUEUED'},"
+                 "{'task_id':'t3','upstream_task_id':'u3','plugin_key':'bat',"
+                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'}]}",
+                 &n, &ntasks);
+    assert_int_equal(n, 1);
+    j = jobs[0];
+    free(jobs);
+
+    json_decref(expect_hook(j, "buildBatchQueryRequest", "sha-bat"));
+    hook_ok(j, "{'url':'https://second.example/batch','method':'POST',"
+               "'body':{}}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    http_reply(j, 404, "application/json", "{\"error\":\"no route\"}");
+
+    f = expect_hook(j, "parseBatchResult", "sha-bat");
+    assert_int_equal(jint(hook_arg(f, 2), "status"), 404);
+    json_decref(f);
+    hook_ok(j, "[{'taskId':'u3','status':'FAILURE','reason':'gone'}]");
+
+    list = expect_update(j);
+
+    u = update_of(list, "t1");
+    assert_int_equal(jint(u, "poll_failures"), 1);
+    assert_null(json_object_get(u, "status"));
+
+    /* the third failure in a row: the limit */
+    u = update_of(list, "t2");
+    assert_string_equal(jstr_at(u, "status", NULL), "FAILURE");
+    assert_contains(jstr_at(u, "fail_reason", NULL),
+                    "the upstream answered HTTP 404 to the batch query");
+
+    u = update_of(list, "t3");
+    assert_string_equal(jstr_at(u, "status", NULL), "FAILURE");
+    assert_string_equal(jstr_at(u, "fail_reason", NULL), "gone");
+
+    json_decref(list);
+    llmgw_tjob_free(j);
+}
+
+
 /* ---- setup ---- */
 
 static int
@@ -2285,6 +2343,7 @@ main(void)
         cmocka_unit_test(
             test_poll_jobs_group_a_batch_plugin_by_channel_and_size),
         cmocka_unit_test(test_batch_poll_matches_results_by_task_id),
+        cmocka_unit_test(test_batch_poll_404_counts_a_failure_for_each_task),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
