@@ -1489,6 +1489,20 @@ sse_submit_streaming(void)
 }
 
 
+/* The next step gives the plugin the event whose member is value; the
+ * plugin answers result_sq. */
+static void
+expect_event(llmgw_tjob_t *j, const char *member, const char *value,
+    const char *result_sq)
+{
+    json_t *f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+
+    assert_string_equal(jstr_at(hook_arg(f, 1), member, NULL), value);
+    json_decref(f);
+    hook_ok(j, result_sq);
+}
+
+
 /* Events that came whole before the connection failed go to the plugin,
  * in order; one it reports done at makes the submit. */
 static void
@@ -1511,15 +1525,9 @@ test_sse_events_before_a_reset_still_reach_the_plugin(void **state)
                          "reading the response from vendor.example failed");
     hook_ok(j, "{'state':{'n':1},'done':false}");
 
-    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
-    assert_string_equal(jstr_at(hook_arg(f, 1), "data", NULL), "b");
-    json_decref(f);
-    hook_ok(j, "{'state':{'n':2},'done':false}");
+    expect_event(j, "data", "b", "{'state':{'n':2},'done':false}");
 
-    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
-    assert_string_equal(jstr_at(hook_arg(f, 1), "event", NULL), "done");
-    json_decref(f);
-    hook_ok(j, "{'state':{'taskId':'up-r'},'done':true}");
+    expect_event(j, "event", "done", "{'state':{'taskId':'up-r'},'done':true}");
 
     /* the stream is over already: nothing to cancel */
     f = expect_hook(j, "parseSubmitResponse", "sha-vid");
@@ -1549,7 +1557,6 @@ test_sse_event_waits_for_the_plugin_runtime(void **state)
 {
     llmgw_tjob_t         *j = sse_submit_streaming();
     const llmgw_tstep_t  *st;
-    json_t               *f;
     static const char     ev1[] = "data: a\n\n";
     static const char     ev2[] = "event: done\ndata: b\n\n";
 
@@ -1565,15 +1572,9 @@ test_sse_event_waits_for_the_plugin_runtime(void **state)
     /* the stream is read on meanwhile, without waking the job */
     assert_int_equal(llmgw_tjob_stream_data(j, ev2, strlen(ev2)), 0);
 
-    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
-    assert_string_equal(jstr_at(hook_arg(f, 1), "data", NULL), "a");
-    json_decref(f);
-    hook_ok(j, "{'state':{'n':1},'done':false}");
+    expect_event(j, "data", "a", "{'state':{'n':1},'done':false}");
 
-    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
-    assert_string_equal(jstr_at(hook_arg(f, 1), "data", NULL), "b");
-    json_decref(f);
-    hook_ok(j, "{'state':{'taskId':'up-w'},'done':true}");
+    expect_event(j, "data", "b", "{'state':{'taskId':'up-w'},'done':true}");
     expect_step(j, LLMGW_TSTEP_HTTP_CANCEL);
     json_decref(expect_hook(j, "parseSubmitResponse", "sha-vid"));
     llmgw_tjob_free(j);
@@ -2108,28 +2109,42 @@ update_of(const json_t *list, const char *task_id)
 }
 
 
+/* The one poll job of three bat tasks u1..u3 on channel 2, task t2 with
+ * t2_failures failed polls so far. */
+static llmgw_tjob_t *
+bat_job(int t2_failures)
+{
+    char            buf[1024];
+    size_t          n, ntasks;
+    llmgw_tjob_t  **jobs, *j;
+
+    snprintf(buf, sizeof(buf), "{'tasks':["
+             "{'task_id':'t1','upstream_task_id':'u1','plugin_key':'bat',"
+             "'channel_id':2,'poll_failures':0,'status':'QUEUED'},"
+             "{'task_id':'t2','upstream_task_id':'u2','plugin_key':'bat',"
+             "'channel_id':2,'poll_failures':%d,'status':'QUEUED'},"
+             "{'task_id':'t3','upstream_task_id':'u3','plugin_key':'bat',"
+             "'channel_id':2,'poll_failures':0,'status':'QUEUED'}]}",
+             t2_failures);
+    jobs = claim(buf, &n, &ntasks);
+    assert_int_equal(n, 1);
+    assert_int_equal(ntasks, 3);
+    j = jobs[0];
+    free(jobs);
+    return j;
+}
+
+
 static void
 test_batch_poll_matches_results_by_task_id(void **state)
 {
-    llmgw_tjob_t        **jobs;
     llmgw_tjob_t         *j;
-    size_t                n, ntasks;
     json_t               *f, *list;
     const json_t         *u;
 
     (void) state;
 
-    jobs = claim("{'tasks':["
-                 "{'task_id':'t1','upstream_task_id':'u1','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'},"
-                 "{'task_id':'t2','upstream_task_id':'u2','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':1,'status':'QUEUED'},"
-                 "{'task_id':'t3','upstream_task_id':'u3','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'}]}",
-                 &n, &ntasks);
-    assert_int_equal(n, 1);
-    j = jobs[0];
-    free(jobs);
+    j = bat_job(1);
     assert_int_equal(llmgw_tjob_channel(j), 2);
 
     f = expect_hook(j, "buildBatchQueryRequest", "sha-bat");
@@ -2181,25 +2196,13 @@ test_batch_poll_matches_results_by_task_id(void **state)
 static void
 test_batch_poll_404_counts_a_failure_for_each_task(void **state)
 {
-    llmgw_tjob_t        **jobs;
     llmgw_tjob_t         *j;
-    size_t                n, ntasks;
     json_t               *f, *list;
     const json_t         *u;
 
     (void) state;
 
-    jobs = claim("{'tasks':["
-                 "{'task_id':'t1','upstream_task_id':'u1','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'},"
-                 "{'task_id':'t2','upstream_task_id':'u2','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':2,'status':'QUEUED'},"
-                 "{'task_id':'t3','upstream_task_id':'u3','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'}]}",
-                 &n, &ntasks);
-    assert_int_equal(n, 1);
-    j = jobs[0];
-    free(jobs);
+    j = bat_job(2);
 
     json_decref(expect_hook(j, "buildBatchQueryRequest", "sha-bat"));
     hook_ok(j, "{'url':'https://second.example/batch','method':'POST',"
