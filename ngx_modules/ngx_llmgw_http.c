@@ -101,6 +101,7 @@ struct ngx_llmgw_http_s {
     ngx_str_t                  name;         /* "host:port" for messages */
     in_port_t                  port;
     ngx_msec_t                 timeout;
+    ngx_msec_t                 body_timeout; /* after the header */
     ngx_msec_t                 deadline;    /* absolute; 0: none */
     size_t                     max_body;
     ngx_buf_t                  out;
@@ -375,6 +376,7 @@ ngx_llmgw_http_start(ngx_llmgw_http_opts_t *opts, ngx_log_t *log)
     h->port = opts->port ? opts->port : (h->tls ? 443 : 80);
     h->timeout = opts->timeout ? opts->timeout
                  : (mcf ? mcf->task_http_timeout : 60000);
+    h->body_timeout = opts->body_timeout ? opts->body_timeout : h->timeout;
     h->deadline = opts->deadline;
     h->max_body = opts->max_body ? opts->max_body
                   : (mcf ? mcf->task_max_response : 16 * 1024 * 1024);
@@ -1581,6 +1583,9 @@ ngx_llmgw_http_process(ngx_llmgw_http_t *h)
         if (rc != NGX_AGAIN) {
             return rc;
         }
+
+        /* the body's own timeout from here */
+        ngx_llmgw_http_arm(h);
     }
 
     rc = ngx_llmgw_http_body(h, b->pos, b->last);
@@ -2252,21 +2257,28 @@ ngx_llmgw_http_too_large(ngx_llmgw_http_t *h)
 }
 
 
-/* The timeout, or what is left to the call's deadline when that is less. */
+/*
+ * The timeout (the body's once the header has come), or what is left to
+ * the call's deadline when that is less.
+ */
 static void
 ngx_llmgw_http_arm(ngx_llmgw_http_t *h)
 {
+    ngx_msec_t      timeout;
     ngx_msec_int_t  left;
 
+    timeout = (h->rstate == NGX_LLMGW_HTTP_BODY) ? h->body_timeout
+                                                 : h->timeout;
+
     if (h->deadline == 0) {
-        ngx_add_timer(&h->timer, h->timeout);
+        ngx_add_timer(&h->timer, timeout);
         return;
     }
 
     left = (ngx_msec_int_t) (h->deadline - ngx_current_msec);
     left = ngx_max(left, 1);
 
-    ngx_add_timer(&h->timer, ngx_min(h->timeout, (ngx_msec_t) left));
+    ngx_add_timer(&h->timer, ngx_min(timeout, (ngx_msec_t) left));
 }
 
 

@@ -50,6 +50,10 @@ typedef struct {
                                              * handshake, each send and each
                                              * read (idle); 0: the
                                              * llmgw_task_http_timeout */
+    ngx_msec_t                 body_timeout; /* each read once the
+                                             * response header has come
+                                             * (a stream's idle timeout);
+                                             * 0: timeout */
     ngx_msec_t                 deadline;    /* ngx_current_msec after
                                              * which no wait is armed (the
                                              * timeout is cut to it); 0:

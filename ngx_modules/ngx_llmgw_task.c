@@ -462,8 +462,9 @@ ngx_llmgw_task_http_done(void *data, ngx_int_t rc,
     if (rn->streaming) {
         rn->streaming = 0;
 
-        /* a stream's end while the plugin works on an event waits for it */
-        if (llmgw_tjob_busy(rn->job)) {
+        /* a stream's end while the plugin works on an event, or while the
+           job waits for the plugin runtime, waits for that */
+        if (llmgw_tjob_busy(rn->job) || rn->sleep.timer_set) {
             return;
         }
     }
@@ -558,7 +559,8 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
         opts.max_body = NGX_MAX_SIZE_T_VALUE / 2;
 
     } else if (o->sse) {
-        opts.timeout = (ngx_msec_t) st->timeout_ms;
+        /* connecting, sending and the head: llmgw_task_http_timeout */
+        opts.body_timeout = (ngx_msec_t) st->timeout_ms;
         opts.on_headers = ngx_llmgw_task_stream_headers;
         opts.on_data = ngx_llmgw_task_stream_data;
         rn->streaming = 1;

@@ -1350,9 +1350,8 @@ ngx_llmgw_process_header(ngx_http_request_t *r)
                                          12) == 0;
 
             if (is_type
-                && ngx_strlcasestrn(value.data, value.data + value.len,
-                                    (u_char *) "text/event-stream", 17 - 1)
-                   != NULL)
+                && llmgw_is_event_stream((llmgw_str_t) {
+                       (const char *) value.data, value.len }))
             {
                 ctx->event_stream = 1;
             }

@@ -674,6 +674,11 @@ int llmgw_sse_feed(llmgw_sse_t *p, const char *data, size_t len,
 /* Where in the last feed's data its last complete event ended (just past
    the blank line), or SIZE_MAX when no event ended in it. */
 size_t llmgw_sse_boundary(const llmgw_sse_t *p);
+/* Whether a Content-Type value says text/event-stream: its media type
+   (before any parameter, without white space around it) compared exactly,
+   ignoring case ("Text/Event-Stream; charset=utf-8" is one,
+   "text/event-streamx" is not). */
+int llmgw_is_event_stream(llmgw_str_t content_type);
 
 
 /* ---- plugin management (plugin.cpp) ---- */

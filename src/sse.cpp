@@ -295,3 +295,28 @@ llmgw_sse_feed(llmgw_sse_t *p, const char *data, size_t len,
 
     return 0;
 }
+
+
+extern "C" int
+llmgw_is_event_stream(llmgw_str_t content_type)
+{
+    constexpr std::string_view want = "text/event-stream";
+    std::string_view v(content_type.data ? content_type.data : "",
+                       content_type.data ? content_type.len : 0);
+
+    v = v.substr(0, v.find(';'));
+
+    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) {
+        v.remove_prefix(1);
+    }
+    while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) {
+        v.remove_suffix(1);
+    }
+
+    return v.size() == want.size()
+           && std::equal(v.begin(), v.end(), want.begin(),
+                         [](char a, char b) {
+                             return (a >= 'A' && a <= 'Z' ? a - 'A' + 'a' : a)
+                                    == b;
+                         });
+}

@@ -484,6 +484,8 @@ struct llmgw_tjob_s {
     /* host_image: waiting for the task, polling it in between */
     std::chrono::steady_clock::time_point wait_start;
     bool                     waiting = false;
+    /* the vendor accepted the submit (a 2xx answer, an event stream) */
+    bool                     submit_taken = false;
     /* the vendor's answer waiting for the runtime (kRuntimeWaitMs) */
     std::chrono::steady_clock::time_point runtime_wait_start;
     bool                     runtime_waiting = false;
@@ -897,13 +899,17 @@ struct llmgw_tjob_s {
         } else if (hook.kind == "internal" || hook.kind == "not_loaded"
                    || hook.kind == "bad_request")
         {
-            if (runtime_waiting && !charged) {
+            if (submit_taken && !charged) {
                 /* a retry would start a second task at the vendor */
                 return fail(502, "gateway_error", "plugin_unavailable",
                             "the plugin runtime could not read the vendor's "
-                            "answer to the submit within "
-                            + std::to_string(kRuntimeWaitMs / 1000)
-                            + " s: the vendor may have started the task, "
+                            "answer to the submit"
+                            + (runtime_waiting
+                               ? " within "
+                                 + std::to_string(kRuntimeWaitMs / 1000)
+                                 + " s"
+                               : std::string())
+                            + ": the vendor may have started the task, "
                             "which is neither saved nor charged");
             }
             if (charged && !task_id.empty()
@@ -1790,6 +1796,7 @@ llmgw_tjob_s::parse_submit(json_t *body_steal)
     json_object_set(resp, "headers",
                     http_headers ? http_headers.get() : json_object());
     json_object_set(resp, "body", b.get());
+    submit_taken = true;
 
     json_t *a = json_array();
     json_array_append(a, driver_ctx.get());
@@ -3349,17 +3356,18 @@ llmgw_tjob_s::answer_query(json_t *rows)
 }
 
 
-/* The next SSE event to give the plugin, or what ends the stream. */
+/*
+ * The next SSE event to give the plugin, or what ends the stream.  Events
+ * received whole before the stream failed (a reset, a chunked body cut
+ * short, a silence) still go to the plugin, in order: the failure counts
+ * only when none of them is the one the plugin reports done at.
+ */
 const llmgw_tstep_t *
 llmgw_tjob_s::stream_next()
 {
-    if (!stream_error.empty()) {
-        if (http_status == 0) {
-            /* no answer at all: the vendor has not accepted the submit */
-            return transport_failed();
-        }
-        return fail(502, "upstream_error", "bad_response_status_code",
-                    "the submit event stream failed: " + stream_error);
+    if (!stream_error.empty() && http_status == 0) {
+        /* no answer at all: the vendor has not accepted the submit */
+        return transport_failed();
     }
 
     if (!events.empty()) {
@@ -3373,6 +3381,11 @@ llmgw_tjob_s::stream_next()
         json_array_append(a, sse_state ? sse_state.get() : json_null());
         return call(sse_delta ? "parseSubmitEventDelta" : "parseSubmitEvent",
                     a, EVENT);
+    }
+
+    if (!stream_error.empty()) {
+        return fail(502, "upstream_error", "bad_response_status_code",
+                    "the submit event stream failed: " + stream_error);
     }
 
     if (stream_ended) {
@@ -3540,8 +3553,12 @@ llmgw_tjob_s::next_request()
 
     case EVENT: {
         if (!hook.ok) {
-            return plugin_failed(nullptr);
+            /* the vendor took the submit: its events wait for the runtime
+               as its JSON answer does; the stream is read on meanwhile */
+            const llmgw_tstep_t *again = await_runtime();
+            return again != nullptr ? again : plugin_failed(nullptr);
         }
+        runtime_waiting = false;
         std::string r = json_dump(hook.result.get());
         llmgw_buf_t state {};
         int done = 0;
@@ -3969,7 +3986,10 @@ llmgw_tjob_s::poll_sent()
 
     int s = http_status;
 
-    if (s == 404 || s == 410) {
+    if ((s == 404 || s == 410) && !batch) {
+        /* a batch query's URL that is not found (say a route the vendor
+           moved) says nothing of its tasks: its answer is parsed as any
+           other 4xx, and a task without a result counts one failure */
         for (size_t i = 0; i < tasks.size(); i++) {
             poll_terminal(i, "FAILURE", "the upstream no longer knows the "
                           "task (HTTP " + std::to_string(s) + ")");
@@ -4046,7 +4066,11 @@ llmgw_tjob_s::poll_parsed()
 
     for (size_t i = 0; i < tasks.size(); i++) {
         if (!seen[i]) {
-            poll_failure(i, "the batch answer did not mention the task");
+            poll_failure(i, ok2xx ? std::string("the batch answer did not "
+                                                "mention the task")
+                                  : "the upstream answered HTTP "
+                                    + std::to_string(http_status)
+                                    + " to the batch query");
         }
     }
 
@@ -4814,7 +4838,8 @@ llmgw_tjob_http_done(llmgw_tjob_t *j, int rc, int flags, int status,
         if (j->sse_mode_step) {
             /* the end of a stream (its header came through stream calls) */
             j->stream_ended = true;
-            if (rc != 0 && !j->stream_cancelled) {
+            if (rc != 0 && !j->stream_cancelled && j->stream_error.empty()) {
+                /* the first reason: a refusal of ours ends the call too */
                 j->stream_error = (flags & LLMGW_THTTP_TIMED_OUT)
                                   ? "no event within the idle "
                                               "timeout"
@@ -4888,8 +4913,7 @@ llmgw_tjob_stream_headers(llmgw_tjob_t *j, int status,
         bool es = false;
         for (size_t i = 0; i < nheaders; i++) {
             if (sv(names[i]) == "content-type"
-                && sv(values[i]).find("text/event-stream")
-                   != std::string_view::npos)
+                && llmgw_is_event_stream(values[i]))
             {
                 es = true;
             }
@@ -4902,6 +4926,7 @@ llmgw_tjob_stream_headers(llmgw_tjob_t *j, int status,
         }
 
         j->stream_ok = true;
+        j->submit_taken = true;
         return 0;
 
     } catch (...) {

@@ -114,7 +114,8 @@ typedef struct {
     const char              *sha;
     llmgw_str_t              body;       /* HOOK frame body, RESPOND body */
     const llmgw_outbound_t  *out;
-    int64_t                  timeout_ms; /* HTTP: idle timeout of a stream */
+    int64_t                  timeout_ms; /* HTTP: a stream's idle timeout,
+                                           after its head */
     int                      resend;     /* HTTP: may be sent twice */
     int64_t                  deadline_ms; /* HTTP: the call ends within
                                              this many ms, whatever its

@@ -247,6 +247,23 @@ describe('answers and faults', { timeout: 180000 }, () => {
         assert.equal(row.completion_tokens, 3);
     });
 
+    test('a Content-Type that only mentions text/event-stream is no stream: its JSON is made one', async () => {
+        bad.handler = (req, res) => sendJson(res, 200, openaiChat({
+            model: 'x', content: 'whole', usage: { prompt_tokens: 5, completion_tokens: 2 },
+        }), { 'Content-Type': 'application/json; profile=text/event-stream' });
+        const { model } = await pair(bad.url, { backup: false });
+        const { key } = await makeUserKey(gw);
+        const r = await gw.chat(key, model, { extra: { stream: true } });
+        assertOk(r);
+        assert.match(r.headers['content-type'], /^text\/event-stream/);
+        const evs = sseEvents(r.text);
+        assert.equal(evs.at(-1).data, '[DONE]', r.text);
+        assert.ok(r.text.includes('whole'), r.text);
+        const row = await rowOf(r);
+        assert.equal(row.prompt_tokens, 5);
+        assert.equal(row.completion_tokens, 2);
+    });
+
     test('events labelled text/plain are streamed as they come, and billed', async () => {
         bad.handler = async (req, res) => {
             res.writeHead(200, { 'Content-Type': 'text/plain' });

@@ -946,6 +946,97 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(env.vendor.submits().length, 1, 'never retried');
         await expectUsed(gw, db, env.acct, 0);
     });
+
+    test('SSE: events received before the connection failed still reach the plugin; a done among them makes the task', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        const N = 20;
+        /* the plugin takes 30 ms an event: the reset or the cut chunked
+           body comes while most events still wait for it */
+        for (const end of ['reset', 'close']) {
+            const up = `up-${hex(4)}`;
+            env.vendor.onSubmit = () => ({
+                upId: up, sseEnd: end, sseEndDelayMs: 100,
+                sse: [sseFrame({ event: 'accepted', data: { id: up, spin: 30 } }),
+                    ...Array.from({ length: N }, (_, i) => sseFrame({ data: { progress: i, spin: 30 } })),
+                    sseFrame({ event: 'done', data: {} })],
+            });
+            const r = assertOk(await submit(env, { model: env.model }), `done, then ${end}`);
+            const st = r.json.data.stream;
+            assert.equal(st.id, up, r.text);
+            assert.deepEqual(st.events, ['accepted', ...Array(N).fill('message'), 'done'],
+                'every event, in order');
+            assert.equal(st.progress, N - 1);
+        }
+        assert.equal(env.vendor.submits().length, 2, 'never retried');
+        await expectUsed(gw, db, env.acct, 2 * PER_TASK);
+    });
+
+    test('SSE: a head slower than llmgw_task_sse_idle_timeout is waited for (llmgw_task_http_timeout)', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({
+            upId: up, delayMs: SSE_IDLE_MS + 800,
+            sse: [sseFrame({ event: 'accepted', data: { id: up } }),
+                sseFrame({ event: 'done', data: {} })],
+        });
+        const r = assertOk(await submit(env, { model: env.model }), 'a slow head');
+        assert.equal(r.json.data.stream.id, up, r.text);
+    });
+
+    test('SSE: the Content-Type is text/event-stream in any case, with parameters, and nothing else', async () => {
+        const env = await setup({ fixture: 'task-sse.js', models: 1 });
+        for (const type of ['Text/Event-Stream; charset=utf-8', 'TEXT/EVENT-STREAM',
+            'text/event-streamx', 'application/json; x=text/event-stream']) {
+            const up = `up-${hex(4)}`;
+            env.vendor.onSubmit = () => ({
+                upId: up, headers: { 'Content-Type': type },
+                sse: [sseFrame({ event: 'accepted', data: { id: up } }),
+                    sseFrame({ event: 'done', data: {} })],
+            });
+            const r = await submit(env, { model: env.model });
+            if (/^text\/event-stream$/i.test(type.split(';')[0].trim())) {
+                assert.equal(assertOk(r, type).json.data.stream.id, up, r.text);
+            } else {
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_status_code' });
+                assert.match(bareMessage(r), /did not answer with an event stream/, type);
+            }
+        }
+        assert.equal(env.vendor.submits().length, 4, 'never retried');
+        await expectUsed(gw, db, env.acct, 2 * PER_TASK);
+    });
+});
+
+describe('SSE submit timeouts: the head within llmgw_task_http_timeout, the stream within llmgw_task_sse_idle_timeout', { timeout: 120000 }, () => {
+    const HTTP_MS = 1500;
+    const IDLE_MS = 3000;
+    const s = vendorSuite({
+        http: `llmgw_task_poll_interval ${POLL_MS}ms;\n  llmgw_task_http_timeout ${HTTP_MS}ms;\n  ` +
+            `llmgw_task_sse_idle_timeout ${IDLE_MS}ms;`,
+    });
+
+    test('a head later than the HTTP timeout fails; silences in the stream longer than it do not', async () => {
+        const { db, gw, vendor } = s;
+        const env = await taskSetup(gw, { fixture: 'task-sse.js', vendors: [vendor], models: 1 });
+        const frames = (up) => [sseFrame({ event: 'accepted', data: { id: up } }),
+            sseFrame({ event: 'done', data: {} })];
+
+        vendor.onSubmit = () => ({ delayMs: HTTP_MS + 1000, sse: frames(`up-${hex(4)}`) });
+        let t0 = Date.now();
+        const late = await submitTask(gw, env, { model: env.model });
+        let took = Date.now() - t0;
+        assertError(late, 504, { type: 'upstream_error', code: 'do_request_failed' });
+        assert.match(bareMessage(late), /timed out/);
+        assert.ok(took >= HTTP_MS - 200 && took < IDLE_MS, `failed after ${took} ms`);
+
+        const up = `up-${hex(4)}`;
+        vendor.onSubmit = () => ({ upId: up, frameDelayMs: HTTP_MS + 500, sse: frames(up) });
+        t0 = Date.now();
+        const r = assertOk(await submitTask(gw, env, { model: env.model }), 'events slower than the HTTP timeout');
+        took = Date.now() - t0;
+        assert.equal(r.json.data.stream.id, up, r.text);
+        assert.ok(took >= 2 * HTTP_MS, `answered after ${took} ms`);
+        await expectUsed(gw, db, env.acct, PER_TASK);
+    });
 });
 
 describe('task timeout: the outer deadline fails and refunds', { timeout: 120000 }, () => {

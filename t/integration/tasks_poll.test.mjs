@@ -27,7 +27,8 @@ import {
 } from '../lib/harness.mjs';
 import {
     account, expectUsed, gate, getTask, ledgerRows, mapLimit, pidOwningPort,
-    pluginSource, pollFailures, startVendor, stopAfterKill, submitTask, taskSetup, TERMINAL,
+    pluginSource, pollFailures, sseFrame, startVendor, stopAfterKill, submitTask, taskSetup,
+    TERMINAL,
     vendorSuite, waitFor, waitLedger, waitStatus, waitTask,
 } from '../lib/vendor.mjs';
 
@@ -311,28 +312,42 @@ describe('the plugin runtime out when the vendor answers a submit', { timeout: 1
     const V8_TIMEOUT_MS = 1500;
     const s = vendorSuite({ http: `${HTTP}\n  llmgw_v8host_timeout ${V8_TIMEOUT_MS}ms;`,
         workers: 1, v8host: { workers: 2 } });
-    let env;
+    let env, sseEnv;
 
     before(async () => {
         env = await taskSetup(s.gw, { vendors: [s.vendor], models: 1 });
+        sseEnv = await taskSetup(s.gw, { fixture: 'task-sse.js', vendors: [s.vendor], models: 1 });
+    });
+
+    /* The SSE answer to a submit: events the runtime is out for, in time. */
+    const stream = (rec) => ({
+        upId: rec.json.up_id, frameDelayMs: 300,
+        sse: [sseFrame({ event: 'accepted', data: { id: rec.json.up_id } }),
+            sseFrame({ data: { progress: 50 } }),
+            sseFrame({ event: 'done', data: {} })],
     });
 
     /*
      * Two submits held at the vendor; the runtime goes out (out()), the
-     * vendor answers, the runtime comes back (back()) after calls of
-     * parseSubmitResponse have failed: both tasks are stored and charged,
+     * vendor answers (JSON, or an event stream with sse), the runtime
+     * comes back (back()) after calls of parseSubmitResponse (or
+     * parseSubmitEvent) have failed: both tasks are stored and charged,
      * also the one whose client left meanwhile, and nothing is sent twice.
      */
-    async function outWhileAnswering(out, back) {
+    async function outWhileAnswering(out, back, { sse = false } = {}) {
         const { gw, vendor, db } = s;
         const acct = await account(gw);
         const held = gate();
         const ups = [uniq('up-rt'), uniq('up-rt')];
-        vendor.onSubmit = async () => { await held.promise; return undefined; };
+        const e = sse ? sseEnv : env;
+        vendor.onSubmit = async (rec) => {
+            await held.promise;
+            return sse ? stream(rec) : undefined;
+        };
         try {
-            const stays = submitTask(gw, env, { model: env.model, up_id: ups[0] },
+            const stays = submitTask(gw, e, { model: e.model, up_id: ups[0] },
                 { key: acct.key, timeoutMs: 60000 });
-            const leaves = submitTask(gw, env, { model: env.model, up_id: ups[1] },
+            const leaves = submitTask(gw, e, { model: e.model, up_id: ups[1] },
                 { key: acct.key, timeoutMs: V8_TIMEOUT_MS * 2 }).then(
                 () => assert.fail('the client was to leave first'), (e) => e);
             await waitFor(() => ups.every((up) => vendor.submits().some((r) => r.upId === up
@@ -346,6 +361,11 @@ describe('the plugin runtime out when the vendor answers a submit', { timeout: 1
 
             const r = assertOk(await stays, 'the submit whose answer waited for the runtime');
             assert.match(r.json.task_id, /^task_/);
+            if (sse) {
+                /* every event, once, in order */
+                assert.deepEqual(r.json.data.stream.events, ['accepted', 'message', 'done'], r.text);
+                assert.equal(r.json.data.stream.progress, 50);
+            }
             await waitFor(async () => Number(await psql(db.conninfo,
                 `select count(*) from tasks where user_id = ${acct.user.id}`)) === 2,
             10000, { what: 'the task of the client that left, stored' });
@@ -372,6 +392,17 @@ describe('the plugin runtime out when the vendor answers a submit', { timeout: 1
     test('killed: the answer is read once it is started again', async () => {
         const h = s.gw.v8host;
         await outWhileAnswering(() => h.kill('SIGKILL'), () => h.start());
+    });
+
+    test('SSE, stopped: the events are read once it runs again', async () => {
+        const h = s.gw.v8host;
+        await outWhileAnswering(async () => h.proc.kill('SIGSTOP'),
+            async () => h.proc.kill('SIGCONT'), { sse: true });
+    });
+
+    test('SSE, killed: the events are read once it is started again', async () => {
+        const h = s.gw.v8host;
+        await outWhileAnswering(() => h.kill('SIGKILL'), () => h.start(), { sse: true });
     });
 });
 
@@ -435,6 +466,48 @@ describe('batch plugin', { timeout: 120000 }, () => {
         }
         await expectUsed(gw, db, env.acct, N * PER_TASK);
     });
+    test('a 404 or 410 to the batch query is one more failure for each task in it, not its end', async () => {
+        const v = await startVendor();
+        try {
+            const env = await taskSetup(gw, { fixture: 'task-batch.js', vendors: [v], models: 1 });
+            /* the batch route is missing twice for every task (a misrouted
+               URL), then answers: the tasks go on to SUCCESS */
+            const missed = new Map();
+            v.onBatch = (rec) => {
+                const ids = rec.json.ids;
+                if (!ids.every((id) => (missed.get(id) || 0) < MAX_FAILURES - 1)) {
+                    return undefined;
+                }
+                ids.forEach((id) => missed.set(id, (missed.get(id) || 0) + 1));
+                return { status: rec.n % 2 ? 404 : 410, body: { error: 'no such route' } };
+            };
+            v.pollAnswer = () => ({ body: { status: 'done' } });
+            const ups = [uniq('up-b404'), uniq('up-b404'), uniq('up-b404')];
+            const rs = await Promise.all(ups.map((up) =>
+                submitTask(gw, env, { model: env.model, up_id: up })));
+            const ids = rs.map((r) => assertOk(r, 'submit').json.task_id);
+            for (const id of ids) {
+                await waitStatus(gw, env.acct.key, id, 'SUCCESS', { ms: 10000 });
+                await waitLedger(db, id, ['reserve', 'settle']);
+            }
+            for (const up of ups) {
+                assert.ok(missed.get(up) >= 1, `${up} was in a batch answered 404 or 410`);
+            }
+            await expectUsed(gw, db, env.acct, ups.length * PER_TASK);
+
+            /* a batch route that stays missing ends its tasks at the limit */
+            v.onBatch = () => ({ status: 404, body: { error: 'no such route' } });
+            const r = assertOk(await submitTask(gw, env, { model: env.model }), 'submit');
+            const view = await waitStatus(gw, env.acct.key, r.json.task_id, 'FAILURE', { ms: 10000 });
+            assert.equal(view.fail_reason, `polling failed ${MAX_FAILURES} times in a row: `
+                + 'the upstream answered HTTP 404 to the batch query');
+            assert.equal(await pollFailures(db, r.json.task_id), MAX_FAILURES);
+            await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        } finally {
+            await v.close();
+        }
+    });
+
     test('a NUL in a poll result is stored; an update the database refuses holds up no other task of its batch', async () => {
         const v = await startVendor();
         const nul = uniq('up-nul');

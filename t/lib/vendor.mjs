@@ -16,8 +16,10 @@
 //   {status = 200, body (object -> JSON, string or Buffer), headers,
 //    delayMs, before: () => Promise (awaited first), close: true (destroy
 //    the socket without answering: a transport error),
-//    sse: [frame strings] (a text/event-stream answer), frameDelayMs,
-//    sseEnd: 'end' | 'hold' | 'close' (what follows the last frame)}
+//    sse: [frame strings] (a text/event-stream answer, chunked), frameDelayMs,
+//    sseEnd: 'end' | 'hold' | 'close' (destroyed: the chunked body cut
+//    short) | 'reset' (a TCP RST), what follows the last frame after
+//    sseEndDelayMs}
 // Every request is recorded before it is answered:
 //   rec = {n, method, url, path, query, headers, body: Buffer, text, json,
 //          remotePort, t, tEnd, closed, kind: submit|poll|batch|other|retired,
@@ -254,11 +256,18 @@ export async function startVendor() {
                 }
                 res.write(frame);
             }
+            if (a.sseEndDelayMs) {
+                await sleep(a.sseEndDelayMs);
+            }
             if (a.sseEnd === 'hold') {
                 return;   /* left open; close() or the client ends it */
             }
             if (a.sseEnd === 'close') {
                 req.socket.destroy();
+                return;
+            }
+            if (a.sseEnd === 'reset') {
+                req.socket.resetAndDestroy();
                 return;
             }
             res.end();

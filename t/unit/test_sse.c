@@ -1,6 +1,7 @@
 /*
  * Incremental text/event-stream framing (WHATWG event stream rules): line
- * ends, field parsing, dispatch, size limit and split feeds.
+ * ends, field parsing, dispatch, size limit and split feeds; which
+ * Content-Type says an event stream.
  */
 
 #include <stdarg.h>
@@ -463,6 +464,35 @@ test_default_max_is_one_mib(void **state)
 }
 
 
+static int
+event_stream(const char *content_type)
+{
+    return llmgw_is_event_stream((llmgw_str_t) { content_type,
+                                                 strlen(content_type) });
+}
+
+
+/* RFC 9110 8.3.1: the media type ignores case, parameters follow ";". */
+static void
+test_event_stream_type_is_the_media_type_ignoring_case(void **state)
+{
+    (void) state;
+
+    assert_true(event_stream("text/event-stream"));
+    assert_true(event_stream("Text/Event-Stream; charset=utf-8"));
+    assert_true(event_stream(" TEXT/EVENT-STREAM ;charset=UTF-8"));
+    assert_true(event_stream("text/event-stream\t"));
+
+    assert_false(event_stream("text/event-streamx"));
+    assert_false(event_stream("xtext/event-stream"));
+    assert_false(event_stream("text/event-stream-json"));
+    assert_false(event_stream("application/json; x=text/event-stream"));
+    assert_false(event_stream("text/plain, text/event-stream"));
+    assert_false(event_stream(""));
+    assert_false(llmgw_is_event_stream((llmgw_str_t) { NULL, 0 }));
+}
+
+
 int
 main(void)
 {
@@ -493,6 +523,8 @@ main(void)
         cmocka_unit_test(test_limit_is_per_event_not_per_stream),
         cmocka_unit_test(test_endless_line_fails_instead_of_buffering),
         cmocka_unit_test(test_default_max_is_one_mib),
+        cmocka_unit_test(
+            test_event_stream_type_is_the_media_type_ignoring_case),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

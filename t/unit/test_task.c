@@ -1472,6 +1472,125 @@ test_sse_submit_event_not_done_waits_for_more(void **state)
 }
 
 
+/* The stream to one SSE submit, its head answered; ready for events. */
+static llmgw_tjob_t *
+sse_submit_streaming(void)
+{
+    llmgw_tjob_t  *j = submit_job("{'model':'m1'}");
+    llmgw_str_t    names[] = { LLMGW_STR("content-type") };
+    llmgw_str_t    values[] = { LLMGW_STR("text/event-stream") };
+
+    json_decref(submit_to_build(j));
+    hook_ok(j, "{'url':'https://vendor.example/v1/videos','body':{},"
+               "'responseType':'sse'}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    assert_int_equal(llmgw_tjob_stream_headers(j, 200, names, values, 1), 0);
+    return j;
+}
+
+
+/* The next step gives the plugin the event whose member is value; the
+ * plugin answers result_sq. */
+static void
+expect_event(llmgw_tjob_t *j, const char *member, const char *value,
+    const char *result_sq)
+{
+    json_t *f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+
+    assert_string_equal(jstr_at(hook_arg(f, 1), member, NULL), value);
+    json_decref(f);
+    hook_ok(j, result_sq);
+}
+
+
+/* Events that came whole before the connection failed go to the plugin,
+ * in order; one it reports done at makes the submit. */
+static void
+test_sse_events_before_a_reset_still_reach_the_plugin(void **state)
+{
+    llmgw_tjob_t       *j = sse_submit_streaming();
+    json_t             *f;
+    static const char   ev1[] = "data: a\n\n";
+    static const char   rest[] = "data: b\n\nevent: done\ndata: c\n\ndata: d";
+
+    (void) state;
+
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    f = expect_hook(j, "parseSubmitEvent", "sha-vid");
+    json_decref(f);
+
+    /* while the plugin works on the first: two more, then a reset */
+    assert_int_equal(llmgw_tjob_stream_data(j, rest, strlen(rest)), 0);
+    llmgw_tjob_http_done(j, -1, LLMGW_THTTP_SENT, 0, NULL, NULL, 0, NULL, 0,
+                         "reading the response from vendor.example failed");
+    hook_ok(j, "{'state':{'n':1},'done':false}");
+
+    expect_event(j, "data", "b", "{'state':{'n':2},'done':false}");
+
+    expect_event(j, "event", "done", "{'state':{'taskId':'up-r'},'done':true}");
+
+    /* the stream is over already: nothing to cancel */
+    f = expect_hook(j, "parseSubmitResponse", "sha-vid");
+    assert_json_eq(json_object_get(hook_arg(f, 1), "body"),
+                   "{'taskId':'up-r'}");
+    json_decref(f);
+    llmgw_tjob_free(j);
+
+    /* without done among them the failure is the answer, after them */
+    j = sse_submit_streaming();
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    json_decref(expect_hook(j, "parseSubmitEvent", "sha-vid"));
+    llmgw_tjob_http_done(j, -1, LLMGW_THTTP_SENT, 0, NULL, NULL, 0, NULL, 0,
+                         "reading the response from vendor.example failed");
+    hook_ok(j, "{'state':{'n':1},'done':false}");
+    expect_error(j, 502, "upstream_error", "bad_response_status_code",
+                 "the submit event stream failed: reading the response");
+    llmgw_tjob_free(j);
+}
+
+
+/* The runtime down while the vendor streams an accepted submit: the event
+ * is given again after a pause, as a JSON answer would be, and the job
+ * goes on without its client meanwhile. */
+static void
+test_sse_event_waits_for_the_plugin_runtime(void **state)
+{
+    llmgw_tjob_t         *j = sse_submit_streaming();
+    const llmgw_tstep_t  *st;
+    static const char     ev1[] = "data: a\n\n";
+    static const char     ev2[] = "event: done\ndata: b\n\n";
+
+    (void) state;
+
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    json_decref(expect_hook(j, "parseSubmitEvent", "sha-vid"));
+    llmgw_tjob_hook_done(j, -1, "the plugin runtime is not available", 35);
+
+    st = expect_step(j, LLMGW_TSTEP_SLEEP);
+    assert_true(st->amount > 0 && st->amount <= 1000);
+    assert_true(llmgw_tjob_must_go_on(j));
+    /* the stream is read on meanwhile, without waking the job */
+    assert_int_equal(llmgw_tjob_stream_data(j, ev2, strlen(ev2)), 0);
+
+    expect_event(j, "data", "a", "{'state':{'n':1},'done':false}");
+
+    expect_event(j, "data", "b", "{'state':{'taskId':'up-w'},'done':true}");
+    expect_step(j, LLMGW_TSTEP_HTTP_CANCEL);
+    json_decref(expect_hook(j, "parseSubmitResponse", "sha-vid"));
+    llmgw_tjob_free(j);
+
+    /* a refusal of the call itself: no retry is offered once accepted */
+    j = sse_submit_streaming();
+    assert_int_equal(llmgw_tjob_stream_data(j, ev1, strlen(ev1)), 1);
+    json_decref(expect_hook(j, "parseSubmitEvent", "sha-vid"));
+    hook_reply(j, "{'ok':false,'error':{'kind':'bad_request',"
+                  "'message':'unreadable frame'}}");
+    expect_error(j, 502, "gateway_error", "plugin_unavailable",
+                 "the vendor may have started the task");
+    llmgw_tjob_free(j);
+}
+
+
 /* What parseSubmitEvent returns outside its contract ({state, done} with
  * a boolean done) is the plugin's error, as for every hook: 500. */
 static void
@@ -1990,28 +2109,42 @@ update_of(const json_t *list, const char *task_id)
 }
 
 
+/* The one poll job of three bat tasks u1..u3 on channel 2, task t2 with
+ * t2_failures failed polls so far. */
+static llmgw_tjob_t *
+bat_job(int t2_failures)
+{
+    char            buf[1024];
+    size_t          n, ntasks;
+    llmgw_tjob_t  **jobs, *j;
+
+    snprintf(buf, sizeof(buf), "{'tasks':["
+             "{'task_id':'t1','upstream_task_id':'u1','plugin_key':'bat',"
+             "'channel_id':2,'poll_failures':0,'status':'QUEUED'},"
+             "{'task_id':'t2','upstream_task_id':'u2','plugin_key':'bat',"
+             "'channel_id':2,'poll_failures':%d,'status':'QUEUED'},"
+             "{'task_id':'t3','upstream_task_id':'u3','plugin_key':'bat',"
+             "'channel_id':2,'poll_failures':0,'status':'QUEUED'}]}",
+             t2_failures);
+    jobs = claim(buf, &n, &ntasks);
+    assert_int_equal(n, 1);
+    assert_int_equal(ntasks, 3);
+    j = jobs[0];
+    free(jobs);
+    return j;
+}
+
+
 static void
 test_batch_poll_matches_results_by_task_id(void **state)
 {
-    llmgw_tjob_t        **jobs;
     llmgw_tjob_t         *j;
-    size_t                n, ntasks;
     json_t               *f, *list;
     const json_t         *u;
 
     (void) state;
 
-    jobs = claim("{'tasks':["
-                 "{'task_id':'t1','upstream_task_id':'u1','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'},"
-                 "{'task_id':'t2','upstream_task_id':'u2','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':1,'status':'QUEUED'},"
-                 "{'task_id':'t3','upstream_task_id':'u3','plugin_key':'bat',"
-                 "'channel_id':2,'poll_failures':0,'status':'QUEUED'}]}",
-                 &n, &ntasks);
-    assert_int_equal(n, 1);
-    j = jobs[0];
-    free(jobs);
+    j = bat_job(1);
     assert_int_equal(llmgw_tjob_channel(j), 2);
 
     f = expect_hook(j, "buildBatchQueryRequest", "sha-bat");
@@ -2051,6 +2184,52 @@ test_batch_poll_matches_results_by_task_id(void **state)
     assert_json_eq(json_object_get(u, "data"), "{'url':'3'}");
     /* bat has no extractUsageOnComplete: nothing to settle from facts */
     assert_null(json_object_get(u, "final_quota"));
+
+    json_decref(list);
+    llmgw_tjob_free(j);
+}
+
+
+/* A 404 to the batch query says nothing of its tasks: each without a
+ * result counts one failure (FAILURE only at the limit), parsed as any
+ * other 4xx, so a result for a task still applies. */
+static void
+test_batch_poll_404_counts_a_failure_for_each_task(void **state)
+{
+    llmgw_tjob_t         *j;
+    json_t               *f, *list;
+    const json_t         *u;
+
+    (void) state;
+
+    j = bat_job(2);
+
+    json_decref(expect_hook(j, "buildBatchQueryRequest", "sha-bat"));
+    hook_ok(j, "{'url':'https://second.example/batch','method':'POST',"
+               "'body':{}}");
+    expect_step(j, LLMGW_TSTEP_HTTP);
+    http_reply(j, 404, "application/json", "{\"error\":\"no route\"}");
+
+    f = expect_hook(j, "parseBatchResult", "sha-bat");
+    assert_int_equal(jint(hook_arg(f, 2), "status"), 404);
+    json_decref(f);
+    hook_ok(j, "[{'taskId':'u3','status':'FAILURE','reason':'gone'}]");
+
+    list = expect_update(j);
+
+    u = update_of(list, "t1");
+    assert_int_equal(jint(u, "poll_failures"), 1);
+    assert_null(json_object_get(u, "status"));
+
+    /* the third failure in a row: the limit */
+    u = update_of(list, "t2");
+    assert_string_equal(jstr_at(u, "status", NULL), "FAILURE");
+    assert_contains(jstr_at(u, "fail_reason", NULL),
+                    "the upstream answered HTTP 404 to the batch query");
+
+    u = update_of(list, "t3");
+    assert_string_equal(jstr_at(u, "status", NULL), "FAILURE");
+    assert_string_equal(jstr_at(u, "fail_reason", NULL), "gone");
 
     json_decref(list);
     llmgw_tjob_free(j);
@@ -2145,6 +2324,9 @@ main(void)
             test_sse_submit_reads_events_until_done_then_parses_the_state),
         cmocka_unit_test(test_sse_submit_event_not_done_waits_for_more),
         cmocka_unit_test(
+            test_sse_events_before_a_reset_still_reach_the_plugin),
+        cmocka_unit_test(test_sse_event_waits_for_the_plugin_runtime),
+        cmocka_unit_test(
             test_sse_event_result_outside_the_contract_is_plugin_error),
         cmocka_unit_test(
             test_sse_submit_refused_with_429_or_5xx_moves_to_the_next_channel),
@@ -2164,6 +2346,7 @@ main(void)
         cmocka_unit_test(
             test_poll_jobs_group_a_batch_plugin_by_channel_and_size),
         cmocka_unit_test(test_batch_poll_matches_results_by_task_id),
+        cmocka_unit_test(test_batch_poll_404_counts_a_failure_for_each_task),
     };
 
     return cmocka_run_group_tests(tests, setup, teardown);
