@@ -231,6 +231,11 @@ ngx_llmgw_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
     ctx->errpage_sent = 1;
 
+    if (r->header_only) {
+        /* HEAD: the head says the length, and nothing follows it */
+        return ngx_llmgw_next_body_filter(r, in);
+    }
+
     b = ngx_calloc_buf(r->pool);
     if (b == NULL) {
         return NGX_ERROR;

@@ -552,6 +552,12 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     opts.public_only = o->public_only;
 
     if (pipe) {
+        /* a client that leaves is noticed from now on, while the vendor
+           is asked and read: its content is for nobody */
+        if (rn->request != NULL) {
+            rn->request->read_event_handler = ngx_http_test_reading;
+        }
+
         /* the content streams to the client, whatever its size */
         opts.on_headers = ngx_llmgw_pipe_headers;
         opts.on_data = ngx_llmgw_pipe_data;
@@ -1013,6 +1019,7 @@ ngx_llmgw_pipe_headers(void *data, ngx_llmgw_http_resp_t *resp)
     ngx_pool_t          *pool;
     llmgw_str_t         *names, *values;
     ngx_table_elt_t     *h;
+    ngx_llmgw_ctx_t     *ctx;
     ngx_http_request_t  *r;
     ngx_llmgw_runner_t  *rn = data;
     llmgw_tpipe_head_t   head;
@@ -1105,8 +1112,13 @@ ngx_llmgw_pipe_headers(void *data, ngx_llmgw_http_resp_t *resp)
 
     rn->piping = 1;
     r->write_event_handler = ngx_llmgw_pipe_write;
-    /* a client that leaves is noticed while the vendor is read */
-    r->read_event_handler = ngx_http_test_reading;
+
+    /* the vendor's answer as it came, not a page of the gateway's own */
+    ctx = ngx_llmgw_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+    ctx->responded = 1;
 
     rc = ngx_http_send_header(r);
 

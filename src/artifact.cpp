@@ -218,10 +218,13 @@ llmgw_artifact_link_check(llmgw_str_t secret, llmgw_str_t path,
         bool shape = seg.size() == 6 && seg[0] == "v1" && seg[1] == "tasks"
                      && seg[3] == "artifacts" && seg[5] == "content";
 
+        /* only the digits the link was issued with: no sign, space or
+           leading zero, which would be another spelling of the link */
         char *end = nullptr;
         long long expires = exp ? std::strtoll(exp, &end, 10) : 0;
-        bool number = exp != nullptr && *exp != '\0' && end != nullptr
-                      && *end == '\0';
+        bool number = exp != nullptr && exp[0] >= '1' && exp[0] <= '9'
+                      && end != nullptr && *end == '\0'
+                      && std::strspn(exp, "0123456789") == std::strlen(exp);
 
         std::string want = shape && number && secret.len > 0
                            ? signature(sv(secret), seg[2], seg[4], expires)

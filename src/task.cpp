@@ -3165,6 +3165,14 @@ llmgw_tjob_s::content_built()
         return fail(500, "gateway_error", "invalid_descriptor", send_error);
     }
 
+    /* a HEAD's answer has no body: the client's GET would get none */
+    if (method != "HEAD" && std::strcmp(out.method, "HEAD") == 0) {
+        return fail(500, "gateway_error", "invalid_descriptor",
+                    "buildContentRequest: method HEAD answers no content; "
+                    "a GET must be read with GET (or another method that "
+                    "answers the bytes)");
+    }
+
     if (out.credentialless) {
         /* a public address gets no plugin headers, but the client's own
            ranges and conditions still apply */

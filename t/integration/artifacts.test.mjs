@@ -32,10 +32,11 @@ import assert from 'node:assert/strict';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 
 import {
-    assertCleanLog, assertError, hex, settle, startGateway, uniq,
+    assertCleanLog, assertError, hex, rawHttp, settle, startGateway, uniq,
 } from '../lib/harness.mjs';
 import { startDns } from '../lib/mock.mjs';
 import {
@@ -180,7 +181,8 @@ function serve(rec, e, channelKey) {
             end = len - 1;
         }
         if (!(start <= end) || start >= len) {
-            return { status: 416, headers: { ...common, 'Content-Range': `bytes */${len}` }, body: '' };
+            return { status: 416, headers: { ...common, 'Content-Range': `bytes */${len}`,
+                'Content-Type': 'text/plain' }, body: 'range not satisfiable' };
         }
         return { status: 206, headers: { ...full, 'Content-Range': `bytes ${start}-${end}/${len}` },
             body: e.body.subarray(start, end + 1) };
@@ -270,6 +272,10 @@ describe('task artifacts', { timeout: 180000 }, () => {
             return { sse: ['hello world, ', 'more'], headers: { 'Content-Type': 'video/mp4',
                 'Content-Length': '5', 'Transfer-Encoding': 'chunked' } };
         }
+        if (k === 'slowhead') {
+            /* the head comes late: a client may leave before */
+            return { delayMs: 8000, ...serve(rec, cdnVideo, 'cdn-has-no-key') };
+        }
         if (k === 'moved') {
             return { status: 302, headers: { Location: '/cdn/video' }, body: '' };
         }
@@ -303,7 +309,10 @@ describe('task artifacts', { timeout: 180000 }, () => {
                 { key: 'video', type: 'video', mimeType: 'video/mp4' },
                 { key: 'moved', type: 'video' }, { key: 'hop-5', type: 'video' },
                 { key: 'hop-6', type: 'video' }, { key: 'leak', type: 'video' },
-                { key: 'gone', type: 'video' }, { key: 'framed', type: 'video' }] },
+                { key: 'gone', type: 'video' }, { key: 'framed', type: 'video' },
+                { key: 'slowhead', type: 'video' }] },
+            /* a HEAD to the vendor, whatever the client asked */
+            headonly: { contentMethod: 'HEAD' },
             /* the channel's origin, then a redirect to the CDN */
             tocdn: { cdn: `${vendor.url}/to-cdn`, artifacts: [{ key: 'video', type: 'video' }] },
             own: { cdn: `${vendor.url}/public`, artifacts: [{ key: 'video', type: 'video' }] },
@@ -369,6 +378,7 @@ describe('task artifacts', { timeout: 180000 }, () => {
         put('main', 'denied', { status: 403, body: { error: { message: `key ${channelKey} may not` } } });
         put('main', 'redir', { redirect: `${cdn.url}/cdn/video` });
         put('dflt', 'video', content(DVIDEO, 'video/mp4', 'd.mp4'));
+        put('headonly', 'video', content(DVIDEO, 'video/mp4', 'd.mp4'));
         put('dflt', 'thumbnail', content(THUMB, 'image/png', 'thumb.png'));
         put('novideo', 'notes', content(NOTES, 'text/plain', 'notes.txt'));
         put('throwing', 'video', content(DVIDEO, 'video/mp4', 'd.mp4'));
@@ -512,6 +522,20 @@ describe('task artifacts', { timeout: 180000 }, () => {
         const r5 = await contentOf(T.main.id, 'video', { headers: { Range: `bytes=${VIDEO.length}-` } });
         assert.equal(r5.status, 416, r5.text.slice(0, 300));
         assert.equal(r5.headers['content-range'], `bytes */${VIDEO.length}`);
+        /* as the vendor answered it, not a page of the gateway's */
+        assert.equal(r5.headers['content-type'], 'text/plain');
+        assert.equal(r5.headers.etag, e.etag);
+        assert.equal(r5.headers['last-modified'], LAST_MODIFIED);
+        assert.equal(r5.text, 'range not satisfiable');
+        /* a HEAD 416 has no body: the next answer on the connection follows
+           its head at once */
+        const auth = `Authorization: Bearer ${env.acct.key}\r\nHost: x\r\n`;
+        const raw = await rawHttp(gw.port,
+            `HEAD ${contentPath(T.main.id, 'video')} HTTP/1.1\r\n${auth}Range: bytes=${VIDEO.length}-\r\n\r\n`
+            + `GET ${contentPath(T.main.id, 'thumbnail')} HTTP/1.1\r\n${auth}Connection: close\r\n\r\n`);
+        assert.equal(raw.status, 416);
+        assert.equal(raw.headers['content-length'], '21');
+        assert.match(raw.body, /^HTTP\/1\.1 200 /, raw.body.slice(0, 200));
 
         /* conditional */
         const r6 = await contentOf(T.main.id, 'video', { headers: { 'If-None-Match': e.etag } });
@@ -538,6 +562,33 @@ describe('task artifacts', { timeout: 180000 }, () => {
             assert.ok(a.body.equals(bytes), `${k} byte-exact`);
             assert.equal(a.headers['content-type'], type);
         }
+    });
+
+    test('a content request of HEAD for a client\'s GET is 500 invalid_descriptor; for a HEAD it is sent', async () => {
+        const before = vendorGot(T.headonly.up, 'video').length;
+        assertError(await contentOf(T.headonly.id, 'video'), 500, { code: 'invalid_descriptor',
+            message: /method HEAD answers no content/ });
+        assert.equal(vendorGot(T.headonly.up, 'video').length, before);
+        const h = await contentOf(T.headonly.id, 'video', { method: 'HEAD' });
+        assert.equal(h.status, 200);
+        assert.equal(h.headers['content-length'], String(DVIDEO.length));
+        assert.equal(vendorGot(T.headonly.up, 'video').at(-1).method, 'HEAD');
+    });
+
+    test('a client that leaves before the vendor\'s head: the vendor request is stopped', async () => {
+        const n = cdnGot('slowhead').length;
+        await new Promise((resolve) => {
+            const sock = net.connect(gw.port, '127.0.0.1', () => {
+                sock.write(`GET ${contentPath(T.cdn.id, 'slowhead')} HTTP/1.1\r\nHost: x\r\n`
+                    + `Authorization: Bearer ${env.acct.key}\r\n\r\n`);
+                setTimeout(() => { sock.destroy(); resolve(); }, 300);
+            });
+            sock.on('error', () => {});
+        });
+        await waitFor(() => cdnGot('slowhead').length > n, 3000, { what: 'the CDN asked' });
+        const rec = cdnGot('slowhead').at(-1);
+        /* long before the vendor's 8 s, and llmgw_task_http_timeout's 60 s */
+        await waitFor(() => rec.closed, 2500, { what: 'the CDN request stopped' });
     });
 
     test('failures: vendor 404 and 410 are artifact_not_found, others 502; unknown keys; hooks that throw; foreign hosts', async () => {
@@ -740,6 +791,10 @@ describe('task artifacts', { timeout: 180000 }, () => {
             'another key': at(T.main.id, 'thumbnail', exp, sig),
             'another task': at(T.dflt.id, 'video', exp, sig),
             'a later expiry': at(T.main.id, 'video', exp + 1, sig),
+            /* the same time spelt otherwise is another link */
+            'a leading zero': at(T.main.id, 'video', `0${exp}`, sig),
+            'a plus sign': at(T.main.id, 'video', `%2B${exp}`, sig),
+            'a leading space': at(T.main.id, 'video', `%20${exp}`, sig),
         };
         for (const [what, url] of Object.entries(bad)) {
             const r = await bin(url);
