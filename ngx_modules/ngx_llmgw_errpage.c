@@ -97,6 +97,13 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
                           "implement (a transfer encoding, say)");
         return;
 
+    case NGX_HTTP_VERSION_NOT_SUPPORTED:
+        llmgw_verdict_set(v, status, "gateway_error",
+                          "http_version_not_supported",
+                          "the HTTP version of the request is not "
+                          "supported; use HTTP/1.1");
+        return;
+
     case NGX_HTTP_BAD_REQUEST:
         llmgw_verdict_set(v, status, "gateway_error", "bad_request",
                           "the request is not valid HTTP, or its headers "
@@ -108,6 +115,41 @@ ngx_llmgw_errpage_verdict(ngx_http_request_t *r, llmgw_verdict_t *v)
                           status >= 500 ? "internal_error" : "bad_request",
                           "request failed with HTTP %lu",
                           (unsigned long) status);
+    }
+}
+
+
+/*
+ * The request id header is the gateway's: one of that name from the
+ * upstream (Anthropic's API answers its own Request-Id) is not sent.
+ */
+static void
+ngx_llmgw_errpage_hide(ngx_http_request_t *r, ngx_str_t *name)
+{
+    ngx_uint_t        i;
+    ngx_list_part_t  *part;
+    ngx_table_elt_t  *h;
+
+    part = &r->headers_out.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                return;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == name->len
+            && ngx_strncasecmp(h[i].key.data, name->data, name->len) == 0)
+        {
+            h[i].hash = 0;
+        }
     }
 }
 
@@ -136,6 +178,8 @@ ngx_llmgw_header_filter(ngx_http_request_t *r)
     if (ctx == NULL) {
         return NGX_ERROR;
     }
+
+    ngx_llmgw_errpage_hide(r, &lcf->request_id_header);
 
     if (ngx_llmgw_out_header(r, &lcf->request_id_header, ctx->request_id,
                              NGX_LLMGW_REQUEST_ID_LEN)

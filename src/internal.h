@@ -99,6 +99,10 @@ std::string sha256_hex(std::string_view data);
 
 constexpr size_t kCredentialMinBytes = LLMGW_CREDENTIAL_MIN_BYTES;
 
+/* The longest model name served (cloud resource names run to a few
+   hundred bytes): it goes into the ledger, the logs and the shared zone. */
+constexpr size_t kMaxModelName = 1024;
+
 /* Whether channels of this type serve the endpoint (directly or through
  * conversion). */
 bool endpoint_serves(llmgw_endpoint_e ep, int type);

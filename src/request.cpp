@@ -34,9 +34,6 @@ constexpr std::string_view kFieldNames[F_COUNT] = {
 /* The most answers one request is reserved for (OpenAI's n allows 128). */
 constexpr int64_t kMaxChoices = 128;
 
-/* The longest model name served (cloud resource names run to a few
-   hundred bytes). */
-constexpr size_t kMaxModelName = 1024;
 
 } /* namespace */
 

@@ -381,6 +381,18 @@ body_member(const json_t *dbody, const char *k)
                                           k), 0);
 }
 
+/* Whether a parsed client body may hold a request: a JSON object, a form
+   or multipart fields; not nothing, nor a JSON array, string, number or
+   null (the model endpoints answer those invalid_json too). */
+bool
+json_object_body(const json_t *dbody)
+{
+    std::string_view kind = json_str(dbody, "kind");
+
+    return kind == "json" ? json_is_object(json_object_get(dbody, "value"))
+                          : kind != "none";
+}
+
 struct HookReply {
     bool         ok = false;
     Json         result;
@@ -1085,7 +1097,14 @@ struct llmgw_tjob_s {
                         "model must be a string");
         }
 
-        model = json_string_value(m);
+        /* the whole name, a NUL in it too: a name no channel serves */
+        model.assign(json_string_value(m), json_string_length(m));
+
+        if (model.size() > kMaxModelName) {
+            return fail(400, "gateway_error", "invalid_request",
+                        "model: a model name has at most "
+                        + std::to_string(kMaxModelName) + " bytes");
+        }
         return nullptr;
     }
     const llmgw_tstep_t *render_protocol(json_t *view);
@@ -1388,6 +1407,11 @@ llmgw_tjob_s::start_request()
 
     if (route_kind == LLMGW_TROUTE_SUBMIT) {
         /* POST /v1/tasks/{pluginKey}: the body is the request body */
+        if (!json_object_body(dbody.get())) {
+            return fail(400, "gateway_error", "invalid_json",
+                        "invalid JSON request body");
+        }
+
         json_t *value = json_object_get(dbody.get(), "value");
         request_body = Json(json_incref(value ? value : dbody.get()));
 
@@ -2128,6 +2152,11 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
                      || proto == LLMGW_TPROTO_VIDEO_CREATE;
     std::string_view kind = json_str(dbody, "kind");
 
+    if (!json_object_body(dbody)) {
+        return fail(400, "gateway_error", "invalid_json",
+                    "invalid JSON request body");
+    }
+
     if (kind != "json" && !(multipart && kind == "multipart")) {
         return fail(400, "gateway_error", "invalid_request",
                     "POST " + std::string(protocol_path(proto)) + " takes a "
@@ -2593,6 +2622,14 @@ llmgw_tjob_s::responses_mode(const json_t *dbody)
         json_find_by(json_object_get(manifest, "protocols"), "name",
                      protocol),
         "supports");
+
+    for (const char *flag : { "stream", "background" }) {
+        const json_t *f = body_member(dbody, flag);
+        if (f != nullptr && !json_is_null(f) && !json_is_boolean(f)) {
+            return fail(400, "gateway_error", "invalid_request",
+                        std::string(flag) + " must be a boolean");
+        }
+    }
 
     resp_stream = json_is_true(body_member(dbody, "stream"));
     resp_background = !resp_stream

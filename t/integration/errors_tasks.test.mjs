@@ -1,0 +1,99 @@
+// One error contract on every endpoint: the task and host-protocol
+// endpoints refuse what the model endpoints refuse, with the same status
+// and code; the request id header is the gateway's alone; nginx's own 505
+// is not called a fault of the gateway.
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+    assertError, assertOk, createDb, httpRequest, makeChannel, makeKey, makeUser, rawHttp,
+    settle, startGateway, tearDown, uniq,
+} from '../lib/harness.mjs';
+import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
+import { startVendor, taskSetup } from '../lib/vendor.mjs';
+
+describe('the error contract of the task endpoints', { timeout: 180000 }, () => {
+    let db, gw, mock, vendor, env, key, onlyTM, chatModel, user;
+
+    before(async () => {
+        db = await createDb();
+        /* Anthropic's API answers its own Request-Id: an operator may pick that name */
+        mock = await startMock((req, res, rec) => sendJson(res, 200,
+            openaiChat({ model: rec.json && rec.json.model }), { 'request-id': 'req_upstream_0123' }));
+        vendor = await startVendor();
+        gw = await startGateway({ db, v8host: true,
+            http: 'llmgw_request_id_header Request-Id; llmgw_task_wait_timeout 2s;' });
+        chatModel = uniq('gpt-ec');
+        await makeChannel(gw, { base_url: mock.url, models: [chatModel] });
+        env = await taskSetup(gw, { fixture: 'task-protocols.js', vendors: [vendor], models: 1, wait: false });
+        user = await makeUser(gw);
+        key = (await makeKey(gw, user.id)).key;
+        onlyTM = (await makeKey(gw, user.id, { models: [env.model] })).key;
+        await settle();
+    });
+
+    after(async () => {
+        await tearDown(db, [gw], [mock, vendor]);
+    });
+
+    const post = (path, body, k = key) => httpRequest(gw.url + path, { method: 'POST',
+        headers: { Authorization: `Bearer ${k}`, 'Content-Type': 'application/json',
+            'X-Request-Id': 'ignored' },
+        body: typeof body === 'string' ? body : JSON.stringify(body) });
+    /* assertError reads the id from X-Request-Id: here it is Request-Id */
+    const asError = (r) => ({ ...r, headers: { ...r.headers, 'x-request-id': r.headers['request-id'] } });
+    const TASK_PATHS = () => [`/v1/tasks/${env.key}`, '/v1/images/generations', '/v1/videos', '/v1/responses'];
+
+    test('the upstream\'s header of the request id\'s name is not passed on: one id, the gateway\'s', async () => {
+        const r = await post('/v1/chat/completions',
+            { model: chatModel, messages: [{ role: 'user', content: 'hi' }] });
+        assertOk(r);
+        assert.match(r.headers['request-id'], /^[0-9a-f]{32}$/, r.headers['request-id']);
+        assert.equal(mock.requests.at(-1).json.model, chatModel);
+    });
+
+    test('a body that is no JSON object is 400 invalid_json everywhere', async () => {
+        for (const path of ['/v1/chat/completions', ...TASK_PATHS()]) {
+            for (const body of ['null', '[]', '"x"', '42', '']) {
+                assertError(asError(await post(path, body)), 400, { code: 'invalid_json' });
+            }
+        }
+    });
+
+    test('a model name with a NUL is that whole name: no model, for a key of its first part too', async () => {
+        for (const path of TASK_PATHS()) {
+            const r = await post(path, { model: `${env.model}\u0000anything`, prompt: 'p', input: 'p' }, onlyTM);
+            assert.notEqual(r.status, 200, `${path}: ${r.text.slice(0, 200)}`);
+            assert.ok([403, 503].includes(r.status), `${path}: ${r.status} ${r.text.slice(0, 200)}`);
+        }
+        assert.equal(vendor.requests.filter((q) => q.kind === 'submit').length, 0);
+    });
+
+    test('a model name over 1024 bytes is 400 invalid_request everywhere', async () => {
+        for (const path of ['/v1/chat/completions', ...TASK_PATHS()]) {
+            assertError(asError(await post(path, { model: 'm'.repeat(2000), prompt: 'p', input: 'p',
+                messages: [{ role: 'user', content: 'hi' }] })), 400,
+            { code: 'invalid_request', message: /a model name has at most 1024 bytes/ });
+        }
+    });
+
+    test('/v1/responses: stream and background are booleans', async () => {
+        const before = vendor.requests.length;
+        for (const [flag, v] of [['stream', 'true'], ['stream', 1], ['background', 'yes']]) {
+            assertError(asError(await post('/v1/responses', { model: env.model, input: 'p', [flag]: v })),
+                400, { code: 'invalid_request', message: new RegExp(`${flag} must be a boolean`) });
+        }
+        assert.equal(vendor.requests.length, before, 'nothing sent');
+        const t = await gw.admin('GET', `/api/log?user_id=${user.id}`);
+        assert.ok(!(t.json.data || []).some((row) => row.quota > 0), 'nothing charged');
+    });
+
+    test('nginx\'s 505 is http_version_not_supported, not a fault of the gateway', async () => {
+        const r = await rawHttp(gw.port, 'GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n');
+        assert.equal(r.status, 505);
+        const j = JSON.parse(r.body);
+        assert.equal(j.error.code, 'http_version_not_supported');
+        assert.equal(j.error.type, 'gateway_error');
+    });
+});
