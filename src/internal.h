@@ -212,7 +212,8 @@ bool snap_claims(const json_t *manifest, std::string_view protocol,
 /*
  * The plugin a host protocol's request goes to: the one bound to the channel
  * tried first among those serving the model for the group whose plugin
- * claims the protocol for it; -1 when there is none.
+ * claims the protocol for it; -1 when there is none, -2 when channels of
+ * the group serve the model but none through this protocol.
  */
 long snap_protocol_plugin(const llmgw_snapshot_t *s,
     std::string_view protocol, std::string_view model,

@@ -1090,11 +1090,13 @@ snap_protocol_plugin(const llmgw_snapshot_t *s, std::string_view protocol,
     std::string g(group);
     std::vector<Channel *> cand;
     std::unordered_map<int64_t, long> owner;
+    bool in_group = false;
 
     for (Channel *c : it->second) {
         if (c->groups.count(g) == 0) {
             continue;
         }
+        in_group = true;
         for (size_t i = 0; i < s->plugins.size(); i++) {
             const Plugin &p = s->plugins[i];
             if (snap_claims(p.parsed.get(), protocol, model)
@@ -1105,6 +1107,10 @@ snap_protocol_plugin(const llmgw_snapshot_t *s, std::string_view protocol,
                 break;
             }
         }
+    }
+
+    if (cand.empty() && in_group) {
+        return -2;
     }
 
     const llmgw_channel_t *first = nullptr;

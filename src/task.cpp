@@ -2173,6 +2173,12 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
     }
 
     plugin = snap_protocol_plugin(snap, protocol, model, group, seed);
+    if (plugin == -2) {
+        return fail(500, "gateway_error", "convert_request_failed",
+                    "model " + std::string(utf8_prefix(model, 200))
+                    + " is served only by channels that cannot take POST "
+                    + std::string(protocol_path(proto)));
+    }
     if (plugin < 0) {
         return fail(503, "gateway_error", "model_not_found",
                     "no available channel for model "

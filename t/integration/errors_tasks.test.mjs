@@ -78,6 +78,15 @@ describe('the error contract of the task endpoints', { timeout: 180000 }, () => 
         }
     });
 
+    test('a model whose channels cannot take a host protocol is 500 convert_request_failed; an unknown one 503', async () => {
+        for (const path of ['/v1/images/generations', '/v1/videos', '/v1/responses']) {
+            assertError(asError(await post(path, { model: chatModel, prompt: 'p', input: 'p' })), 500,
+                { code: 'convert_request_failed', message: new RegExp(`cannot take POST ${path}`) });
+            assertError(asError(await post(path, { model: uniq('nope'), prompt: 'p', input: 'p' })), 503,
+                { code: 'model_not_found' });
+        }
+    });
+
     test('/v1/responses: stream and background are booleans', async () => {
         const before = vendor.requests.length;
         for (const [flag, v] of [['stream', 'true'], ['stream', 1], ['background', 'yes']]) {

@@ -180,9 +180,9 @@ describe('host protocols', { timeout: 180000 }, () => {
             { key: other.acct.key, body: { model: other.model, up_id: uniq('up-t') } }));
         assertError(await getVideo(r.json.task_id, { key: other.acct.key }), 404,
             { code: 'task_not_found' });
-        /* nor is its model served at /v1/videos */
-        assertError(await video({ model: other.model }, { key: other.acct.key }), 503,
-            { code: 'model_not_found' });
+        /* nor is its model served at /v1/videos: its channels cannot take it */
+        assertError(await video({ model: other.model }, { key: other.acct.key }), 500,
+            { code: 'convert_request_failed' });
     });
 
     test('a protocol reads only the tasks created through it; /v1/tasks reads them all', async () => {
