@@ -2172,6 +2172,14 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
         return refused;
     }
 
+    /* the key's model list first, as on the model endpoints: a key learns
+       nothing of the channels of a model it may not use (the host keeps
+       the request's model, so the check after the intent agrees) */
+    llmgw_verdict_t v;
+    if (llmgw_token_check_model(token, str(model), &v) != 0) {
+        return fail(v.status, v.type, v.code, v.message);
+    }
+
     plugin = snap_protocol_plugin(snap, protocol, model, group, seed);
     if (plugin == -2) {
         return fail(500, "gateway_error", "convert_request_failed",

@@ -70,6 +70,18 @@ describe('the error contract of the task endpoints', { timeout: 180000 }, () => 
         assert.equal(vendor.requests.filter((q) => q.kind === 'submit').length, 0);
     });
 
+    test('a model outside the key\'s list is 403 model_not_allowed everywhere, whatever serves it', async () => {
+        const submits = vendor.requests.length;
+        for (const path of ['/v1/chat/completions', ...TASK_PATHS()]) {
+            for (const m of [uniq('nope'), chatModel, `${env.model}\u0000anything`]) {
+                assertError(asError(await post(path, { model: m, prompt: 'p', input: 'p',
+                    messages: [{ role: 'user', content: 'hi' }] }, onlyTM)), 403,
+                { code: 'model_not_allowed', message: /^no access to model / });
+            }
+        }
+        assert.equal(vendor.requests.length, submits, 'nothing sent');
+    });
+
     test('a model name over 1024 bytes is 400 invalid_request everywhere', async () => {
         for (const path of ['/v1/chat/completions', ...TASK_PATHS()]) {
             assertError(asError(await post(path, { model: 'm'.repeat(2000), prompt: 'p', input: 'p',
