@@ -461,8 +461,18 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
 
         if (ep == LLMGW_EP_GEMINI) {
             r->model = sv(path_model);
+
         } else {
-            r->model = r->field[F_MODEL].string();
+            const JsonView &m = r->field[F_MODEL];
+
+            /* as on the task endpoints: absent or null names no model,
+               a number or an object is no name */
+            if (m && !m.is_string() && m.kind() != JsonView::Kind::null) {
+                llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                                  "model must be a string");
+                return nullptr;
+            }
+            r->model = m.string();
         }
 
         if (r->model.empty()) {

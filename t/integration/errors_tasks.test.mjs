@@ -82,6 +82,19 @@ describe('the error contract of the task endpoints', { timeout: 180000 }, () => 
         assert.equal(vendor.requests.length, submits, 'nothing sent');
     });
 
+    test('a model that is no string is 400 invalid_request everywhere; a null one names none', async () => {
+        for (const path of ['/v1/chat/completions', '/v1/messages', '/v1/rerank', ...TASK_PATHS()]) {
+            const body = { prompt: 'p', input: 'p', query: 'q', documents: ['a'], max_tokens: 8,
+                messages: [{ role: 'user', content: 'hi' }] };
+            for (const m of [123, true, ['x'], { name: 'x' }]) {
+                assertError(asError(await post(path, { ...body, model: m })), 400,
+                    { code: 'invalid_request', message: /^model must be a string/ });
+            }
+            assertError(asError(await post(path, { ...body, model: null })), 400,
+                { code: 'model_not_specified', message: /^Model name not specified/ });
+        }
+    });
+
     test('a model name over 1024 bytes is 400 invalid_request everywhere', async () => {
         for (const path of ['/v1/chat/completions', ...TASK_PATHS()]) {
             assertError(asError(await post(path, { model: 'm'.repeat(2000), prompt: 'p', input: 'p',

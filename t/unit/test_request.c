@@ -105,7 +105,6 @@ test_missing_or_empty_model_is_400_model_not_specified(void **state)
         "{\"messages\":[]}",
         "{\"model\":\"\",\"messages\":[]}",
         "{\"model\":null,\"messages\":[]}",
-        "{\"model\":42,\"messages\":[]}",
     };
     (void) state;
 
@@ -263,6 +262,30 @@ test_gemini_takes_the_model_from_the_path(void **state)
     assert_refused(LLMGW_EP_GEMINI, no_path_model,
                    "{\"model\":\"gemini-pro\",\"contents\":[]}",
                    "model_not_specified", "Model name not specified");
+}
+
+
+static void
+test_model_that_is_no_string_is_400_invalid_request(void **state)
+{
+    static const char *const bad[] = {
+        "{\"model\":42,\"messages\":[]}",
+        "{\"model\":true,\"messages\":[]}",
+        "{\"model\":[\"gpt-4o\"],\"messages\":[]}",
+        "{\"model\":{\"name\":\"gpt-4o\"},\"messages\":[]}",
+    };
+    (void) state;
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        assert_refused(LLMGW_EP_CHAT, no_path_model, bad[i],
+                       "invalid_request", "model must be a string");
+        assert_refused(LLMGW_EP_MESSAGES, no_path_model, bad[i],
+                       "invalid_request", "model must be a string");
+    }
+
+    assert_refused(LLMGW_EP_RERANK, no_path_model,
+                   "{\"model\":7,\"query\":\"q\",\"documents\":[\"a\"]}",
+                   "invalid_request", "model must be a string");
 }
 
 
@@ -583,6 +606,8 @@ main(void)
         cmocka_unit_test(test_json_that_is_not_an_object_is_400_invalid_json),
         cmocka_unit_test(
             test_missing_or_empty_model_is_400_model_not_specified),
+        cmocka_unit_test(
+            test_model_that_is_no_string_is_400_invalid_request),
         cmocka_unit_test(test_chat_and_messages_need_messages),
         cmocka_unit_test(test_chat_reads_model_and_stream),
         cmocka_unit_test(test_stream_must_be_a_boolean),
