@@ -10,22 +10,41 @@ import {
     assertError, assertOk, createDb, httpRequest, makeChannel, makeKey, makeUser, rawHttp,
     settle, startGateway, tearDown, uniq,
 } from '../lib/harness.mjs';
-import { openaiChat, sendJson, startMock } from '../lib/mock.mjs';
+import { anthropicMessage, openaiChat, sendJson, startMock } from '../lib/mock.mjs';
 import { startVendor, taskSetup } from '../lib/vendor.mjs';
 
 describe('the error contract of the task endpoints', { timeout: 180000 }, () => {
-    let db, gw, mock, vendor, env, key, onlyTM, chatModel, user;
+    let db, gw, mock, vendor, env, key, onlyTM, chatModel, claudeModel, geminiModel, rerankModel, user;
 
     before(async () => {
         db = await createDb();
         /* Anthropic's API answers its own Request-Id: an operator may pick that name */
-        mock = await startMock((req, res, rec) => sendJson(res, 200,
-            openaiChat({ model: rec.json && rec.json.model }), { 'request-id': 'req_upstream_0123' }));
+        mock = await startMock((req, res, rec) => {
+            const h = { 'request-id': 'req_upstream_0123' };
+            if (rec.path.includes('rerank')) {
+                return sendJson(res, 200, { id: 'r1', results: [{ index: 0, relevance_score: 0.9 }],
+                    meta: { billed_units: { search_units: 1 } } }, h);
+            }
+            if (rec.path.includes(':generateContent')) {
+                return sendJson(res, 200, { candidates: [{ content: { role: 'model', parts: [{ text: 'hi' }] },
+                    finishReason: 'STOP' }], usageMetadata: { promptTokenCount: 3, candidatesTokenCount: 2,
+                    totalTokenCount: 5 } }, h);
+            }
+            if (rec.path.endsWith('/v1/messages')) {
+                return sendJson(res, 200, anthropicMessage({ model: rec.json && rec.json.model }), h);
+            }
+            return sendJson(res, 200, openaiChat({ model: rec.json && rec.json.model }), h);
+        });
         vendor = await startVendor();
         gw = await startGateway({ db, v8host: true,
             http: 'llmgw_request_id_header Request-Id; llmgw_task_wait_timeout 2s;' });
         chatModel = uniq('gpt-ec');
-        await makeChannel(gw, { base_url: mock.url, models: [chatModel] });
+        claudeModel = uniq('claude-ec');
+        geminiModel = uniq('gem-ec');
+        rerankModel = uniq('rr-ec');
+        await makeChannel(gw, { base_url: mock.url, models: [chatModel, rerankModel] });
+        await makeChannel(gw, { type: 14, base_url: mock.url, models: [claudeModel] });
+        await makeChannel(gw, { type: 24, base_url: mock.url, models: [geminiModel] });
         env = await taskSetup(gw, { fixture: 'task-protocols.js', vendors: [vendor], models: 1, wait: false });
         user = await makeUser(gw);
         key = (await makeKey(gw, user.id)).key;
@@ -46,11 +65,21 @@ describe('the error contract of the task endpoints', { timeout: 180000 }, () => 
     const TASK_PATHS = () => [`/v1/tasks/${env.key}`, '/v1/images/generations', '/v1/videos', '/v1/responses'];
 
     test('the upstream\'s header of the request id\'s name is not passed on: one id, the gateway\'s', async () => {
-        const r = await post('/v1/chat/completions',
-            { model: chatModel, messages: [{ role: 'user', content: 'hi' }] });
-        assertOk(r);
-        assert.match(r.headers['request-id'], /^[0-9a-f]{32}$/, r.headers['request-id']);
-        assert.equal(mock.requests.at(-1).json.model, chatModel);
+        const messages = [{ role: 'user', content: 'hi' }];
+        const sent = mock.requests.length;
+        for (const [path, body] of [
+            ['/v1/chat/completions', { model: chatModel, messages }],
+            ['/v1/messages', { model: claudeModel, max_tokens: 8, messages }],
+            [`/v1beta/models/${geminiModel}:generateContent`, { contents: [{ role: 'user', parts: [{ text: 'hi' }] }] }],
+            ['/v1/rerank', { model: rerankModel, query: 'q', documents: ['a', 'b'] }],
+        ]) {
+            const r = await post(path, body);
+            assertOk(r);
+            /* two headers of one name would come joined by ", " */
+            assert.match(r.headers['request-id'], /^[0-9a-f]{32}$/, `${path}: ${r.headers['request-id']}`);
+            assert.ok(!r.text.includes('req_upstream_0123'), path);
+        }
+        assert.equal(mock.requests.length, sent + 4, 'each went upstream');
     });
 
     test('a body that is no JSON object is 400 invalid_json everywhere', async () => {
