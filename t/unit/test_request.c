@@ -98,6 +98,22 @@ test_json_that_is_not_an_object_is_400_invalid_json(void **state)
 }
 
 
+/* Each body refused on chat and messages, and rerank_body on rerank. */
+static void
+assert_model_refused(const char *const *bad, size_t n,
+    const char *rerank_body, const char *code, const char *message)
+{
+    for (size_t i = 0; i < n; i++) {
+        assert_refused(LLMGW_EP_CHAT, no_path_model, bad[i], code, message);
+        assert_refused(LLMGW_EP_MESSAGES, no_path_model, bad[i], code,
+                       message);
+    }
+
+    assert_refused(LLMGW_EP_RERANK, no_path_model, rerank_body, code,
+                   message);
+}
+
+
 static void
 test_missing_or_empty_model_is_400_model_not_specified(void **state)
 {
@@ -108,16 +124,28 @@ test_missing_or_empty_model_is_400_model_not_specified(void **state)
     };
     (void) state;
 
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        assert_refused(LLMGW_EP_CHAT, no_path_model, bad[i],
-                       "model_not_specified", "Model name not specified");
-        assert_refused(LLMGW_EP_MESSAGES, no_path_model, bad[i],
-                       "model_not_specified", "Model name not specified");
-    }
+    assert_model_refused(bad, sizeof(bad) / sizeof(bad[0]),
+                         "{\"query\":\"q\",\"documents\":[\"a\"]}",
+                         "model_not_specified", "Model name not specified");
+}
 
-    assert_refused(LLMGW_EP_RERANK, no_path_model,
-                   "{\"query\":\"q\",\"documents\":[\"a\"]}",
-                   "model_not_specified", "Model name not specified");
+
+static void
+test_model_that_is_no_string_is_400_invalid_request(void **state)
+{
+    static const char *const bad[] = {
+        "{\"model\":42,\"messages\":[]}",
+        "{\"model\":true,\"messages\":[]}",
+        "{\"model\":[\"gpt-4o\"],\"messages\":[]}",
+        "{\"model\":{\"name\":\"gpt-4o\"},\"messages\":[]}",
+    };
+    (void) state;
+
+    /* as the task endpoints answer it */
+    assert_model_refused(bad, sizeof(bad) / sizeof(bad[0]),
+                         "{\"model\":7,\"query\":\"q\","
+                         "\"documents\":[\"a\"]}",
+                         "invalid_request", "model must be a string");
 }
 
 
@@ -262,30 +290,6 @@ test_gemini_takes_the_model_from_the_path(void **state)
     assert_refused(LLMGW_EP_GEMINI, no_path_model,
                    "{\"model\":\"gemini-pro\",\"contents\":[]}",
                    "model_not_specified", "Model name not specified");
-}
-
-
-static void
-test_model_that_is_no_string_is_400_invalid_request(void **state)
-{
-    static const char *const bad[] = {
-        "{\"model\":42,\"messages\":[]}",
-        "{\"model\":true,\"messages\":[]}",
-        "{\"model\":[\"gpt-4o\"],\"messages\":[]}",
-        "{\"model\":{\"name\":\"gpt-4o\"},\"messages\":[]}",
-    };
-    (void) state;
-
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        assert_refused(LLMGW_EP_CHAT, no_path_model, bad[i],
-                       "invalid_request", "model must be a string");
-        assert_refused(LLMGW_EP_MESSAGES, no_path_model, bad[i],
-                       "invalid_request", "model must be a string");
-    }
-
-    assert_refused(LLMGW_EP_RERANK, no_path_model,
-                   "{\"model\":7,\"query\":\"q\",\"documents\":[\"a\"]}",
-                   "invalid_request", "model must be a string");
 }
 
 
