@@ -439,14 +439,14 @@ test_fields_are_read_as_jansson_reads_them(void **state)
         llmgw_req_free(parse(LLMGW_EP_CHAT, b));
     }
 
-    /* a model that is not a string is no model */
+    /* a model that is not a string is refused as one */
     {
         llmgw_verdict_t v = { 0 };
         const char *b = "{\"model\":7,\"messages\":[]}";
 
         assert_null(llmgw_req_parse(LLMGW_EP_CHAT, no_path_model, b,
                                     strlen(b), &v));
-        assert_string_equal(v.code, "model_not_specified");
+        assert_string_equal(v.code, "invalid_request");
     }
 }
 
