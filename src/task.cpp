@@ -1504,7 +1504,7 @@ llmgw_tjob_s::after_intent()
         json_t *allowed = json_object_get(route, "models");
         if (json_is_array(allowed) && !json_has_string(allowed, model)) {
             return fail(400, "gateway_error", "invalid_request",
-                        "model " + std::string(utf8_prefix(model, 200))
+                        "model " + shown(model)
                         + " is not served by this route");
         }
 
@@ -1578,15 +1578,14 @@ llmgw_tjob_s::choose_channel()
     if (nchannels == 0 && pinned_channel != 0) {
         return fail(400, "gateway_error", "invalid_origin_task",
                     "the channel of the origin tasks does not serve model "
-                    + std::string(utf8_prefix(model, 200)) + " in group "
-                    + group);
+                    + shown(model) + " in group " + group);
     }
 
     if (nchannels == 0) {
         return fail(503, "gateway_error", "model_not_found",
                     "no available channel for model "
-                    + std::string(utf8_prefix(model, 200)) + " in group "
-                    + group + " (plugin " + std::string(pinfo.key) + ")");
+                    + shown(model) + " in group " + group + " (plugin "
+                    + std::string(pinfo.key) + ")");
     }
 
     current = 0;
@@ -1599,7 +1598,7 @@ llmgw_tjob_s::choose_channel()
 
     if (price == nullptr) {
         return fail(400, "gateway_error", "model_price_error",
-                    "model " + std::string(utf8_prefix(model, 200))
+                    "model " + shown(model)
                     + " has no price; an administrator sets one with PUT "
                     "/api/pricing (a price of 0 makes it free)");
     }
@@ -2183,15 +2182,15 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
     plugin = snap_protocol_plugin(snap, protocol, model, group, seed);
     if (plugin == -2) {
         return fail(500, "gateway_error", "convert_request_failed",
-                    "model " + std::string(utf8_prefix(model, 200))
+                    "model " + shown(model)
                     + " is served only by channels that cannot take POST "
                     + std::string(protocol_path(proto)));
     }
     if (plugin < 0) {
         return fail(503, "gateway_error", "model_not_found",
                     "no available channel for model "
-                    + std::string(utf8_prefix(model, 200)) + " in group "
-                    + group + " (" + protocol + ")");
+                    + shown(model) + " in group " + group + " ("
+                    + protocol + ")");
     }
 
     manifest = snap_plugin(snap, static_cast<size_t>(plugin), &pinfo);
@@ -2673,7 +2672,7 @@ llmgw_tjob_s::responses_mode(const json_t *dbody)
     }
 
     return fail(400, "gateway_error", "invalid_request",
-                "model " + std::string(utf8_prefix(model, 200))
+                "model " + shown(model)
                 + " does not support "
                 + (resp_stream ? "stream: true"
                    : resp_background ? "background: true"

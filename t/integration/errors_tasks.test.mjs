@@ -99,6 +99,15 @@ describe('the error contract of the task endpoints', { timeout: 180000 }, () => 
         assert.equal(vendor.requests.filter((q) => q.kind === 'submit').length, 0);
     });
 
+    test('a model name with a NUL is 503 model_not_found, the NUL shown as \\u0000 as chat shows it', async () => {
+        for (const [path, m] of [['/v1/chat/completions', chatModel], ...TASK_PATHS().map((p) => [p, env.model])]) {
+            const e = assertError(asError(await post(path, { model: `${m}\u0000any\u0001thing`, prompt: 'p',
+                input: 'p', messages: [{ role: 'user', content: 'hi' }] })), 503, { code: 'model_not_found' });
+            assert.ok(e.message.includes(`model ${m}\\u0000any\\u0001thing in group `), `${path}: ${e.message}`);
+            assert.ok(!/[\u0000-\u001f]/.test(e.message), `${path}: a control character in ${JSON.stringify(e.message)}`);
+        }
+    });
+
     test('a model outside the key\'s list is 403 model_not_allowed everywhere, whatever serves it', async () => {
         const submits = vendor.requests.length;
         for (const path of ['/v1/chat/completions', ...TASK_PATHS()]) {
