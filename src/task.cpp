@@ -1067,7 +1067,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *task_not_found()
     {
         return fail(404, "gateway_error", "task_not_found",
-                    "task " + std::string(utf8_prefix(query_id, 100))
+                    "task " + shown(utf8_prefix(query_id, 100))
                     + " not found");
     }
 
@@ -3154,11 +3154,11 @@ llmgw_tjob_s::artifacts_listed(const json_t *list)
 
     if (chosen == nullptr) {
         return fail(404, "gateway_error", "artifact_not_found",
-                    "task " + std::string(utf8_prefix(query_id, 100))
+                    "task " + shown(utf8_prefix(query_id, 100))
                     + (artifact_key.empty()
                        ? std::string(" has no artifacts")
                        : " has no artifact "
-                         + std::string(utf8_prefix(artifact_key, 128))));
+                         + shown(utf8_prefix(artifact_key, 128))));
     }
 
     artifact_key = std::string(json_str(chosen, "key"));
@@ -3511,11 +3511,14 @@ llmgw_tjob_s::next_request()
         Json list(json_array());
 
         json_array_foreach(origin_ids.get(), i, id) {
+            /* the whole id: one with a NUL in it names no task */
+            std::string_view want(json_string_value(id),
+                                  json_string_length(id));
             json_t *found = nullptr;
             size_t k;
             json_t *row;
             json_array_foreach(rows, k, row) {
-                if (json_str(row, "task_id") == json_string_value(id)) {
+                if (json_str(row, "task_id") == want) {
                     found = row;
                 }
             }
@@ -3525,9 +3528,7 @@ llmgw_tjob_s::next_request()
             {
                 return fail(400, "gateway_error",
                             "invalid_origin_task",
-                            "origin task "
-                            + std::string(utf8_prefix(json_string_value(id),
-                                                      100))
+                            "origin task " + shown(utf8_prefix(want, 100))
                             + " not found");
             }
 
