@@ -458,6 +458,14 @@ utf8_prefix(std::string_view s, size_t max)
     return s.substr(0, n);
 }
 
+std::string
+shown(std::string_view name)
+{
+    char buf[LLMGW_SHOWN_SIZE];
+
+    return llmgw_shown(name.data(), name.size(), buf);
+}
+
 namespace {
 
 /* s as a URI component: unreserved characters as is (RFC 3986 2.3). */

@@ -94,6 +94,9 @@ void append_json_string(std::string &out, std::string_view s);
 /* At most max bytes of s, never splitting a UTF-8 sequence. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 
+/* A name (a model's) as an error message shows it: llmgw_shown(). */
+std::string shown(std::string_view name);
+
 /* The lowercase hex SHA-256 of data (64 characters), "" if it failed. */
 std::string sha256_hex(std::string_view data);
 

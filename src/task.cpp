@@ -1067,7 +1067,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *task_not_found()
     {
         return fail(404, "gateway_error", "task_not_found",
-                    "task " + std::string(utf8_prefix(query_id, 100))
+                    "task " + shown(utf8_prefix(query_id, 100))
                     + " not found");
     }
 
@@ -1504,7 +1504,7 @@ llmgw_tjob_s::after_intent()
         json_t *allowed = json_object_get(route, "models");
         if (json_is_array(allowed) && !json_has_string(allowed, model)) {
             return fail(400, "gateway_error", "invalid_request",
-                        "model " + std::string(utf8_prefix(model, 200))
+                        "model " + shown(model)
                         + " is not served by this route");
         }
 
@@ -1578,15 +1578,14 @@ llmgw_tjob_s::choose_channel()
     if (nchannels == 0 && pinned_channel != 0) {
         return fail(400, "gateway_error", "invalid_origin_task",
                     "the channel of the origin tasks does not serve model "
-                    + std::string(utf8_prefix(model, 200)) + " in group "
-                    + group);
+                    + shown(model) + " in group " + group);
     }
 
     if (nchannels == 0) {
         return fail(503, "gateway_error", "model_not_found",
                     "no available channel for model "
-                    + std::string(utf8_prefix(model, 200)) + " in group "
-                    + group + " (plugin " + std::string(pinfo.key) + ")");
+                    + shown(model) + " in group " + group + " (plugin "
+                    + std::string(pinfo.key) + ")");
     }
 
     current = 0;
@@ -1599,7 +1598,7 @@ llmgw_tjob_s::choose_channel()
 
     if (price == nullptr) {
         return fail(400, "gateway_error", "model_price_error",
-                    "model " + std::string(utf8_prefix(model, 200))
+                    "model " + shown(model)
                     + " has no price; an administrator sets one with PUT "
                     "/api/pricing (a price of 0 makes it free)");
     }
@@ -2183,15 +2182,15 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
     plugin = snap_protocol_plugin(snap, protocol, model, group, seed);
     if (plugin == -2) {
         return fail(500, "gateway_error", "convert_request_failed",
-                    "model " + std::string(utf8_prefix(model, 200))
+                    "model " + shown(model)
                     + " is served only by channels that cannot take POST "
                     + std::string(protocol_path(proto)));
     }
     if (plugin < 0) {
         return fail(503, "gateway_error", "model_not_found",
                     "no available channel for model "
-                    + std::string(utf8_prefix(model, 200)) + " in group "
-                    + group + " (" + protocol + ")");
+                    + shown(model) + " in group " + group + " ("
+                    + protocol + ")");
     }
 
     manifest = snap_plugin(snap, static_cast<size_t>(plugin), &pinfo);
@@ -2673,7 +2672,7 @@ llmgw_tjob_s::responses_mode(const json_t *dbody)
     }
 
     return fail(400, "gateway_error", "invalid_request",
-                "model " + std::string(utf8_prefix(model, 200))
+                "model " + shown(model)
                 + " does not support "
                 + (resp_stream ? "stream: true"
                    : resp_background ? "background: true"
@@ -3155,11 +3154,11 @@ llmgw_tjob_s::artifacts_listed(const json_t *list)
 
     if (chosen == nullptr) {
         return fail(404, "gateway_error", "artifact_not_found",
-                    "task " + std::string(utf8_prefix(query_id, 100))
+                    "task " + shown(utf8_prefix(query_id, 100))
                     + (artifact_key.empty()
                        ? std::string(" has no artifacts")
                        : " has no artifact "
-                         + std::string(utf8_prefix(artifact_key, 128))));
+                         + shown(utf8_prefix(artifact_key, 128))));
     }
 
     artifact_key = std::string(json_str(chosen, "key"));
@@ -3512,11 +3511,14 @@ llmgw_tjob_s::next_request()
         Json list(json_array());
 
         json_array_foreach(origin_ids.get(), i, id) {
+            /* the whole id: one with a NUL in it names no task */
+            std::string_view want(json_string_value(id),
+                                  json_string_length(id));
             json_t *found = nullptr;
             size_t k;
             json_t *row;
             json_array_foreach(rows, k, row) {
-                if (json_str(row, "task_id") == json_string_value(id)) {
+                if (json_str(row, "task_id") == want) {
                     found = row;
                 }
             }
@@ -3526,9 +3528,7 @@ llmgw_tjob_s::next_request()
             {
                 return fail(400, "gateway_error",
                             "invalid_origin_task",
-                            "origin task "
-                            + std::string(utf8_prefix(json_string_value(id),
-                                                      100))
+                            "origin task " + shown(utf8_prefix(want, 100))
                             + " not found");
             }
 

@@ -99,6 +99,26 @@ describe('the error contract of the task endpoints', { timeout: 180000 }, () => 
         assert.equal(vendor.requests.filter((q) => q.kind === 'submit').length, 0);
     });
 
+    test('a model name with a NUL is 503 model_not_found, the NUL shown as \\u0000 as chat shows it', async () => {
+        for (const [path, m] of [['/v1/chat/completions', chatModel], ...TASK_PATHS().map((p) => [p, env.model])]) {
+            const e = assertError(asError(await post(path, { model: `${m}\u0000any\u0001thing`, prompt: 'p',
+                input: 'p', messages: [{ role: 'user', content: 'hi' }] })), 503, { code: 'model_not_found' });
+            assert.ok(e.message.includes(`model ${m}\\u0000any\\u0001thing in group `), `${path}: ${e.message}`);
+            assert.ok(!/[\u0000-\u001f]/.test(e.message), `${path}: a control character in ${JSON.stringify(e.message)}`);
+        }
+    });
+
+    test('a task id with a control character is shown as \\u0001 in task_not_found and invalid_origin_task', async () => {
+        for (const path of ['/v1/tasks/a%01b', '/v1/videos/a%01b', '/v1/responses/a%1Bb', '/v1/tasks/a%01b/artifacts/k/content']) {
+            const r = await httpRequest(gw.url + path, { headers: { Authorization: `Bearer ${key}` } });
+            const e = assertError(asError(r), 404, { code: 'task_not_found' });
+            assert.match(e.message, /^task a\\u00(01|1b)b not found/, path);
+        }
+        const e = assertError(asError(await post(`/v1/tasks/${env.key}`, { model: env.model, prompt: 'p',
+            originTaskIds: ['task_nope\u0000x'] })), 400, { code: 'invalid_origin_task' });
+        assert.match(e.message, /^origin task task_nope\\u0000x not found/);
+    });
+
     test('a model outside the key\'s list is 403 model_not_allowed everywhere, whatever serves it', async () => {
         const submits = vendor.requests.length;
         for (const path of ['/v1/chat/completions', ...TASK_PATHS()]) {
