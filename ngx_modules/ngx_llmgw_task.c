@@ -524,6 +524,7 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     ngx_uint_t pipe)
 {
     ngx_msec_t               lease, wait;
+    ngx_event_t             *rev;
     ngx_llmgw_http_opts_t    opts;
     const llmgw_outbound_t  *o = st->out;
 
@@ -552,10 +553,19 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     opts.public_only = o->public_only;
 
     if (pipe) {
-        /* a client that leaves is noticed from now on, while the vendor
-           is asked and read: its content is for nobody */
+        /*
+         * A client that leaves is noticed from now on, while the vendor is
+         * asked and read: its content is for nobody.  One that left while
+         * the request was being built was reported to a handler that let
+         * it be (the event does not come again): it is looked at now.
+         */
         if (rn->request != NULL) {
+            rev = rn->request->connection->read;
             rn->request->read_event_handler = ngx_http_test_reading;
+
+            if (rev->ready) {
+                ngx_post_event(rev, &ngx_posted_events);
+            }
         }
 
         /* the content streams to the client, whatever its size */

@@ -311,6 +311,9 @@ describe('task artifacts', { timeout: 180000 }, () => {
                 { key: 'hop-6', type: 'video' }, { key: 'leak', type: 'video' },
                 { key: 'gone', type: 'video' }, { key: 'framed', type: 'video' },
                 { key: 'slowhead', type: 'video' }] },
+            /* the content request is built slowly: a client may leave before */
+            slowbuild: { cdn: `${cdn.url}/cdn`, contentSpinMs: 1000,
+                artifacts: [{ key: 'slowhead', type: 'video' }] },
             /* a HEAD to the vendor, whatever the client asked */
             headonly: { contentMethod: 'HEAD' },
             /* the channel's origin, then a redirect to the CDN */
@@ -589,6 +592,23 @@ describe('task artifacts', { timeout: 180000 }, () => {
         const rec = cdnGot('slowhead').at(-1);
         /* long before the vendor's 8 s, and llmgw_task_http_timeout's 60 s */
         await waitFor(() => rec.closed, 2500, { what: 'the CDN request stopped' });
+    });
+
+    test('a client that leaves while the content request is built: the vendor request is stopped', async () => {
+        const n = cdnGot('slowhead').length;
+        await new Promise((resolve) => {
+            const sock = net.connect(gw.port, '127.0.0.1', () => {
+                sock.write(`GET ${contentPath(T.slowbuild.id, 'slowhead')} HTTP/1.1\r\nHost: x\r\n`
+                    + `Authorization: Bearer ${env.acct.key}\r\n\r\n`);
+                /* gone before buildContentRequest (1 s) has answered */
+                setTimeout(() => { sock.destroy(); resolve(); }, 300);
+            });
+            sock.on('error', () => {});
+        });
+        await sleep(1500);
+        /* the CDN is not asked, or its request ends at once: not at its 8 s */
+        await waitFor(() => cdnGot('slowhead').slice(n).every((q) => q.closed), 2500,
+            { what: 'the CDN request stopped' });
     });
 
     test('failures: vendor 404 and 410 are artifact_not_found, others 502; unknown keys; hooks that throw; foreign hosts', async () => {
