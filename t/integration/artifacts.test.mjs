@@ -815,6 +815,10 @@ describe('task artifacts', { timeout: 180000 }, () => {
             'a leading zero': at(T.main.id, 'video', `0${exp}`, sig),
             'a plus sign': at(T.main.id, 'video', `%2B${exp}`, sig),
             'a leading space': at(T.main.id, 'video', `%20${exp}`, sig),
+            'a trailing space': at(T.main.id, 'video', `${exp}+`, sig),
+            /* a NUL ends no value early */
+            'a NUL and more after the expiry': at(T.main.id, 'video', `${exp}%000`, sig),
+            'a NUL and more after the signature': at(T.main.id, 'video', exp, `${sig}%00x`),
         };
         for (const [what, url] of Object.entries(bad)) {
             const r = await bin(url);
