@@ -524,7 +524,6 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     ngx_uint_t pipe)
 {
     ngx_msec_t               lease, wait;
-    ngx_event_t             *rev;
     ngx_llmgw_http_opts_t    opts;
     const llmgw_outbound_t  *o = st->out;
 
@@ -553,21 +552,6 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     opts.public_only = o->public_only;
 
     if (pipe) {
-        /*
-         * A client that leaves is noticed from now on, while the vendor is
-         * asked and read: its content is for nobody.  One that left while
-         * the request was being built was reported to a handler that let
-         * it be (the event does not come again): it is looked at now.
-         */
-        if (rn->request != NULL) {
-            rev = rn->request->connection->read;
-            rn->request->read_event_handler = ngx_http_test_reading;
-
-            if (rev->ready) {
-                ngx_post_event(rev, &ngx_posted_events);
-            }
-        }
-
         /* the content streams to the client, whatever its size */
         opts.on_headers = ngx_llmgw_pipe_headers;
         opts.on_data = ngx_llmgw_pipe_data;
@@ -1619,6 +1603,19 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     cln->data = rn;
     rn->cleanup = cln;
     ctx->task = rn;
+
+    if (ctx->troute.kind == LLMGW_TROUTE_CONTENT
+        || (ctx->troute.kind == LLMGW_TROUTE_PROTOCOL
+            && ctx->troute.proto == LLMGW_TPROTO_VIDEO_CONTENT))
+    {
+        /*
+         * Content is for its client alone: one that leaves is noticed from
+         * now on, while the request to the vendor is built, sent and read,
+         * and the job ends (its request_gone).  Other requests go on
+         * without their client: a submit's task must be stored.
+         */
+        r->read_event_handler = ngx_http_test_reading;
+    }
 
     ngx_llmgw_task_drive(rn);
 }

@@ -182,7 +182,8 @@ function serve(rec, e, channelKey) {
         }
         if (!(start <= end) || start >= len) {
             return { status: 416, headers: { ...common, 'Content-Range': `bytes */${len}`,
-                'Content-Type': 'text/plain' }, body: 'range not satisfiable' };
+                'Content-Type': 'text/plain', 'Accept-Ranges': 'bytes' },
+            body: 'range not satisfiable' };
         }
         return { status: 206, headers: { ...full, 'Content-Range': `bytes ${start}-${end}/${len}` },
             body: e.body.subarray(start, end + 1) };
@@ -529,6 +530,7 @@ describe('task artifacts', { timeout: 180000 }, () => {
         assert.equal(r5.headers['content-type'], 'text/plain');
         assert.equal(r5.headers.etag, e.etag);
         assert.equal(r5.headers['last-modified'], LAST_MODIFIED);
+        assert.equal(r5.headers['accept-ranges'], 'bytes');
         assert.equal(r5.text, 'range not satisfiable');
         /* a HEAD 416 has no body: the next answer on the connection follows
            its head at once */
@@ -595,20 +597,22 @@ describe('task artifacts', { timeout: 180000 }, () => {
     });
 
     test('a client that leaves while the content request is built: the vendor request is stopped', async () => {
-        const n = cdnGot('slowhead').length;
-        await new Promise((resolve) => {
-            const sock = net.connect(gw.port, '127.0.0.1', () => {
-                sock.write(`GET ${contentPath(T.slowbuild.id, 'slowhead')} HTTP/1.1\r\nHost: x\r\n`
-                    + `Authorization: Bearer ${env.acct.key}\r\n\r\n`);
-                /* gone before buildContentRequest (1 s) has answered */
-                setTimeout(() => { sock.destroy(); resolve(); }, 300);
+        for (const p of [contentPath(T.slowbuild.id, 'slowhead'), `/v1/videos/${T.slowbuild.id}/content`]) {
+            const n = cdnGot('slowhead').length;
+            await new Promise((resolve) => {
+                const sock = net.connect(gw.port, '127.0.0.1', () => {
+                    sock.write(`GET ${p} HTTP/1.1\r\nHost: x\r\n`
+                        + `Authorization: Bearer ${env.acct.key}\r\n\r\n`);
+                    /* gone before buildContentRequest (1 s) has answered */
+                    setTimeout(() => { sock.destroy(); resolve(); }, 300);
+                });
+                sock.on('error', () => {});
             });
-            sock.on('error', () => {});
-        });
-        await sleep(1500);
-        /* the CDN is not asked, or its request ends at once: not at its 8 s */
-        await waitFor(() => cdnGot('slowhead').slice(n).every((q) => q.closed), 2500,
-            { what: 'the CDN request stopped' });
+            await sleep(1500);
+            /* the CDN is not asked, or its request ends at once: not at its 8 s */
+            await waitFor(() => cdnGot('slowhead').slice(n).every((q) => q.closed), 2500,
+                { what: `${p}: the CDN request stopped` });
+        }
     });
 
     test('failures: vendor 404 and 410 are artifact_not_found, others 502; unknown keys; hooks that throw; foreign hosts', async () => {
