@@ -552,12 +552,6 @@ ngx_llmgw_task_http(ngx_llmgw_runner_t *rn, const llmgw_tstep_t *st,
     opts.public_only = o->public_only;
 
     if (pipe) {
-        /* a client that leaves is noticed from now on, while the vendor
-           is asked and read: its content is for nobody */
-        if (rn->request != NULL) {
-            rn->request->read_event_handler = ngx_http_test_reading;
-        }
-
         /* the content streams to the client, whatever its size */
         opts.on_headers = ngx_llmgw_pipe_headers;
         opts.on_data = ngx_llmgw_pipe_data;
@@ -1609,6 +1603,19 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     cln->data = rn;
     rn->cleanup = cln;
     ctx->task = rn;
+
+    if (ctx->troute.kind == LLMGW_TROUTE_CONTENT
+        || (ctx->troute.kind == LLMGW_TROUTE_PROTOCOL
+            && ctx->troute.proto == LLMGW_TPROTO_VIDEO_CONTENT))
+    {
+        /*
+         * Content is for its client alone: one that leaves is noticed from
+         * now on, while the request to the vendor is built, sent and read,
+         * and the job ends (its request_gone).  Other requests go on
+         * without their client: a submit's task must be stored.
+         */
+        r->read_event_handler = ngx_http_test_reading;
+    }
 
     ngx_llmgw_task_drive(rn);
 }

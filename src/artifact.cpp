@@ -14,6 +14,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <charconv>
 #include <cstring>
 #include <set>
 
@@ -61,11 +62,18 @@ signature(std::string_view secret, std::string_view task_id,
     return out;
 }
 
-/* The first value of a query parameter, or nullptr. */
-const char *
+/*
+ * The first value of a query parameter, whole (a NUL in it ends nothing);
+ * one that is absent has no data.
+ */
+std::string_view
 query_value(const json_t *q, const char *name)
 {
-    return json_string_value(json_array_get(json_object_get(q, name), 0));
+    const json_t *v = json_array_get(json_object_get(q, name), 0);
+
+    return json_is_string(v)
+           ? std::string_view(json_string_value(v), json_string_length(v))
+           : std::string_view();
 }
 
 } /* namespace */
@@ -192,10 +200,10 @@ llmgw_artifact_link_check(llmgw_str_t secret, llmgw_str_t path,
         Json q = json_parse(qb.data, qb.len);
         llmgw_buf_free(&qb);
 
-        const char *sig = query_value(q.get(), "signature");
-        const char *exp = query_value(q.get(), "expires");
+        std::string_view sig = query_value(q.get(), "signature");
+        std::string_view exp = query_value(q.get(), "expires");
 
-        if (sig == nullptr && exp == nullptr) {
+        if (sig.data() == nullptr && exp.data() == nullptr) {
             return 1;
         }
 
@@ -218,20 +226,22 @@ llmgw_artifact_link_check(llmgw_str_t secret, llmgw_str_t path,
         bool shape = seg.size() == 6 && seg[0] == "v1" && seg[1] == "tasks"
                      && seg[3] == "artifacts" && seg[5] == "content";
 
-        /* only the digits the link was issued with: no sign, space or
-           leading zero, which would be another spelling of the link */
-        char *end = nullptr;
-        long long expires = exp ? std::strtoll(exp, &end, 10) : 0;
-        bool number = exp != nullptr && exp[0] >= '1' && exp[0] <= '9'
-                      && end != nullptr && *end == '\0'
-                      && std::strspn(exp, "0123456789") == std::strlen(exp);
+        /* only the digits the link was issued with: no sign, space,
+           leading zero or NUL, which would be another spelling of it */
+        int64_t expires = 0;
+        bool number = !exp.empty() && exp[0] >= '1' && exp[0] <= '9';
+        if (number) {
+            auto r = std::from_chars(exp.data(), exp.data() + exp.size(),
+                                     expires);
+            number = r.ec == std::errc() && r.ptr == exp.data() + exp.size();
+        }
 
         std::string want = shape && number && secret.len > 0
                            ? signature(sv(secret), seg[2], seg[4], expires)
                            : std::string();
 
-        if (sig == nullptr || want.empty() || std::strlen(sig) != want.size()
-            || CRYPTO_memcmp(sig, want.data(), want.size()) != 0)
+        if (want.empty() || sig.size() != want.size()
+            || CRYPTO_memcmp(sig.data(), want.data(), want.size()) != 0)
         {
             llmgw_verdict_set(v, 403, "gateway_error", "invalid_signature",
                               "the link's signature is not valid for this "

@@ -182,7 +182,8 @@ function serve(rec, e, channelKey) {
         }
         if (!(start <= end) || start >= len) {
             return { status: 416, headers: { ...common, 'Content-Range': `bytes */${len}`,
-                'Content-Type': 'text/plain' }, body: 'range not satisfiable' };
+                'Content-Type': 'text/plain', 'Accept-Ranges': 'bytes' },
+            body: 'range not satisfiable' };
         }
         return { status: 206, headers: { ...full, 'Content-Range': `bytes ${start}-${end}/${len}` },
             body: e.body.subarray(start, end + 1) };
@@ -311,6 +312,9 @@ describe('task artifacts', { timeout: 180000 }, () => {
                 { key: 'hop-6', type: 'video' }, { key: 'leak', type: 'video' },
                 { key: 'gone', type: 'video' }, { key: 'framed', type: 'video' },
                 { key: 'slowhead', type: 'video' }] },
+            /* the content request is built slowly: a client may leave before */
+            slowbuild: { cdn: `${cdn.url}/cdn`, contentSpinMs: 1000,
+                artifacts: [{ key: 'slowhead', type: 'video' }] },
             /* a HEAD to the vendor, whatever the client asked */
             headonly: { contentMethod: 'HEAD' },
             /* the channel's origin, then a redirect to the CDN */
@@ -526,6 +530,7 @@ describe('task artifacts', { timeout: 180000 }, () => {
         assert.equal(r5.headers['content-type'], 'text/plain');
         assert.equal(r5.headers.etag, e.etag);
         assert.equal(r5.headers['last-modified'], LAST_MODIFIED);
+        assert.equal(r5.headers['accept-ranges'], 'bytes');
         assert.equal(r5.text, 'range not satisfiable');
         /* a HEAD 416 has no body: the next answer on the connection follows
            its head at once */
@@ -589,6 +594,25 @@ describe('task artifacts', { timeout: 180000 }, () => {
         const rec = cdnGot('slowhead').at(-1);
         /* long before the vendor's 8 s, and llmgw_task_http_timeout's 60 s */
         await waitFor(() => rec.closed, 2500, { what: 'the CDN request stopped' });
+    });
+
+    test('a client that leaves while the content request is built: the vendor request is stopped', async () => {
+        for (const p of [contentPath(T.slowbuild.id, 'slowhead'), `/v1/videos/${T.slowbuild.id}/content`]) {
+            const n = cdnGot('slowhead').length;
+            await new Promise((resolve) => {
+                const sock = net.connect(gw.port, '127.0.0.1', () => {
+                    sock.write(`GET ${p} HTTP/1.1\r\nHost: x\r\n`
+                        + `Authorization: Bearer ${env.acct.key}\r\n\r\n`);
+                    /* gone before buildContentRequest (1 s) has answered */
+                    setTimeout(() => { sock.destroy(); resolve(); }, 300);
+                });
+                sock.on('error', () => {});
+            });
+            await sleep(1500);
+            /* the CDN is not asked, or its request ends at once: not at its 8 s */
+            await waitFor(() => cdnGot('slowhead').slice(n).every((q) => q.closed), 2500,
+                { what: `${p}: the CDN request stopped` });
+        }
     });
 
     test('failures: vendor 404 and 410 are artifact_not_found, others 502; unknown keys; hooks that throw; foreign hosts', async () => {
@@ -795,6 +819,10 @@ describe('task artifacts', { timeout: 180000 }, () => {
             'a leading zero': at(T.main.id, 'video', `0${exp}`, sig),
             'a plus sign': at(T.main.id, 'video', `%2B${exp}`, sig),
             'a leading space': at(T.main.id, 'video', `%20${exp}`, sig),
+            'a trailing space': at(T.main.id, 'video', `${exp}+`, sig),
+            /* a NUL ends no value early */
+            'a NUL and more after the expiry': at(T.main.id, 'video', `${exp}%000`, sig),
+            'a NUL and more after the signature': at(T.main.id, 'video', exp, `${sig}%00x`),
         };
         for (const [what, url] of Object.entries(bad)) {
             const r = await bin(url);

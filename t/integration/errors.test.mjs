@@ -222,6 +222,41 @@ describe('error contract', { timeout: 180000 }, () => {
         }
     });
 
+    test('an error answering a HEAD is a head only: the next answer on the connection follows it at once', async () => {
+        const heads = [
+            ['/v1/no-such-endpoint', '', 404],
+            ['/v1/models', '', 401],
+            ['/v1/models', 'Authorization: Bearer sk-nope\r\n', 401],
+            ['/v1/chat/completions', `Authorization: Bearer ${key}\r\n`, 405],
+            ['/v1/tasks/task_x/artifacts/video/content', '', 401],
+            ['/v1/tasks/task_x/artifacts/video/content?expires=1&signature=00', '', 403],
+            ['/api/user', '', 401],
+        ];
+        const r = await raw(heads.map(([p, h]) => `HEAD ${p} HTTP/1.1\r\nHost: x\r\n${h}\r\n`).join('')
+            + 'GET /v1/no-such-endpoint HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+        /* the first head as rawHttp read it, then each in the rest */
+        const first = `HTTP/1.1 ${r.status} x\r\nContent-Length: ${r.headers['content-length']}`;
+        const parts = [first, ...r.body.split('\r\n\r\n')];
+        heads.forEach(([p, , status], i) => {
+            assert.match(parts[i], new RegExp(`^HTTP/1\\.1 ${status} `), `HEAD ${p}: ${parts[i]}`);
+            assert.match(parts[i], /\r\nContent-Length: [1-9]/i, `HEAD ${p} says the length of a GET's body`);
+        });
+        assert.match(parts[heads.length], /^HTTP\/1\.1 404 /, parts.slice(heads.length).join('|'));
+        assert.equal(JSON.parse(parts.slice(heads.length + 1).join('\r\n\r\n')).error.code, 'invalid_url');
+
+        /* pages nginx makes itself, the last on their connection */
+        for (const [text, status] of [
+            ['HEAD /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n', 413],
+            [`HEAD /v1/models?${'a'.repeat(20000)} HTTP/1.1\r\nHost: x\r\n\r\n`, 414],
+            ['HEAD /v1/models HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n', 501],
+        ]) {
+            const h = await raw(text);
+            assert.equal(h.status, status, h.body);
+            assert.match(h.headers['content-type'], /application\/json/);
+            assert.equal(h.body, '', `${text.slice(0, 40)}: no body after the head`);
+        }
+    });
+
     test('the server\'s error_page still serves locations without llmgw', async () => {
         const r = await gw.req('GET', '/plain502');
         assert.equal(r.status, 502);

@@ -140,7 +140,14 @@ static void
 test_altered_or_partial_links_are_refused(void **state)
 {
     char             sig[65], args[256];
+    size_t           i;
     llmgw_verdict_t  v;
+
+    static const char *const  other[] = {
+        "expires=0%lld&signature=%s", "expires=%%2B%lld&signature=%s",
+        "expires=%%20%lld&signature=%s", "expires=%lld+&signature=%s",
+        "expires=%lld%%000&signature=%s", "expires=%lld&signature=%s%%00x",
+    };
 
     (void) state;
 
@@ -166,8 +173,17 @@ test_altered_or_partial_links_are_refused(void **state)
     assert_int_equal(check(SECRET, "/v1/tasks/task_abc/artifacts/video/"
                            "content", "expires=12x&signature=00", &v), -1);
 
-    /* a path that is no content path */
+    /* the same expiry spelt otherwise, or either value with more after a
+       NUL, is another link */
     sign(SECRET, "task_abc", "video", NOW + 60, sig);
+    for (i = 0; i < sizeof(other) / sizeof(other[0]); i++) {
+        snprintf(args, sizeof(args), other[i], (long long) NOW + 60, sig);
+        assert_int_equal(check(SECRET, "/v1/tasks/task_abc/artifacts/video/"
+                               "content", args, &v), -1);
+        assert_string_equal(v.code, "invalid_signature");
+    }
+
+    /* a path that is no content path */
     snprintf(args, sizeof(args), "expires=%lld&signature=%s",
              (long long) NOW + 60, sig);
     assert_int_equal(check(SECRET, "/v1/tasks/task_abc/artifacts", args, &v),
