@@ -949,6 +949,7 @@ ngx_llmgw_header(ngx_http_request_t *r, const char *name, size_t len)
 static ngx_int_t
 ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
+    u_char                   *dst, *src;
     ngx_str_t                 v;
     ngx_pool_cleanup_t       *cln;
     ngx_llmgw_saved_query_t  *saved;
@@ -982,7 +983,11 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         return NGX_ERROR;
     }
 
-    ctx->query_key.len = v.len;
+    /* the value as a URL parser reads it: %2D is the "-" it encodes */
+    dst = ctx->query_key.data;
+    src = ctx->query_key.data;
+    ngx_unescape_uri(&dst, &src, v.len, 0);
+    ctx->query_key.len = dst - ctx->query_key.data;
 
     cln = ngx_pool_cleanup_add(r->main->pool, sizeof(ngx_llmgw_saved_query_t));
     if (cln == NULL) {

@@ -314,6 +314,17 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             assertError(await gw.req('POST', p, { body }), 401, { code: 'invalid_token' });
         });
 
+        test('a ?key= is read as a URL parser reads it: percent-encoded characters are the ones they encode', async () => {
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
+            const p = `/v1beta/models/${M.tts}:generateContent`;
+            const body = ttsBody();
+            const encoded = [...key].map((c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`).join('');
+            assertOk(await gw.req('POST', `${p}?key=${encoded}`, { body }));
+            assertOk(await gw.req('POST', `${p}?key=sk%2d${key.slice(3)}`, { body }));
+            assertError(await gw.req('POST', `${p}?key=${key}%00`, { body }), 401, { code: 'invalid_token' });
+            assertError(await gw.req('POST', `${p}?key=${key}%20`, { body }), 401, { code: 'invalid_token' });
+        });
+
         test('a ?key= works and shows masked in the access and error logs', async () => {
             const p = `/v1beta/models/${M.keylog}`;
             const body = ttsBody('keylog');

@@ -210,7 +210,7 @@ export function httpRequest(url, {
  * Raw HTTP/1.1 text (each character one byte) to 127.0.0.1:port, read until
  * the server closes; -> {status, headers, body}.
  */
-export function rawHttp(port, text) {
+export function rawHttp(port, text, { halfClose = true } = {}) {
     return new Promise((resolve, reject) => {
         const sock = net.connect(port, '127.0.0.1');
         let got = '';
@@ -229,7 +229,13 @@ export function rawHttp(port, text) {
                 body: rest.join('\r\n\r\n') });
         });
         sock.setTimeout(5000, () => sock.destroy());
-        sock.end(Buffer.from(text, 'latin1'));
+        /* a half-close after the request reads as a client gone to a
+           request that watches its client (nginx's proxy, content) */
+        if (halfClose) {
+            sock.end(Buffer.from(text, 'latin1'));
+        } else {
+            sock.write(Buffer.from(text, 'latin1'));
+        }
     });
 }
 
