@@ -19,8 +19,8 @@ import path from 'node:path';
 import { after, afterEach, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, conninfoFor, createDb, dropDb, hex, httpRequest, psql, settle,
-    sleep, startGateway, stopAll, tearDown,
+    assertError, assertOk, conninfoFor, createDb, dropDb, hex, httpRequest, makeKey, makeUser,
+    psql, settle, sleep, startGateway, stopAll, tearDown,
 } from '../lib/harness.mjs';
 import {
     account, assertErrorShape, bareMessage, expectUsed, getTask, ledgerSum,
@@ -534,6 +534,25 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(led.refund, led.reserve + (led.adjust || 0));
         assert.ok(!('settle' in led), JSON.stringify(led));
         await expectUsed(gw, db, env.acct, 0);
+    });
+
+    test('a refund is known at once: a key whose quota the task had taken is served again right after', async () => {
+        const env = await setup();
+        const user = await makeUser(gw, { quota: 100000000 });
+        /* exactly one task's price (0.01 USD) */
+        const tok = await makeKey(gw, user.id, { unlimited_quota: false, remain_quota: 5000 });
+        const up = `up-${hex(4)}`;
+        env.vendor.onSubmit = () => ({ body: { id: up } });
+        env.vendor.queuePoll(up, { body: { status: 'failed', error: 'vendor gave up' } });
+        const r = assertOk(await submit(env, { model: env.model }, { key: tok.key }));
+        await waitLedger(db, r.json.task_id, ['reserve', 'refund']);
+        /* the refund row and the balance are one transaction; the worker
+           learns the balance from its answer, a moment after the commit
+           (without the balance's revision the refund was not learned: the
+           next request was 401 Invalid token) */
+        await sleep(50);
+        env.vendor.onSubmit = () => ({ body: { id: `up-${hex(4)}` } });
+        assertOk(await submit(env, { model: env.model }, { key: tok.key }));
     });
 
     test('immediate SUCCESS: settled at submit, never polled; its members join the task data', async () => {
