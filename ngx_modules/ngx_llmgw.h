@@ -279,6 +279,11 @@ ngx_int_t ngx_llmgw_pg_query(const char *sql, int nparams,
     const char *const *params, const int *lengths,
     ngx_llmgw_pg_handler_pt handler, void *data);
 ngx_uint_t ngx_llmgw_pg_failing(ngx_msec_t ms);
+/*
+ * While a handler is called with err: the SQLSTATE the server answered
+ * ("22P05"), or "" when the statement did not reach it or got no answer.
+ */
+const char *ngx_llmgw_pg_error_state(void);
 /* One blocking statement at worker exit only, never while serving. */
 ngx_int_t ngx_llmgw_pg_exec_at_exit(const char *sql, const char *param,
     const u_char *copy, size_t len, ngx_llmgw_pg_handler_pt handler,

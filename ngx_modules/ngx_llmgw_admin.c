@@ -200,6 +200,23 @@ ngx_llmgw_admin_done(void *data, PGresult *res, const char *err)
         goto done;
     }
 
+    /* a data exception (SQLSTATE class 22) is about the request's values,
+       such as a NUL character (\u0000), which text cannot hold: sent again
+       it fails again (the server's message may quote them: not logged) */
+    if (err != NULL
+        && ngx_strncmp(ngx_llmgw_pg_error_state(), "22", 2) == 0)
+    {
+        ngx_log_error(NGX_LOG_INFO, c->log, 0,
+                      "llmgw: admin statement refused the request's data "
+                      "(SQLSTATE %s)", ngx_llmgw_pg_error_state());
+        ngx_http_finalize_request(r, ngx_llmgw_admin_refuse(r, ctx,
+                                  NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                  "the request holds a value the database "
+                                  "cannot store (such as a NUL character, "
+                                  "\\u0000)"));
+        goto done;
+    }
+
     if (err != NULL) {
         ngx_log_error(NGX_LOG_ERR, c->log, 0,
                       "llmgw: admin statement failed: %s", err);
@@ -399,10 +416,15 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         break;
 
     case LLMGW_ADMIN_DRYRUN:
-        if (llmgw_plugin_body_key((char *) ctx->body.data, ctx->body.len,
-                                  key, sizeof(key))
-            == 0)
-        {
+        rc = llmgw_plugin_body_key((char *) ctx->body.data, ctx->body.len,
+                                   key, sizeof(key), &v);
+
+        if (rc == -1) {
+            rc = ngx_llmgw_send_error(r, ctx, &v);
+            goto done;
+        }
+
+        if (rc == 0) {
             s = ngx_llmgw_cache_snapshot();
             sha = s ? llmgw_snapshot_plugin_sha(s,
                           (llmgw_str_t) { key, ngx_strlen(key) })

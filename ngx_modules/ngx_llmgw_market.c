@@ -92,7 +92,10 @@ ngx_llmgw_market_read_file(ngx_llmgw_market_t *mk, const char *path,
     ngx_file_info_t   fi;
     size_t            size, got;
 
-    fd = ngx_open_file(path, NGX_FILE_RDONLY, NGX_FILE_OPEN, 0);
+    /* without O_NONBLOCK, opening a FIFO would wait for a writer and
+       hold the worker; a regular file reads as without it */
+    fd = ngx_open_file(path, NGX_FILE_RDONLY | NGX_FILE_NONBLOCK,
+                       NGX_FILE_OPEN, 0);
     if (fd == NGX_INVALID_FILE) {
         *err = "the local file cannot be opened";
         return NGX_ERROR;

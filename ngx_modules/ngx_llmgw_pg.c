@@ -91,6 +91,8 @@ static ngx_log_t               *ngx_llmgw_pg_log;
 /* when a connection or statement last failed on the database, 0 once one
    has succeeded since */
 static ngx_msec_t               ngx_llmgw_pg_failed_at;
+/* the SQLSTATE of the failed statement whose handler runs, else "" */
+static char                     ngx_llmgw_pg_state[6];
 
 
 ngx_int_t
@@ -753,11 +755,19 @@ ngx_llmgw_pg_flush(ngx_llmgw_pg_conn_t *pc)
 }
 
 
+const char *
+ngx_llmgw_pg_error_state(void)
+{
+    return ngx_llmgw_pg_state;
+}
+
+
 static void
 ngx_llmgw_pg_finish_query(ngx_llmgw_pg_query_t *q, PGresult *res,
     const char *err)
 {
-    ExecStatusType  st;
+    char            *state;
+    ExecStatusType   st;
 
     if (q->timer.timer_set) {
         ngx_del_timer(&q->timer);
@@ -768,6 +778,11 @@ ngx_llmgw_pg_finish_query(ngx_llmgw_pg_query_t *q, PGresult *res,
             st = PQresultStatus(res);
             if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
                 err = PQresultErrorMessage(res);
+                state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+                if (state != NULL) {
+                    ngx_cpystrn((u_char *) ngx_llmgw_pg_state,
+                                (u_char *) state, sizeof(ngx_llmgw_pg_state));
+                }
                 res = NULL;
             }
         }
@@ -777,6 +792,7 @@ ngx_llmgw_pg_finish_query(ngx_llmgw_pg_query_t *q, PGresult *res,
         }
 
         q->handler(q->data, err ? NULL : res, err);
+        ngx_llmgw_pg_state[0] = '\0';
     }
 
     ngx_free(q);

@@ -95,10 +95,29 @@ query_known(llmgw_admin_route_e route, std::string_view args,
         args = amp == std::string_view::npos ? std::string_view()
                                              : args.substr(amp + 1);
 
-        std::string_view name = part.substr(0, part.find('='));
+        size_t eq = part.find('=');
+        std::string_view name = part.substr(0, eq);
 
-        if (part.empty() || (force && name == "force")) {
+        if (part.empty()) {
             continue;
+        }
+
+        /* read as the database reads it (1 or true forces), and as
+           strictly as "force" in the body */
+        if (force && name == "force") {
+            std::string_view value = eq == std::string_view::npos
+                                     ? std::string_view()
+                                     : part.substr(eq + 1);
+
+            if (value == "1" || value == "true" || value == "0"
+                || value == "false")
+            {
+                continue;
+            }
+
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "force: must be true or false (1 or 0)");
+            return false;
         }
 
         name = utf8_prefix(name, 64);

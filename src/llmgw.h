@@ -731,9 +731,14 @@ llmgw_buf_t llmgw_plugin_dryrun_body(const char *body, size_t len);
 llmgw_buf_t llmgw_plugin_status_json(const char *helper, size_t hlen,
     const char *node, size_t nlen);
 
-/* "key" of an admin body that names no source, into key (NUL-ended). */
+/*
+ * "key" of a dry run's body that names no source, into key (NUL-ended;
+ * empty when longer than keylen allows, a key no plugin has): 0; 1 when the
+ * body names a source or no key (a source's dry run); -1 with v set when
+ * the key is not a string.
+ */
 int llmgw_plugin_body_key(const char *body, size_t len, char *key,
-    size_t keylen);
+    size_t keylen, llmgw_verdict_t *v);
 
 /* 1 when a CALL reply says the helper has not loaded that source. */
 int llmgw_plugin_not_loaded(const char *reply, size_t len);

@@ -684,6 +684,7 @@ private:
     Json check_capabilities(const json_t *v);
     Json check_response_types(const json_t *v, bool &sse);
     void check_protocol_exports(const std::vector<Claim> &claims);
+    bool no_control(const std::string &path, const json_t *v);
 };
 
 
@@ -1500,10 +1501,26 @@ Validator::check_route_path(const std::string &path, std::string_view p)
             }
 
         } else {
+            /* nginx decodes %XX and resolves dot segments before the
+               gateway matches a request path: such a route is never met */
+            if (seg == "." || seg == "..") {
+                err(path, "must not contain \".\" or \"..\" segments (a "
+                    "request path is resolved before it is matched; the "
+                    "route could never be reached)");
+                return false;
+            }
+
             for (char c : seg) {
-                if (!(is_alnum(c) || std::strchr("-._~!$&'()*+,;=:@%", c))) {
+                if (c == '%') {
+                    err(path, "must not contain '%' (a request path is "
+                        "percent-decoded before it is matched; write the "
+                        "character itself)");
+                    return false;
+                }
+
+                if (!(is_alnum(c) || std::strchr("-._~!$&'()*+,;=:@", c))) {
                     err(path, "must be a plain path (letters, digits and "
-                        "-._~!$&'()*+,;=:@%; no query, fragment or "
+                        "-._~!$&'()*+,;=:@; no query, fragment or "
                         "whitespace)");
                     return false;
                 }
@@ -2856,12 +2873,67 @@ Validator::run(const char *meta, size_t meta_len, const char *exports,
         auto it = out.find(f);
 
         if (it != out.end()) {
+            no_control(member("meta", f), it->second.get());
             json_object_set_new(norm.get(), f, it->second.release());
         }
     }
 
+    if (!errors.empty()) {
+        return -1;
+    }
+
     normalized = json_dump(norm.get());
     return 0;
+}
+
+
+/*
+ * Every text the gateway stores and serves is free of control characters,
+ * whichever field holds it (the fields with a rule of their own said so
+ * before; a NUL cannot even be stored).  The first one found is named.
+ */
+bool
+Validator::no_control(const std::string &path, const json_t *v)
+{
+    if (json_is_string(v)) {
+        if (has_control(sv_of(v))) {
+            err(path, "must not contain control characters");
+            return false;
+        }
+
+        return true;
+    }
+
+    if (json_is_array(v)) {
+        size_t i;
+        json_t *x;
+
+        json_array_foreach(const_cast<json_t *>(v), i, x) {
+            if (!no_control(index(path, i), x)) {
+                return false;
+            }
+        }
+
+        return true;
+    }
+
+    const char *k;
+    json_t *x;
+
+    json_object_foreach(const_cast<json_t *>(v), k, x) {
+        std::string kp = member(path, k);
+
+        if (has_control(k)) {
+            err(kp, "the name must not contain control characters");
+            return false;
+        }
+
+        if (!no_control(kp, x)) {
+            return false;
+        }
+    }
+
+    return true;
 }
 
 } /* namespace */

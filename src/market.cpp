@@ -462,9 +462,10 @@ llmgw_market_listing(const char *index, size_t len, const char *url,
             }
             json_object_set_new(o, "versions", versions);
 
-            /* what this gateway publishes now */
+            /* the version this gateway stores as active, also for a
+               disabled plugin (whose tasks it still polls) */
             std::string key(json_str(p, "key"));
-            long idx = snap_plugin_find(s, key);
+            long idx = snap_poll_plugin_find(s, key);
             SnapPluginInfo info {};
             if (idx >= 0) {
                 snap_plugin(s, static_cast<size_t>(idx), &info);

@@ -326,23 +326,39 @@ llmgw_plugin_call_request(const char *body, size_t len, const char *sha,
 
 
 extern "C" int
-llmgw_plugin_body_key(const char *body, size_t len, char *key, size_t keylen)
+llmgw_plugin_body_key(const char *body, size_t len, char *key, size_t keylen,
+    llmgw_verdict_t *v)
 {
     try {
         JsonView root = JsonView::parse(std::string_view(body, len));
-        std::string scratch;
-        std::string_view k = root.get("key").text(scratch);
+        JsonView k = root.get("key");
 
-        if (k.empty() || k.size() >= keylen || root.get("source")) {
+        /* a source makes it a source's dry run, whatever the key */
+        if (!k || root.get("source")) {
+            return 1;
+        }
+
+        if (!k.is_string()) {
+            llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                              "key must be a string (the key of an enabled "
+                              "plugin)");
             return -1;
         }
 
-        std::memcpy(key, k.data(), k.size());
-        key[k.size()] = '\0';
+        std::string scratch;
+        std::string_view s = k.text(scratch);
+
+        /* longer than any plugin's key: found nowhere, as "" is not */
+        if (s.size() >= keylen) {
+            s = std::string_view();
+        }
+
+        std::memcpy(key, s.data(), s.size());
+        key[s.size()] = '\0';
         return 0;
 
     } catch (...) {
-        return -1;
+        return 1;
     }
 }
 

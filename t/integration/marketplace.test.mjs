@@ -3,6 +3,7 @@
 // and version, where an index may point), and plugin icons.
 
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import http from 'node:http';
@@ -12,7 +13,8 @@ import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import {
-    assertError, assertOk, createDb, dropDb, startGateway, stopAll,
+    assertError, assertOk, createDb, dropDb, eventually, httpRequest, startGateway,
+    stopAll,
 } from '../lib/harness.mjs';
 
 const FIXTURES = path.join(path.dirname(fileURLToPath(import.meta.url)),
@@ -89,6 +91,7 @@ describe('marketplace sources', () => {
             { key: 'mk-local', version: '1.0.0' },
             { key: 'mk-local', version: '1.1.0' },
             { key: 'mk-web', version: '2.0.0' },
+            { key: 'mk-off', version: '1.0.0' },
             { key: 'mk-badsum', version: '1.0.0', digest: 'a'.repeat(64) },
             { key: 'mk-liar', version: '1.0.0', source: variant('mk-other', '1.0.0') },
         ]);
@@ -249,6 +252,83 @@ describe('marketplace sources', () => {
             JSON.stringify({ indexVersion: 1, name: 'clean', plugins: [entry({})] }));
         assertOk(await market(gw, { url: `${web.url}/${path.basename(sub)}/index.json`,
                                     key: 'mk-cred' }), 'install without credentials');
+    });
+
+    test('a FIFO as the index or as a source is refused at once, and the worker keeps serving', async () => {
+        const sub = fs.mkdtempSync(path.join(os.tmpdir(), 'llmgw-market-fifo-'));
+        fs.chmodSync(sub, 0o755);
+        const fifo = path.join(sub, 'pipe');
+        await new Promise((resolve, reject) => execFile('mkfifo', ['-m', '0666', fifo],
+            (e) => (e ? reject(e) : resolve())));
+        fs.chmodSync(fifo, 0o666);
+        fs.writeFileSync(path.join(sub, 'index.json'), JSON.stringify({ indexVersion: 1, name: 'fifo',
+            plugins: [{ key: 'mk-fifo', name: 'f', channelTypes: [], models: ['m'], latest: '1.0.0',
+                        versions: [{ version: '1.0.0', path: 'pipe', sha256: 'c'.repeat(64),
+                                     minApiVersion: 1, kind: 'task' }] }] }));
+        fs.chmodSync(path.join(sub, 'index.json'), 0o644);
+        /* one worker: a blocked open would hold every other request */
+        const one = await startGateway({ db, workers: 1, v8host: true });
+        try {
+            for (const [body, what] of [
+                [{ url: fifo }, 'the index'],
+                [{ url: `file://${sub}/index.json`, key: 'mk-fifo' }, 'a source'],
+            ]) {
+                const t0 = Date.now();
+                const r = await httpRequest(`${one.url}/api/plugin/task/marketplace`, {
+                    method: 'POST', body, timeoutMs: 5000,
+                    headers: { Authorization: `Bearer ${one.rootToken}` },
+                });
+                assertError(r, 502, { code: 'marketplace_unavailable',
+                    message: /not a regular file/ });
+                assert.ok(Date.now() - t0 < 5000, `${what}: ${Date.now() - t0} ms`);
+                assertOk(await one.admin('GET', '/api/plugin/task'), `served after ${what}`);
+            }
+            assertError(await one.admin('GET', '/api/plugin/task/mk-fifo'), 404);
+        } finally {
+            /* should a worker wait in open(), a writer lets it go */
+            try {
+                fs.closeSync(fs.openSync(fifo, fs.constants.O_WRONLY | fs.constants.O_NONBLOCK));
+            } catch { /* no reader: nothing waits */ }
+            await stopAll(one);
+            fs.rmSync(sub, { recursive: true, force: true });
+        }
+    });
+
+    test('a source holding a NUL byte is the request\'s fault: 400, not a 503 to retry', async () => {
+        const sub = fs.mkdtempSync(path.join(dir, 'nul-'));
+        fs.chmodSync(sub, 0o755);
+        /* a NUL in a comment: the source compiles, its text cannot be stored */
+        const src = variant('mk-nul', '1.0.0') + '\n// \u0000\n';
+        fs.writeFileSync(path.join(sub, 'plugin.js'), src);
+        fs.writeFileSync(path.join(sub, 'index.json'), JSON.stringify({ indexVersion: 1, name: 'nul',
+            plugins: [{ key: 'mk-nul', name: 'n', channelTypes: [], models: ['m'], latest: '1.0.0',
+                        versions: [{ version: '1.0.0', path: 'plugin.js', sha256: sha(src),
+                                     minApiVersion: 1, kind: 'task' }] }] }));
+        for (const f of ['plugin.js', 'index.json']) {
+            fs.chmodSync(path.join(sub, f), 0o644);
+        }
+        assertError(await market(gw, { url: `file://${sub}/index.json`, key: 'mk-nul' }), 400, {
+            code: 'invalid_request',
+            message: 'the request holds a value the database cannot store (such as a NUL character, \\u0000)',
+        });
+        assertError(await gw.admin('GET', '/api/plugin/task/mk-nul'), 404);
+        assert.doesNotMatch(gw.errorLog(), /admin statement failed/);
+    });
+
+    test('a plugin installed disabled is listed with the version it stores', async () => {
+        const url = `file://${dir}/index.json`;
+        assertOk(await market(gw, { url, key: 'mk-off', enabled: false }), 'install disabled');
+        const p = await gw.admin('GET', '/api/plugin/task/mk-off');
+        assert.equal(assertOk(p).json.enabled, false, p.text.slice(0, 300));
+        /* the worker that installed it answers at once, the others soon */
+        await eventually(async () => {
+            for (let i = 0; i < 4; i++) {
+                const l = await market(gw, { url });
+                assertOk(l, 'listing');
+                const off = l.json.plugins.find((x) => x.key === 'mk-off');
+                assert.equal(off.installed, '1.0.0', JSON.stringify(off));
+            }
+        });
     });
 
     test('the icon of a plugin is an SVG image', async () => {

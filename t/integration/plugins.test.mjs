@@ -474,7 +474,7 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
     test('an upload takes force from the query as PATCH and activate do: ?force=1 or ?force=true', async () => {
         const rival = fixture('video-task-rival.js');
         const up = (q, body) => a.admin('POST', `/api/plugin/task${q}`, body);
-        for (const q of ['?force=0', '?force=yes']) {
+        for (const q of ['?force=0', '?force=false']) {
             assertError(await up(q, { source: rival, enabled: true }), 409,
                 { code: 'conflict', message: /POST \/itest\/v1\/videos/ });
         }
@@ -500,6 +500,145 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
         const forced = await up('?force=1', { source: changed, enabled: false });
         assertUploaded(forced, key, '1.0.0');
         assert.equal(forced.json.versions.length, 1, forced.text.slice(0, 300));
+        assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
+    });
+
+    test('?force is read as strictly as force in a body: a value other than 1, true, 0 or false is 400 naming it', async () => {
+        const key = 'itest-force-q';
+        const rival = fixture('video-task-rival.js');
+        assertUploaded(await upload(a, { source: rival, enabled: false }), 'itest-video-rival', '1.0.0');
+        assertUploaded(await upload(a, { source: variant(key), enabled: false }), key, '1.0.0');
+        try {
+            for (const v of ['yes', 'maybe', '', 'TRUE', '2']) {
+                for (const [method, p, body] of [
+                    ['POST', '/api/plugin/task', { source: rival, enabled: true }],
+                    ['POST', '/api/plugin/task/marketplace', { url: '/nonexistent/index.json' }],
+                    ['PATCH', '/api/plugin/task/itest-video-rival', { enabled: true }],
+                    ['POST', '/api/plugin/task/itest-video-rival/activate', { version: '1.0.0' }],
+                    ['DELETE', `/api/plugin/task/${key}`, {}],
+                ]) {
+                    assertError(await a.admin(method, `${p}?force=${v}`, body), 400, {
+                        code: 'invalid_request', message: 'force: must be true or false (1 or 0) (request id: ',
+                    });
+                }
+            }
+            /* nothing changed: the rival is still disabled, the other stored */
+            const rv = await a.admin('GET', '/api/plugin/task/itest-video-rival');
+            assert.equal(assertOk(rv).json.enabled, false, rv.text.slice(0, 300));
+            assertOk(await a.admin('GET', `/api/plugin/task/${key}`));
+            /* false and 0 are read as not forced */
+            for (const v of ['0', 'false']) {
+                assertError(await a.admin('PATCH', `/api/plugin/task/itest-video-rival?force=${v}`,
+                    { enabled: true }), 409, { code: 'conflict' });
+            }
+            assertOk(await a.admin('PATCH', '/api/plugin/task/itest-video-rival?force=true', { remark: 'r' }));
+            assertOk(await a.admin('DELETE', `/api/plugin/task/${key}?force=false`));
+        } finally {
+            await a.admin('DELETE', '/api/plugin/task/itest-video-rival?force=1');
+            await a.admin('DELETE', `/api/plugin/task/${key}?force=1`);
+        }
+    });
+
+    test('concurrent calls that would clash, on one node or two: one is stored, the other is 409', async () => {
+        /* two plugins on one route, each the variant of its own key */
+        const onRoute = (key, route, extra = '') =>
+            variant(key).replace(`'/${key}/v1/videos'`, `'${route}'`) + extra;
+        const PAIRS = 10;
+        for (const [label, g1, g2] of [['one node', a, a], ['two nodes', a, b]]) {
+            const tag = label === 'one node' ? 'o' : 't';
+            /* enabling two disabled plugins at once */
+            for (let i = 0; i < PAIRS; i++) {
+                const route = `/itest-sh${tag}${i}/v1/videos`;
+                const [k1, k2] = [`itest-x${tag}${i}`, `itest-y${tag}${i}`];
+                assertUploaded(await upload(a, { source: onRoute(k1, route), enabled: false }), k1, '1.0.0');
+                assertUploaded(await upload(a, { source: onRoute(k2, route), enabled: false }), k2, '1.0.0');
+                const rs = await Promise.all([
+                    g1.admin('PATCH', `/api/plugin/task/${k1}`, { enabled: true }),
+                    g2.admin('PATCH', `/api/plugin/task/${k2}`, { enabled: true }),
+                ]);
+                assert.deepEqual(rs.map((r) => r.status).sort(), [200, 409],
+                    `${label} PATCH pair ${i}: ${rs.map((r) => r.text.slice(0, 200)).join(' | ')}`);
+                assertError(rs.find((r) => r.status === 409), 409, { code: 'conflict',
+                    message: new RegExp(`^route POST ${route} is already served by plugin itest-[xy]${tag}${i}; enable with force`) });
+                for (const k of [k1, k2]) {
+                    assertOk(await a.admin('DELETE', `/api/plugin/task/${k}`), `DELETE ${k}`);
+                }
+            }
+            /* uploading two keys on one route at once */
+            for (let i = 0; i < PAIRS; i++) {
+                const route = `/itest-su${tag}${i}/v1/videos`;
+                const [k1, k2] = [`itest-u${tag}${i}`, `itest-v${tag}${i}`];
+                const rs = await Promise.all([
+                    upload(g1, { source: onRoute(k1, route), enabled: true }),
+                    upload(g2, { source: onRoute(k2, route), enabled: true }),
+                ]);
+                assert.deepEqual(rs.map((r) => r.status).sort(), [200, 409],
+                    `${label} upload pair ${i}: ${rs.map((r) => r.text.slice(0, 200)).join(' | ')}`);
+                assertError(rs.find((r) => r.status === 409), 409, { code: 'conflict',
+                    message: /; upload with force, or with enabled false/ });
+                assertOk(await a.admin('DELETE', `/api/plugin/task/${rs.find((r) => r.status === 200).json.key}`));
+            }
+            /* one version uploaded with two sources at once: the answer
+               that is 200 names the sha the database holds */
+            for (let i = 0; i < PAIRS; i++) {
+                const key = `itest-sv${tag}${i}`;
+                const rs = await Promise.all([
+                    upload(g1, { source: variant(key) + '\n// one\n', enabled: true }),
+                    upload(g2, { source: variant(key) + '\n// two\n', enabled: true }),
+                ]);
+                assert.deepEqual(rs.map((r) => r.status).sort(), [200, 409],
+                    `${label} version pair ${i}: ${rs.map((r) => r.text.slice(0, 200)).join(' | ')}`);
+                assertError(rs.find((r) => r.status === 409), 409, { code: 'conflict',
+                    message: `plugin ${key} version 1.0.0 is already stored with another source; ` +
+                        'raise the version, or upload with force' });
+                const won = rs.find((r) => r.status === 200).json;
+                const stored = await a.admin('GET', `/api/plugin/task/${key}`);
+                assert.equal(assertOk(stored).json.versions[0].sha, won.versions[0].sha, stored.text.slice(0, 300));
+                assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
+            }
+        }
+    });
+
+    test('a text with a control character anywhere in the manifest is 400 invalid_plugin naming it, never a 503', async () => {
+        const key = 'itest-ctl';
+        const nul = "' + String.fromCharCode(0) + '";
+        const cases = [
+            ["author: { name: 'llmgw tests'", `author: { name: 'x${nul}'`, 'meta.author.name'],
+            ["models: ['itest-video-1', 'itest-video-2']", `models: ['itest-video-1', 'm${nul}']`, 'meta.models[1]'],
+            ["author: { name: 'llmgw tests'", "author: { name: 'a\\u0007b'", 'meta.author.name'],
+            ["fetchMode: 'per_task',", `fetchMode: 'per_task',\n  usageSchema: { seconds: { type: 'number', unit: 'second', description: 'x${nul}y' } },`,
+                'meta.usageSchema.seconds.description'],
+        ];
+        for (const [from, to, field] of cases) {
+            const source = variant(key).replace(from, to);
+            assert.notEqual(source, variant(key), from);
+            const r = await upload(a, { source, enabled: false });
+            assertError(r, 400, { code: 'invalid_plugin',
+                message: new RegExp(`^the plugin was refused: ${field.replace(/[.[\]]/g, '\\$&')}[^;]*: must not contain control characters`) });
+        }
+        assertError(await a.admin('GET', `/api/plugin/task/${key}`), 404);
+
+        /* a NUL in a body is refused before it reaches the database */
+        assertError(await upload(a, { source: variant(key), enabled: false, remark: 'a\u0000b' }), 400,
+            { code: 'invalid_json' });
+        assertError(await a.admin('GET', `/api/plugin/task/${key}`), 404);
+    });
+
+    test('routes nginx could never deliver (percent-escapes, dot segments) are refused with 400 invalid_plugin', async () => {
+        const key = 'itest-dots';
+        const withPath = (p) => variant(key).replace(`'/${key}/v1/videos'`, `'${p}'`);
+        for (const [p, re] of [
+            ['/itest-dots/v1/vid%65os', /must not contain '%'/],
+            ['/x/../itest-dots/v1/videos', /must not contain "\." or "\.\." segments/],
+            ['/itest-dots/./v1/videos', /must not contain "\." or "\.\." segments/],
+            ['/itest-dots//v1/videos', /must not contain empty segments/],
+        ]) {
+            assertError(await upload(a, { source: withPath(p), enabled: true, force: true }), 400,
+                { code: 'invalid_plugin', message: new RegExp(`meta\\.routes\\[0\\]\\.path: ${re.source}`) });
+        }
+        assertError(await a.admin('GET', `/api/plugin/task/${key}`), 404);
+        /* a dot inside a segment is a plain character */
+        assertUploaded(await upload(a, { source: withPath('/itest-dots/v1.5/.videos'), enabled: false }), key, '1.0.0');
         assertOk(await a.admin('DELETE', `/api/plugin/task/${key}`));
     });
 
@@ -683,8 +822,15 @@ describe('task plugins through nginx and the v8 helper', { timeout: 120000 }, ()
 
         /* a hook the plugin does not export */
         assertHookFailed(await dryrun(a, { key: KEY, hook: 'buildBatchQueryRequest', args: [] }), 'plugin');
-        /* no such plugin */
-        assertError(await dryrun(a, { key: 'itest-nope', hook: 'buildSubmitRequest', args: [] }), 404);
+        /* no such plugin, however long its key; a key that is not a string */
+        for (const key of ['itest-nope', 'k'.repeat(64), 'k'.repeat(200), '']) {
+            assertError(await dryrun(a, { key, hook: 'buildSubmitRequest', args: [] }), 404,
+                { code: 'not_found', message: 'no enabled plugin has that key' });
+        }
+        for (const key of [7, null, ['itest-video'], { k: 1 }]) {
+            assertError(await dryrun(a, { key, hook: 'buildSubmitRequest', args: [] }), 400,
+                { code: 'invalid_request', message: 'key must be a string' });
+        }
         /* a dry run of an invalid source answers like an upload would refuse it */
         const bad = await dryrun(a, { source: `import x from 'y';\n${VIDEO}`, hook: 'buildSubmitRequest', args: [ctx] });
         if (bad.status === 200) {

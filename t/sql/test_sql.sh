@@ -146,6 +146,14 @@ api GET "/plugin/task/nope_$RUN/activate"
 expect_err "GET /plugin/task/{key}/activate is 405" 405 method_not_allowed "method GET is not allowed on /api/plugin/task/nope_$RUN/activate (allowed: POST)"
 api GET "/plugin/task/nope_$RUN"
 expect_err "an unknown plugin is still 404" 404 not_found "plugin nope_$RUN not found"
+for q in force=yes force= force force=TRUE; do
+    api PATCH "/plugin/task/nope_$RUN" "$q" '{}'
+    expect_err "?$q is refused, as a force that is not a boolean in a body" 400 invalid_request "force: must be true or false (1 or 0)"
+done
+api POST "/plugin/task/nope_$RUN/activate" 'force=maybe' '{"version":"1.0.0"}'
+expect_err "activate reads ?force strictly" 400 invalid_request "force: must be true or false (1 or 0)"
+api PATCH "/plugin/task/nope_$RUN" 'force=false' '{}'
+expect_err "?force=false is read, then the plugin is looked up" 404 not_found "plugin nope_$RUN not found"
 api POST /user '' 'not json'
 expect_err "invalid JSON" 400 invalid_json "invalid JSON request body"
 api POST /user '' ''

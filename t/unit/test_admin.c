@@ -393,7 +393,10 @@ test_admin_check_gateway_calls_refuse_unknown_query_parameters(void **state)
     (void) state;
 
     assert_int_equal(check_query(LLMGW_ADMIN_UPLOAD, "force=1", &v), 0);
-    assert_int_equal(check_query(LLMGW_ADMIN_MARKETPLACE, "&force&", &v), 0);
+    assert_int_equal(check_query(LLMGW_ADMIN_MARKETPLACE, "&force=false&",
+                                 &v), 0);
+    assert_int_equal(check_query(LLMGW_ADMIN_UPLOAD, "force=true&force=0",
+                                 &v), 0);
     assert_int_equal(check_query(LLMGW_ADMIN_DATABASE, "userid=1", &v), 0);
 
     assert_int_equal(check_query(LLMGW_ADMIN_UPLOAD, "force=1&forse=1", &v),
@@ -408,6 +411,20 @@ test_admin_check_gateway_calls_refuse_unknown_query_parameters(void **state)
                         "x: unknown query parameter (this call takes none)");
     assert_int_equal(check_query(LLMGW_ADMIN_DRYRUN, "force=1", &v), -1);
     assert_int_equal(check_query(LLMGW_ADMIN_ICON, "=", &v), -1);
+
+    /* force as strictly as in a body: what is not read as true is not
+       taken as false either */
+    for (const char *const *q = (const char *const[]) {
+             "force=yes", "force=maybe", "force", "force=", "force=TRUE",
+             "force=1&force=2", NULL };
+         *q != NULL; q++)
+    {
+        assert_int_equal(check_query(LLMGW_ADMIN_UPLOAD, *q, &v), -1);
+        assert_int_equal(v.status, 400);
+        assert_string_equal(v.code, "invalid_request");
+        assert_string_equal(v.message,
+                            "force: must be true or false (1 or 0)");
+    }
 }
 
 

@@ -1165,10 +1165,32 @@ test_route_path_plain(void **state)
     REJECT("{'routes':[{'method':'POST','path':'/acme/tasks?x=1','type':"
            "'submit','decode':'create','render':'created'}]}", ROUTE_EXPORTS,
            "meta.routes[0].path: must be a plain path (letters, digits and "
-           "-._~!$&'()*+,;=:@%; no query, fragment or whitespace)");
+           "-._~!$&'()*+,;=:@; no query, fragment or whitespace)");
     REJECT("{'routes':[{'method':'POST','path':'/acme//tasks','type':"
            "'submit','decode':'create','render':'created'}]}", ROUTE_EXPORTS,
            "meta.routes[0].path: must not contain empty segments (//)");
+    /* nginx decodes and resolves a request path before it is matched */
+    REJECT("{'routes':[{'method':'POST','path':'/acme/t%61sks','type':"
+           "'submit','decode':'create','render':'created'}]}", ROUTE_EXPORTS,
+           "meta.routes[0].path: must not contain '%' (a request path is "
+           "percent-decoded before it is matched; write the character "
+           "itself)");
+    for (const char *const *p = (const char *const[]) {
+             "/x/../acme/tasks", "/acme/./tasks", "/acme/..", "/.", NULL };
+         *p != NULL; p++)
+    {
+        char  m[256];
+
+        snprintf(m, sizeof(m), "{'routes':[{'method':'POST','path':'%s',"
+                 "'type':'submit','decode':'create','render':'created'}]}",
+                 *p);
+        REJECT(m, ROUTE_EXPORTS, "meta.routes[0].path: must not contain "
+               "\".\" or \"..\" segments (a request path is resolved "
+               "before it is matched; the route could never be reached)");
+    }
+    ACCEPT("{'routes':[{'method':'POST','path':'/acme/v1.5/t..x/.well',"
+           "'type':'submit','decode':'create','render':'created'}]}",
+           ROUTE_EXPORTS);
     REJECT("{'routes':[{'method':'GET','path':'/acme/:1id','type':"
            "'query','render':'status'}]}", ROUTE_EXPORTS,
            "meta.routes[0].path: path parameter \":1id\" must be ':' and an "

@@ -107,25 +107,38 @@ test_call_frame_refuses_bad_hook_and_args(void **state)
 static void
 test_body_key(void **state)
 {
-    char  key[8];
+    char             key[8];
+    llmgw_verdict_t  v;
 
     (void) state;
 
     assert_int_equal(llmgw_plugin_body_key("{\"key\":\"a\\u0062c\"}", 18, key,
-                                           sizeof(key)), 0);
+                                           sizeof(key), &v), 0);
     assert_string_equal(key, "abc");
 
     /* a source makes it a source's dry run, whatever the key */
     assert_int_equal(llmgw_plugin_body_key("{\"key\":\"abc\",\"source\":null}",
-                                           28, key, sizeof(key)), -1);
-    assert_int_equal(llmgw_plugin_body_key("{\"key\":\"\"}", 10, key,
-                                           sizeof(key)), -1);
-    assert_int_equal(llmgw_plugin_body_key("{\"key\":\"abcdefgh\"}", 18, key,
-                                           sizeof(key)), -1);
-    assert_int_equal(llmgw_plugin_body_key("{\"key\":1}", 9, key,
-                                           sizeof(key)), -1);
+                                           28, key, sizeof(key), &v), 1);
+    assert_int_equal(llmgw_plugin_body_key("{\"hook\":\"x\"}", 12, key,
+                                           sizeof(key), &v), 1);
     assert_int_equal(llmgw_plugin_body_key("{\"key\":\"abc\"", 12, key,
-                                           sizeof(key)), -1);
+                                           sizeof(key), &v), 1);
+
+    /* a key no plugin has is looked up (and not found), never a source */
+    assert_int_equal(llmgw_plugin_body_key("{\"key\":\"\"}", 10, key,
+                                           sizeof(key), &v), 0);
+    assert_string_equal(key, "");
+    assert_int_equal(llmgw_plugin_body_key("{\"key\":\"abcdefgh\"}", 18, key,
+                                           sizeof(key), &v), 0);
+    assert_string_equal(key, "");
+
+    assert_int_equal(llmgw_plugin_body_key("{\"key\":1}", 9, key,
+                                           sizeof(key), &v), -1);
+    assert_int_equal(v.status, 400);
+    assert_string_equal(v.code, "invalid_request");
+    assert_non_null(strstr(v.message, "key must be a string"));
+    assert_int_equal(llmgw_plugin_body_key("{\"key\":null}", 12, key,
+                                           sizeof(key), &v), -1);
 }
 
 
