@@ -1035,6 +1035,8 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *start_protocol();
     bool protocol_reads(const json_t *row) const;
     const llmgw_tstep_t *protocol_decode(json_t *dbody);
+    bool protocol_takes(std::string_view kind) const;
+    const llmgw_tstep_t *protocol_body_refused();
     const llmgw_tstep_t *responses_mode(const json_t *dbody);
     const llmgw_tstep_t *responses_render();
     const llmgw_tstep_t *responses_hook();
@@ -1382,6 +1384,15 @@ llmgw_tjob_s::start_request()
         const llmgw_tstep_t *s = start_protocol();
         if (s != nullptr) {
             return s;
+        }
+    }
+
+    if (route_kind == LLMGW_TROUTE_PROTOCOL && !body.empty()) {
+        /* a Content-Type no endpoint takes is refused as one the
+           protocol's create does not take: naming what it takes */
+        const char *k = llmgw_inbound_type_kind(str(content_type));
+        if (k == nullptr || !protocol_takes(k)) {
+            return protocol_body_refused();
         }
     }
 
@@ -2077,6 +2088,33 @@ protocol_path(llmgw_tproto_e proto)
 
 
 /*
+ * Spec rule 7 and the README: every create takes JSON, image edits and
+ * videos multipart too (files); never a form, which the parser reads for
+ * /v1/tasks and native routes.
+ */
+bool
+llmgw_tjob_s::protocol_takes(std::string_view kind) const
+{
+    return kind == "json"
+           || (kind == "multipart"
+               && (proto == LLMGW_TPROTO_IMAGE_EDIT
+                   || proto == LLMGW_TPROTO_VIDEO_CREATE));
+}
+
+
+/* A body of a kind the protocol's create does not take: what it takes. */
+const llmgw_tstep_t *
+llmgw_tjob_s::protocol_body_refused()
+{
+    return fail(400, "gateway_error", "invalid_request",
+                "POST " + std::string(protocol_path(proto)) + " takes a "
+                + (protocol_takes("multipart")
+                   ? "JSON or multipart/form-data body"
+                   : "JSON body (Content-Type: application/json)"));
+}
+
+
+/*
  * A host protocol's request, before its body is read: the decode context
  * with the protocol's members; a retrieval looks the task up (the step),
  * else nullptr and the body is read.
@@ -2144,25 +2182,11 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
 {
     json_t *ctx = decode_ctx.get();
 
-    /* spec rule 7 and the README: every create takes JSON, image edits
-       and videos multipart too (files); never a form, which the parser
-       reads for /v1/tasks and native routes */
-    bool multipart = proto == LLMGW_TPROTO_IMAGE_EDIT
-                     || proto == LLMGW_TPROTO_VIDEO_CREATE;
-    std::string_view kind = json_str(dbody, "kind");
-
     if (!json_object_body(dbody)) {
         return fail(400, "gateway_error", "invalid_json",
                     "invalid JSON request body");
     }
 
-    if (kind != "json" && !(multipart && kind == "multipart")) {
-        return fail(400, "gateway_error", "invalid_request",
-                    "POST " + std::string(protocol_path(proto)) + " takes a "
-                    + (multipart ? "JSON or multipart/form-data body"
-                                 : "JSON body (Content-Type: "
-                                   "application/json)"));
-    }
 
     json_object_set(ctx, "body", dbody);
 

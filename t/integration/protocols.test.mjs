@@ -265,6 +265,58 @@ describe('host protocols', { timeout: 180000 }, () => {
         }
     });
 
+    test('image edits: file field names keep every file its own reference; a Content-Type the endpoint does not take names what it takes', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-refs');
+        const B = 'bNd';
+        const part = (head, data) => Buffer.concat([Buffer.from(`--${B}\r\n`), Buffer.from(head),
+            Buffer.from('\r\n\r\n'), Buffer.from(data), Buffer.from('\r\n')]);
+        const field = (n, v) => part(`Content-Disposition: form-data; name="${n}"`, v);
+        const file = (n, d) => part(`Content-Disposition: form-data; name="${n}"; filename="x.png"`, d);
+        const mp = (...parts) => Buffer.concat([field('model', env.model), field('up_id', up), ...parts,
+            Buffer.from(`--${B}--\r\n`)]);
+        const headers = { 'Content-Type': `multipart/form-data; boundary=${B}` };
+
+        /* "a#1" would be the reference of the second file of "a" */
+        const hash = await image(mp(file('a#1', 'HASH'), file('a', 'A0'), file('a', 'A1')), 'edits',
+            { key: acct.key, headers });
+        assertError(hash, 400, { code: 'invalid_request', message: /multipart part 3: a file's field name may not hold "#"/ });
+        /* a name that is not UTF-8 would reach the plugin as another text */
+        const latin1 = await image(mp(Buffer.concat([Buffer.from('--bNd\r\nContent-Disposition: form-data; name="img'),
+            Buffer.from([0xe9]), Buffer.from('"; filename="x.png"\r\n\r\nX\r\n')])), 'edits', { key: acct.key, headers });
+        const e = assertError(latin1, 400, { code: 'invalid_request',
+            message: /multipart part 3: a file's field name is not valid UTF-8/ });
+        assert.ok(!/img/.test(e.message) && !e.message.includes('\ufffd'), e.message);
+        assert.equal(vendor.submits().filter((x) => x.json.up_id === up).length, 0, 'nothing was sent');
+        await expectUsed(gw, db, acct, 0);
+
+        /* repeated fields still number their files; a text field may hold
+           "#" (it has no reference) */
+        vendor.onSubmit = (rec) => ({ status: 200, body: { id: `refs-${rec.n}`,
+            immediate: { status: 'SUCCESS', data: { images: [] } } } });
+        try {
+            assertOk(await image(mp(field('note#1', 'text'), file('a', 'A0'), file('a', 'A1'), file('b', 'B0')),
+                'edits', { key: acct.key, headers }), 'numbered refs');
+            const sub = vendor.submits().filter((x) => x.json.up_id === up).at(-1);
+            assert.deepEqual(sub.json.files.map((f) => f.ref),
+                ['request_file:a', 'request_file:a#1', 'request_file:b']);
+            assert.equal(sub.json.input['note#1'], 'text');
+        } finally {
+            vendor.onSubmit = null;
+        }
+
+        /* text/plain: edits take JSON or multipart, never a form */
+        const plain = await image('hello', 'edits', { key: acct.key, headers: { 'Content-Type': 'text/plain' } });
+        const pe = assertError(plain, 400, { code: 'invalid_request',
+            message: /POST \/v1\/images\/edits takes a JSON or multipart\/form-data body/ });
+        assert.ok(!/urlencoded/.test(pe.message), pe.message);
+        assertError(await image('hello', 'generations', { key: acct.key, headers: { 'Content-Type': 'text/plain' } }),
+            400, { code: 'invalid_request', message: /POST \/v1\/images\/generations takes a JSON body/ });
+        /* no Content-Type at all */
+        const none = await gw.req('POST', '/v1/images/edits', { key: acct.key, body: 'x=1' });
+        assert.ok(!/urlencoded/.test(assertError(none, 400, { code: 'invalid_request' }).message));
+    });
+
     test('host_image, synchronous: the result inline, not retained; created added', async () => {
         const acct = await account(gw);
         vendor.onSubmit = (rec) => (rec.json.input.sync ? {
