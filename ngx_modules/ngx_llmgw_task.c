@@ -143,6 +143,7 @@ ngx_llmgw_task_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_task_conf.max_redirects = 5;
     ngx_llmgw_task_conf.max_tries = 3;
     ngx_llmgw_task_conf.wait_ms = (int64_t) mcf->task_wait_timeout;
+    ngx_llmgw_task_conf.http_timeout_ms = (int64_t) mcf->task_http_timeout;
     ngx_llmgw_task_conf.lease_ms = (int64_t) mcf->task_lease;
     ngx_llmgw_task_conf.link_secret = (llmgw_str_t) {
         (char *) mcf->crypto_secret.data, mcf->crypto_secret.len };
@@ -863,13 +864,22 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
     int               auth;
     size_t            notes;
     ngx_int_t         rc;
+    ngx_str_t         task, request;
     const char       *first;
+    llmgw_tjob_log_t  l;
 
-    /* what a request's own polls and downloads had to say */
+    /* what a request's own polls and downloads had to say, named by the
+       request and its task */
     notes = llmgw_tjob_poll_notes(rn->job, &auth, &first);
     if (notes > 0) {
+        llmgw_tjob_log(rn->job, &l);
+        task.data = (u_char *) l.task_id.data;
+        task.len = l.task_id.len;
+        request.data = (u_char *) l.request_id.data;
+        request.len = l.request_id.len;
         ngx_log_error(NGX_LOG_WARN, ngx_llmgw_task_log, 0,
-                      "llmgw: %s (%uz notes)", first, notes);
+                      "llmgw: request %V%s%V: %s (%uz notes)", &request,
+                      task.len ? ", task " : "", &task, first, notes);
     }
 
     if (r != NULL && rn->emitting) {

@@ -511,6 +511,8 @@ struct llmgw_tjob_s {
     /* host_image with response_format b64_json: the answer, its downloads */
     Json                     image_out;
     size_t                   download_at = 0;
+    std::chrono::steady_clock::time_point download_start;
+    bool                     downloading = false;
 
     /* artifacts: the task, the key asked for, the answer's head */
     Json                     art_row;
@@ -1029,6 +1031,8 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *image_wait();
     const llmgw_tstep_t *image_download();
     const llmgw_tstep_t *image_downloaded();
+    int64_t download_left_ms();
+    void download_failed(const std::string &why);
     const llmgw_tstep_t *wait_claimed();
     const llmgw_tstep_t *wait_look();
     const llmgw_tstep_t *wait_looked();
@@ -2489,8 +2493,10 @@ llmgw_tjob_s::protocol_rendered()
 /*
  * response_format b64_json: each image given by URL only is downloaded
  * (a GET without the channel's credentials, to whatever host the upstream
- * named) and its base64 added; the URL stays.  A download that fails
- * leaves the URL alone, with a warning in the error log.
+ * named) and its base64 added; the URL stays.  The downloads, one after
+ * the other, end together within llmgw_task_http_timeout.  A download
+ * that fails (or gives no bytes, or is not made in time) leaves the URL
+ * alone, with a warning in the error log.
  */
 const llmgw_tstep_t *
 llmgw_tjob_s::image_download()
@@ -2507,6 +2513,15 @@ llmgw_tjob_s::image_download()
             continue;
         }
 
+        int64_t left = download_left_ms();
+
+        if (left <= 0) {
+            download_failed("not made: the downloads took "
+                            + std::to_string(conf.http_timeout_ms)
+                            + " ms (llmgw_task_http_timeout) already");
+            continue;
+        }
+
         Json d(json_object());
         json_object_set(d.get(), "url", url);
         json_object_set_new(d.get(), "method", json_string("GET"));
@@ -2516,12 +2531,33 @@ llmgw_tjob_s::image_download()
         phase = DOWNLOADED;
         const llmgw_tstep_t *s = send("the image download", true);
         if (s != nullptr) {
+            step.deadline_ms = left;
             return s;
         }
-        poll_log.push_back(send_error + "; the URL is answered as it is");
+        download_failed(send_error);
     }
 
     return respond_json(200, image_out.get());
+}
+
+
+/* What is left of llmgw_task_http_timeout for the downloads: the first
+   asks start it; without a bound, always some. */
+int64_t
+llmgw_tjob_s::download_left_ms()
+{
+    int64_t spent = waited_ms(&downloading, &download_start);
+
+    return conf.http_timeout_ms > 0 ? conf.http_timeout_ms - spent
+                                    : INT64_MAX;
+}
+
+
+void
+llmgw_tjob_s::download_failed(const std::string &why)
+{
+    poll_log.push_back("downloading an image for b64_json failed (" + why
+                       + "); the URL is answered as it is");
 }
 
 
@@ -2533,11 +2569,12 @@ llmgw_tjob_s::image_downloaded()
 
     const char *loc = json_string_value(json_array_get(
         json_object_get(http_headers.get(), "location"), 0));
+    int64_t left = download_left_ms();
 
     if (transport_error.empty() && loc != nullptr
         && (http_status == 301 || http_status == 302 || http_status == 303
             || http_status == 307 || http_status == 308)
-        && redirects < conf.max_redirects)
+        && redirects < conf.max_redirects && left > 0)
     {
         /* followed as a content request's, each address checked again */
         std::string err;
@@ -2548,22 +2585,25 @@ llmgw_tjob_s::image_downloaded()
             step.channel_id = channel_id();
             step.resend = 1;
             phase = DOWNLOADED;
+            step.deadline_ms = left;
             return emit(LLMGW_TSTEP_HTTP);
         }
 
         transport_error = err;
     }
 
-    if (transport_error.empty() && http_status >= 200 && http_status < 300) {
+    if (!transport_error.empty()) {
+        download_failed(transport_error);
+    } else if (http_status < 200 || http_status >= 300) {
+        download_failed("HTTP " + std::to_string(http_status));
+    } else if (http_body.empty()) {
+        /* no image: as if it failed, rather than an empty b64_json */
+        download_failed("HTTP " + std::to_string(http_status)
+                        + " with no content");
+    } else {
         std::string b64;
         append_base64(b64, http_body);
         json_object_set_new(e, "b64_json", jstr(b64));
-    } else {
-        poll_log.push_back("downloading an image for b64_json failed ("
-                           + (transport_error.empty()
-                              ? "HTTP " + std::to_string(http_status)
-                              : transport_error)
-                           + "); the URL is answered as it is");
     }
 
     download_at++;
@@ -5104,6 +5144,8 @@ llmgw_tjob_log(const llmgw_tjob_t *j, llmgw_tjob_log_t *out)
     out->channel = j->sent_channel;
     out->tries = j->tries;
     out->priced = j->price != nullptr;
+    out->task_id = str(j->task_id);
+    out->request_id = str(j->request_id);
 }
 
 

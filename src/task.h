@@ -35,6 +35,9 @@ typedef struct {
     int       max_redirects;
     int       max_tries;           /* channels tried by one submit */
     int64_t   wait_ms;             /* host_image: waiting for a task */
+    int64_t   http_timeout_ms;     /* llmgw_task_http_timeout: a request's
+                                      b64_json downloads, all together;
+                                      0: no bound */
     int64_t   lease_ms;            /* a poller's hold on a task */
     /* artifact links: llmgw_crypto_secret (empty: links are not signed),
      * the address they start with (empty: the request's own), their life */
@@ -191,6 +194,8 @@ typedef struct {
     const llmgw_channel_t   *channel;
     unsigned                 tries;
     int                      priced;
+    llmgw_str_t              task_id;       /* empty: none created */
+    llmgw_str_t              request_id;
 } llmgw_tjob_log_t;
 
 void llmgw_tjob_log(const llmgw_tjob_t *j, llmgw_tjob_log_t *out);

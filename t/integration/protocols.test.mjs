@@ -411,6 +411,39 @@ describe('host protocols', { timeout: 180000 }, () => {
         }
     });
 
+    test('b64_json: a download that gives no bytes is a failed one; the warning names the request and the task', async () => {
+        const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 7]);
+        vendor.onOther = (rec) => (rec.path === '/img/a.png'
+            ? { status: 200, headers: { 'Content-Type': 'image/png' }, body: png }
+            : rec.path === '/img/empty.png' ? { status: 200, body: '' }
+                : rec.path === '/img/none.png' ? { status: 204, body: '' }
+                    : { status: 404, body: { error: { message: 'no such image' } } });
+        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
+            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+        } : undefined);
+        try {
+            const acct = await account(gw);
+            const urls = [`${vendor.url}/img/empty.png`, `${vendor.url}/img/none.png`,
+                `${vendor.url}/img/a.png`];
+            const r = assertOk(await image({ model: env.model, response_format: 'b64_json',
+                sync: { status: 'SUCCESS', data: { images: urls } } }, 'generations', { key: acct.key }));
+            assert.deepEqual(r.json.data.map((d) => d.url), urls);
+            assert.equal('b64_json' in r.json.data[0], false, JSON.stringify(r.json.data[0]));
+            assert.equal('b64_json' in r.json.data[1], false, JSON.stringify(r.json.data[1]));
+            assert.equal(r.json.data[2].b64_json, png.toString('base64'));
+            const rid = r.headers['x-request-id'];
+            const id = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+                where token_id = ${Number(acct.token.id)}`));
+            const esc = (x) => x.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+            await waitFor(() => new RegExp(`\\[warn\\].*llmgw: request ${esc(rid)}, task ${esc(id)}: `
+                + 'downloading an image for b64_json failed \\(HTTP 200 with no content\\).*\\(2 notes\\)')
+                .test(gw.errorLog()), 3000, { what: 'the warning naming the request and the task' });
+        } finally {
+            vendor.onSubmit = null;
+            vendor.onOther = () => ({ status: 404, body: { error: { message: 'no such endpoint' } } });
+        }
+    });
+
     test('b64_json downloads off the channel\'s origin reach no loopback address without llmgw_content_allow_private', async () => {
         const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 9, 9]);
         const cdn = await startMock((req, res) => {
@@ -605,4 +638,45 @@ describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
         assert.ok(!owner.startsWith('request:'), `leased to ${owner}`);
         vendor.setPoll(up, { body: { status: 'done', data: { images: [] } } });
     });
+});
+
+
+describe('host_image: the downloads and the wait are bounded while something hangs', { timeout: 120000 }, () => {
+    const s = protocolSuite(`${HTTP}\n  llmgw_task_http_timeout 1s;\n  llmgw_task_wait_timeout 2s;`);
+    let db, gw, vendor, env;
+
+    before(() => ({ db, gw, vendor, env } = s));
+
+    test('b64_json downloads end together within llmgw_task_http_timeout; the rest keep their URLs', async () => {
+        const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 3]);
+        vendor.onOther = (rec) => (rec.path === '/img/a.png'
+            ? { status: 200, body: png }
+            : rec.path === '/img/hang.png' ? { status: 200, body: png, delayMs: 4000 }
+                : { status: 404, body: { error: { message: 'no such image' } } });
+        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
+            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+        } : undefined);
+        try {
+            const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/hang.png`,
+                `${vendor.url}/img/hang.png`, `${vendor.url}/img/hang.png`, `${vendor.url}/img/a.png`];
+            const t0 = Date.now();
+            const r = assertOk(await gw.req('POST', '/v1/images/generations', { key: env.acct.key,
+                body: { model: env.model, response_format: 'b64_json',
+                    sync: { status: 'SUCCESS', data: { images: urls } } },
+                timeoutMs: 30000 }));
+            const took = Date.now() - t0;
+            assert.ok(took < 2500, `answered after ${took} ms`);
+            assert.deepEqual(r.json.data.map((d) => d.url), urls);
+            assert.equal(r.json.data[0].b64_json, png.toString('base64'));
+            for (const d of r.json.data.slice(1)) {
+                assert.equal(d.b64_json, undefined, JSON.stringify(d));
+            }
+            await waitFor(() => /downloading an image for b64_json failed \([^)]*timed out\).*\(4 notes\)/
+                .test(gw.errorLog()), 3000, { what: 'the warning' });
+        } finally {
+            vendor.onSubmit = null;
+            vendor.onOther = () => ({ status: 404, body: { error: { message: 'no such endpoint' } } });
+        }
+    });
+
 });
