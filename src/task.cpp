@@ -504,6 +504,11 @@ struct llmgw_tjob_s {
     Phase                    runtime_phase = START;
     bool                     wait_over = false;  /* a poll ran to its end */
     bool                     in_request_poll = false;
+    /* the wait ended while its poll called a hook: the client has its
+       504 (early_*), and the poll goes on without it */
+    bool                     wait_answered = false;
+    std::string              early_body;
+    llmgw_tstep_t            early_step {};
     /* a failure from here fails and refunds the task this request created
        (its result was not rendered); voided once that was asked */
     bool                     void_on_fail = false;
@@ -651,14 +656,18 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *emit(llmgw_tstep_e kind)
     {
         if (kind == LLMGW_TSTEP_DONE && in_request_poll) {
-            /* a poll made while a request waits: the request goes on */
+            /* a poll made while a request waits: the request goes on,
+               unless it was answered while the poll went on */
             in_request_poll = false;
             mode = REQUEST;
-            return wait_look();
+            return wait_answered ? image_wait() : wait_look();
         }
         step.kind = kind;
-        if (kind == LLMGW_TSTEP_HTTP && in_request_poll) {
-            /* a poll made while a request waits ends with the wait */
+        if ((kind == LLMGW_TSTEP_HTTP || kind == LLMGW_TSTEP_HOOK)
+            && in_request_poll)
+        {
+            /* a poll made while a request waits ends with the wait (a
+               hook's answer is awaited without the client) */
             step.deadline_ms = std::max<int64_t>(wait_left_ms(), 1);
         }
         busy = kind != LLMGW_TSTEP_WAIT && kind != LLMGW_TSTEP_SLEEP
@@ -1031,6 +1040,8 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *image_wait();
     const llmgw_tstep_t *image_download();
     const llmgw_tstep_t *image_downloaded();
+    std::string wait_timeout() const;
+    const llmgw_tstep_t *answer_wait_now();
     int64_t download_left_ms();
     void download_failed(const std::string &why);
     const llmgw_tstep_t *wait_claimed();
@@ -2253,15 +2264,53 @@ llmgw_tjob_s::image_wait()
     int64_t waited = waited_ms(&waiting, &wait_start);
 
     if (wait_over || waited >= conf.wait_ms) {
-        return fail(504, "gateway_error", "task_timeout",
-                    "task " + task_id + " did not finish within "
-                    + std::to_string(conf.wait_ms / 1000) + " s; it goes "
-                    "on, and is settled when it ends");
+        return fail(504, "gateway_error", "task_timeout", wait_timeout());
     }
 
     return sleep_then(std::min<int64_t>({ conf.poll_interval_ms, 2000,
                                           conf.wait_ms - waited }),
                       WAIT_SLEPT);
+}
+
+
+std::string
+llmgw_tjob_s::wait_timeout() const
+{
+    return "task " + task_id + " did not finish within "
+           + std::to_string(conf.wait_ms / 1000) + " s; it goes on, and is "
+           "settled when it ends";
+}
+
+
+/*
+ * The wait ended while its poll's hook call is under way: the client is
+ * answered 504 now, and the poll goes on without it (the hook's answer is
+ * saved as any poll's, and the lease given back), then the job ends.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::answer_wait_now()
+{
+    if (!in_request_poll || !busy || wait_answered
+        || step.kind != LLMGW_TSTEP_HOOK)
+    {
+        return nullptr;
+    }
+
+    llmgw_buf_t b = llmgw_error_json(str(wait_timeout()),
+                                     LLMGW_STR("gateway_error"),
+                                     LLMGW_STR("task_timeout"),
+                                     str(request_id));
+    early_body.assign(b.data ? b.data : "", b.len);
+    llmgw_buf_free(&b);
+
+    wait_answered = true;
+    wait_over = true;
+    early_step = llmgw_tstep_t {};
+    early_step.kind = LLMGW_TSTEP_RESPOND;
+    early_step.status = 504;
+    early_step.body = str(early_body);
+    early_step.channel_id = channel_id();
+    return &early_step;
 }
 
 
@@ -5146,6 +5195,17 @@ llmgw_tjob_log(const llmgw_tjob_t *j, llmgw_tjob_log_t *out)
     out->priced = j->price != nullptr;
     out->task_id = str(j->task_id);
     out->request_id = str(j->request_id);
+}
+
+
+extern "C" const llmgw_tstep_t *
+llmgw_tjob_wait_over(llmgw_tjob_t *j)
+{
+    try {
+        return j->answer_wait_now();
+    } catch (...) {
+        return nullptr;
+    }
 }
 
 

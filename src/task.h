@@ -123,7 +123,9 @@ typedef struct {
     int64_t                  deadline_ms; /* HTTP: the call ends within
                                              this many ms, whatever its
                                              timeouts (a request's wait
-                                             for its task); 0: none */
+                                             for its task); HOOK: past
+                                             it, llmgw_tjob_wait_over()
+                                             answers the client; 0: none */
     const char              *sql;
     const char              *params[4];
     int                      nparams;
@@ -264,6 +266,15 @@ void llmgw_tjob_sql_done(llmgw_tjob_t *j, const char *json, size_t len,
 
 /* v NULL: reserved. */
 void llmgw_tjob_reserve_done(llmgw_tjob_t *j, const llmgw_verdict_t *v);
+
+/*
+ * The deadline_ms of a HOOK step passed while its answer is awaited: the
+ * answer to give the client now (a RESPOND step, 504 task_timeout; the
+ * request is then the job's no more), or NULL when there is none to give.
+ * The job goes on: the hook's answer is handed to it as ever, and it ends
+ * with a RESPOND that nobody is to be sent.
+ */
+const llmgw_tstep_t *llmgw_tjob_wait_over(llmgw_tjob_t *j);
 
 /* Whether the job has charged the reservation into the database. */
 int llmgw_tjob_charged(const llmgw_tjob_t *j);

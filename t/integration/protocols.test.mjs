@@ -679,4 +679,31 @@ describe('host_image: the downloads and the wait are bounded while something han
         }
     });
 
+    test('504 task_timeout on time while a poll hook runs; the task still ends and is settled once', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-slowparse');
+        vendor.setPoll(up, { body: { status: 'running', slowParseMs: 3500 } });
+        const t0 = Date.now();
+        const r = await gw.req('POST', '/v1/images/generations',
+            { key: acct.key, body: { model: env.model, up_id: up }, timeoutMs: 30000 });
+        const took = Date.now() - t0;
+        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 2 s/ });
+        assert.ok(took < 3000, `answered after ${took} ms`);
+
+        /* the hook's answer is the request's poll's: saved, the lease given
+           back, no failure counted; then the task ends in the background */
+        const id = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+            where token_id = ${Number(acct.token.id)}`));
+        await waitFor(async () => !JSON.parse(await psql(db.conninfo,
+            `select to_json(coalesce(lease_owner, '')) from tasks where task_id = '${id}'`)).startsWith('request:'),
+        6000, { what: 'the request\'s lease given back' });
+        assert.equal(await pollFailures(db, id), 0);
+        vendor.setPoll(up, { body: { status: 'done', data: { images: ['https://cdn.example/s.png'] } } });
+        await waitFor(async () => JSON.parse(await psql(db.conninfo,
+            `select to_json(status) from tasks where task_id = '${id}'`)) === 'SUCCESS',
+        10000, { what: 'the task ends in the background' });
+        const led = await waitLedger(db, id, ['reserve', 'settle']);
+        assert.equal(led.reserve, PER_TASK);
+        await expectUsed(gw, db, acct, PER_TASK);
+    });
 });
