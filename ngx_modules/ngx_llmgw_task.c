@@ -361,7 +361,7 @@ ngx_llmgw_task_wait_end(ngx_event_t *ev)
     ngx_http_request_t    *r = rn->request;
     const llmgw_tstep_t   *st;
 
-    if (r == NULL || !rn->inflight) {
+    if (r == NULL || !rn->inflight || rn->emitting) {
         return;
     }
 

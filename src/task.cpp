@@ -2284,13 +2284,16 @@ llmgw_tjob_s::wait_timeout() const
 
 /*
  * The wait ended while its poll's hook call is under way: the client is
- * answered 504 now, and the poll goes on without it (the hook's answer is
- * saved as any poll's, and the lease given back), then the job ends.
+ * answered 504 now (an image, a sync Response), and the poll goes on
+ * without it (the hook's answer is saved as any poll's, and the lease
+ * given back), then the job ends.
  */
 const llmgw_tstep_t *
 llmgw_tjob_s::answer_wait_now()
 {
-    if (!in_request_poll || !busy || wait_answered
+    /* an event stream under way ends with its error event, in order:
+       after the hook */
+    if (!in_request_poll || !busy || wait_answered || emitting
         || step.kind != LLMGW_TSTEP_HOOK)
     {
         return nullptr;

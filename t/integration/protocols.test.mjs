@@ -705,5 +705,18 @@ describe('host_image: the downloads and the wait are bounded while something han
         const led = await waitLedger(db, id, ['reserve', 'settle']);
         assert.equal(led.reserve, PER_TASK);
         await expectUsed(gw, db, acct, PER_TASK);
+
+        /* a sync Response waits as an image request does */
+        const acct2 = await account(gw);
+        const up2 = uniq('up-slowresp');
+        vendor.setPoll(up2, { body: { status: 'running', slowParseMs: 3500 } });
+        const t1 = Date.now();
+        const r2 = await gw.req('POST', '/v1/responses',
+            { key: acct2.key, body: { model: env.model, input: 'hi', up_id: up2 }, timeoutMs: 30000 });
+        const took2 = Date.now() - t1;
+        assertError(r2, 504, { code: 'task_timeout' });
+        assert.ok(took2 < 3000, `answered after ${took2} ms`);
+        vendor.setPoll(up2, { body: { status: 'done' } });
+        await expectUsed(gw, db, acct2, PER_TASK, { ms: 15000 });
     });
 });
