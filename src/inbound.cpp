@@ -659,6 +659,23 @@ kind_of(std::string_view type)
            : Kind::none;
 }
 
+const char *
+kind_name(Kind k)
+{
+    switch (k) {
+    case Kind::json:
+        return "json";
+    case Kind::form:
+        return "form";
+    case Kind::multipart:
+        return "multipart";
+    case Kind::none:
+        break;
+    }
+
+    return "none";
+}
+
 } /* namespace */
 
 
@@ -881,18 +898,7 @@ llmgw_inbound_json(const llmgw_inbound_t *in)
 extern "C" const char *
 llmgw_inbound_kind(const llmgw_inbound_t *in)
 {
-    switch (in->kind) {
-    case Kind::json:
-        return "json";
-    case Kind::form:
-        return "form";
-    case Kind::multipart:
-        return "multipart";
-    case Kind::none:
-        break;
-    }
-
-    return "none";
+    return kind_name(in->kind);
 }
 
 
@@ -900,20 +906,12 @@ extern "C" const char *
 llmgw_inbound_type_kind(llmgw_str_t content_type)
 {
     try {
-        switch (kind_of(parse_header_value(sv(content_type)).value)) {
-        case Kind::json:
-            return "json";
-        case Kind::form:
-            return "form";
-        case Kind::multipart:
-            return "multipart";
-        case Kind::none:
-            break;
-        }
-    } catch (...) {
-    }
+        Kind k = kind_of(parse_header_value(sv(content_type)).value);
+        return k == Kind::none ? nullptr : kind_name(k);
 
-    return nullptr;
+    } catch (...) {
+        return nullptr;
+    }
 }
 
 

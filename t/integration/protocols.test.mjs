@@ -36,6 +36,23 @@ const FIXTURE = 'task-protocols.js';
 
 const now = () => Math.floor(Date.now() / 1000);
 
+/* POST path with body: 504 task_timeout ("within <secs> s") in less than
+   3 s */
+async function timesOutOnTime(gw, key, path, body, secs) {
+    const t0 = Date.now();
+    const r = await gw.req('POST', path, { key, body, timeoutMs: 30000 });
+    const took = Date.now() - t0;
+    assertError(r, 504, { code: 'task_timeout', message: new RegExp(`did not finish within ${secs} s`) });
+    assert.ok(took < 3000, `answered after ${took} ms`);
+    return r;
+}
+
+/* vendor.onSubmit: a submit whose input has `sync` is answered at once
+   with it as the immediate result; the others as usual */
+const syncSubmit = (rec) => (rec.json.input.sync ? {
+    status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+} : undefined);
+
 /* A gateway with the fixture bound to one vendor: {db, gw, vendor, env}. */
 function protocolSuite(http) {
     const s = vendorSuite({ http });
@@ -319,9 +336,7 @@ describe('host protocols', { timeout: 180000 }, () => {
 
     test('host_image, synchronous: the result inline, not retained; created added', async () => {
         const acct = await account(gw);
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const r = assertOk(await image({ model: env.model, prompt: 'a cat',
                 sync: { status: 'SUCCESS', data: { images: ['https://cdn.example/1.png'] } } },
@@ -379,9 +394,7 @@ describe('host protocols', { timeout: 180000 }, () => {
             : rec.path === '/img/moved.png'
                 ? { status: 302, headers: { Location: '/img/a.png' }, body: '' }
                 : { status: 404, body: { error: { message: 'no such image' } } });
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/gone.png`,
                 `${vendor.url}/img/moved.png`];
@@ -418,9 +431,7 @@ describe('host protocols', { timeout: 180000 }, () => {
             : rec.path === '/img/empty.png' ? { status: 200, body: '' }
                 : rec.path === '/img/none.png' ? { status: 204, body: '' }
                     : { status: 404, body: { error: { message: 'no such image' } } });
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const acct = await account(gw);
             const urls = [`${vendor.url}/img/empty.png`, `${vendor.url}/img/none.png`,
@@ -453,9 +464,7 @@ describe('host protocols', { timeout: 180000 }, () => {
         vendor.onOther = (rec) => (rec.path === '/img/to-cdn.png'
             ? { status: 302, headers: { Location: `${cdn.url}/x.png` }, body: '' }
             : { status: 404, body: { error: { message: 'no such image' } } });
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             /* directly, by name, as ::ffff:, and through a redirect from the channel */
             const urls = [`${cdn.url}/a.png`, `http://localhost:${cdn.port}/b.png`,
@@ -536,9 +545,7 @@ describe('host_image: a result the plugin cannot render', { timeout: 120000 }, (
     });
 
     test('the task is failed and refunded, the error names it: synchronous and asynchronous', async () => {
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const cases = [
                 ['sync, render throws', { sync: { status: 'SUCCESS', data: { render: 'throw' } } }, /render broke/],
@@ -620,12 +627,7 @@ describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
         const acct = await account(gw);
         const up = uniq('up-hung');
         vendor.setPoll(up, { body: { status: 'running' }, delayMs: 20000 });
-        const t0 = Date.now();
-        const r = await gw.req('POST', '/v1/images/generations',
-            { key: acct.key, body: { model: env.model, up_id: up }, timeoutMs: 30000 });
-        const took = Date.now() - t0;
-        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 1 s/ });
-        assert.ok(took < 3000, `answered after ${took} ms`);
+        await timesOutOnTime(gw, acct.key, '/v1/images/generations', { model: env.model, up_id: up }, 1);
         assert.ok(vendor.polls(up).length >= 1, 'the request was polling');
 
         /* the vendor was not given its time: no failure counted, and the
@@ -653,9 +655,7 @@ describe('host_image: the downloads and the wait are bounded while something han
             ? { status: 200, body: png }
             : rec.path === '/img/hang.png' ? { status: 200, body: png, delayMs: 4000 }
                 : { status: 404, body: { error: { message: 'no such image' } } });
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/hang.png`,
                 `${vendor.url}/img/hang.png`, `${vendor.url}/img/hang.png`, `${vendor.url}/img/a.png`];
@@ -683,12 +683,7 @@ describe('host_image: the downloads and the wait are bounded while something han
         const acct = await account(gw);
         const up = uniq('up-slowparse');
         vendor.setPoll(up, { body: { status: 'running', slowParseMs: 3500 } });
-        const t0 = Date.now();
-        const r = await gw.req('POST', '/v1/images/generations',
-            { key: acct.key, body: { model: env.model, up_id: up }, timeoutMs: 30000 });
-        const took = Date.now() - t0;
-        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 2 s/ });
-        assert.ok(took < 3000, `answered after ${took} ms`);
+        await timesOutOnTime(gw, acct.key, '/v1/images/generations', { model: env.model, up_id: up }, 2);
 
         /* the hook's answer is the request's poll's: saved, the lease given
            back, no failure counted; then the task ends in the background */
@@ -710,12 +705,7 @@ describe('host_image: the downloads and the wait are bounded while something han
         const acct2 = await account(gw);
         const up2 = uniq('up-slowresp');
         vendor.setPoll(up2, { body: { status: 'running', slowParseMs: 3500 } });
-        const t1 = Date.now();
-        const r2 = await gw.req('POST', '/v1/responses',
-            { key: acct2.key, body: { model: env.model, input: 'hi', up_id: up2 }, timeoutMs: 30000 });
-        const took2 = Date.now() - t1;
-        assertError(r2, 504, { code: 'task_timeout' });
-        assert.ok(took2 < 3000, `answered after ${took2} ms`);
+        await timesOutOnTime(gw, acct2.key, '/v1/responses', { model: env.model, input: 'hi', up_id: up2 }, 2);
         vendor.setPoll(up2, { body: { status: 'done' } });
         await expectUsed(gw, db, acct2, PER_TASK, { ms: 15000 });
     });
