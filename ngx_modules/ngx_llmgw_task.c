@@ -59,6 +59,9 @@ struct ngx_llmgw_runner_s {
                                              * not: answered after a pause */
     ngx_event_t                sleep;       /* a request waiting for its
                                              * task, between two looks */
+    ngx_event_t                wait_end;    /* a request's wait for its
+                                             * task, ending while a hook
+                                             * call is under way */
     unsigned                   inflight:1;  /* a step's callback pending */
     unsigned                   streaming:1; /* an SSE response is read */
     unsigned                   learn:1;     /* the SQL answer has balances */
@@ -143,6 +146,7 @@ ngx_llmgw_task_init_process(ngx_cycle_t *cycle, ngx_llmgw_main_conf_t *mcf)
     ngx_llmgw_task_conf.max_redirects = 5;
     ngx_llmgw_task_conf.max_tries = 3;
     ngx_llmgw_task_conf.wait_ms = (int64_t) mcf->task_wait_timeout;
+    ngx_llmgw_task_conf.http_timeout_ms = (int64_t) mcf->task_http_timeout;
     ngx_llmgw_task_conf.lease_ms = (int64_t) mcf->task_lease;
     ngx_llmgw_task_conf.link_secret = (llmgw_str_t) {
         (char *) mcf->crypto_secret.data, mcf->crypto_secret.len };
@@ -260,6 +264,10 @@ ngx_llmgw_runner_free(ngx_llmgw_runner_t *rn)
         ngx_del_timer(&rn->sleep);
     }
 
+    if (rn->wait_end.timer_set) {
+        ngx_del_timer(&rn->wait_end);
+    }
+
     llmgw_tjob_free(rn->job);
     llmgw_token_free(rn->token);
 
@@ -330,9 +338,42 @@ ngx_llmgw_task_hook_done(void *data, ngx_int_t rc, u_char *body, size_t len)
 {
     ngx_llmgw_runner_t  *rn = data;
 
+    if (rn->wait_end.timer_set) {
+        ngx_del_timer(&rn->wait_end);
+    }
+
     llmgw_tjob_hook_done(rn->job, rc == NGX_OK ? 0 : rc == NGX_ABORT ? 1 : -1,
                          (char *) body, len);
     ngx_llmgw_task_resume(rn);
+}
+
+
+/*
+ * A request's wait for its task ended while its poll calls a hook: the
+ * client is answered 504 at once, and the job goes on without it, as a
+ * poll job would (the hook's answer saved, then the job ends).
+ */
+static void
+ngx_llmgw_task_wait_end(ngx_event_t *ev)
+{
+    ngx_connection_t      *c;
+    ngx_llmgw_runner_t    *rn = ev->data;
+    ngx_http_request_t    *r = rn->request;
+    const llmgw_tstep_t   *st;
+
+    if (r == NULL || !rn->inflight || rn->emitting) {
+        return;
+    }
+
+    st = llmgw_tjob_wait_over(rn->job);
+    if (st == NULL) {
+        return;
+    }
+
+    c = r->connection;
+    ngx_llmgw_task_detach(rn, r);
+    ngx_llmgw_task_respond(r, st);      /* copies the body */
+    ngx_http_run_posted_requests(c);
 }
 
 
@@ -617,6 +658,13 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
             rc = ngx_llmgw_hook(st->sha, (u_char *) st->body.data,
                                 st->body.len, ngx_llmgw_task_hook_done, rn);
             if (rc == NGX_OK) {
+                if (st->deadline_ms > 0 && rn->request != NULL) {
+                    rn->wait_end.handler = ngx_llmgw_task_wait_end;
+                    rn->wait_end.data = rn;
+                    rn->wait_end.log = ngx_llmgw_task_log;
+                    ngx_add_timer(&rn->wait_end,
+                                  (ngx_msec_t) st->deadline_ms);
+                }
                 rn->driving = 0;
                 return;
             }
@@ -863,13 +911,22 @@ ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn, ngx_http_request_t *r,
     int               auth;
     size_t            notes;
     ngx_int_t         rc;
+    ngx_str_t         task, request;
     const char       *first;
+    llmgw_tjob_log_t  l;
 
-    /* what a request's own polls and downloads had to say */
+    /* what a request's own polls and downloads had to say, named by the
+       request and its task */
     notes = llmgw_tjob_poll_notes(rn->job, &auth, &first);
     if (notes > 0) {
+        llmgw_tjob_log(rn->job, &l);
+        task.data = (u_char *) l.task_id.data;
+        task.len = l.task_id.len;
+        request.data = (u_char *) l.request_id.data;
+        request.len = l.request_id.len;
         ngx_log_error(NGX_LOG_WARN, ngx_llmgw_task_log, 0,
-                      "llmgw: %s (%uz notes)", first, notes);
+                      "llmgw: request %V%s%V: %s (%uz notes)", &request,
+                      task.len ? ", task " : "", &task, first, notes);
     }
 
     if (r != NULL && rn->emitting) {

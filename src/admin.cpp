@@ -194,17 +194,10 @@ extern "C" int
 llmgw_admin_check(llmgw_admin_route_e route, llmgw_str_t path,
     llmgw_str_t args, llmgw_str_t body, int object, llmgw_verdict_t *v)
 {
-    for (std::string_view part : { sv(path), sv(args) }) {
-        for (size_t i = 0; i < part.size(); ) {
-            size_t n = utf8_seq(reinterpret_cast<const unsigned char *>(
-                                    part.data() + i), part.size() - i);
-            if (n == 0) {
-                llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
-                                  "the URL is not valid UTF-8");
-                return -1;
-            }
-            i += n;
-        }
+    if (!utf8_valid(sv(path)) || !utf8_valid(sv(args))) {
+        llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
+                          "the URL is not valid UTF-8");
+        return -1;
     }
 
     if (route != LLMGW_ADMIN_DATABASE && !query_known(route, sv(args), v)) {

@@ -389,6 +389,20 @@ utf8_seq(const unsigned char *p, size_t avail)
     return n;
 }
 
+bool
+utf8_valid(std::string_view s)
+{
+    const auto *p = reinterpret_cast<const unsigned char *>(s.data());
+
+    for (size_t i = 0, n; i < s.size(); i += n) {
+        n = utf8_seq(p + i, s.size() - i);
+        if (n == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
 size_t
 append_utf8_char(std::string &out, const unsigned char *p, size_t avail)
 {

@@ -546,6 +546,18 @@ MultipartReader::take(const Part &part, FieldMap &fields,
         return;
     }
 
+    /* a file's field name is part of its reference, which the plugin sees
+       as UTF-8 text and hands back as is; "#" is the reference's
+       numbering ("a" twice would be "a" and "a#1", as is a field "a#1") */
+    if (!utf8_valid(*name)) {
+        bad_request(where + ": a file's field name is not valid UTF-8");
+    }
+
+    if (name->find('#') != std::string::npos) {
+        bad_request(where + ": a file's field name may not hold \"#\" "
+                    "(file references number a field's files with it)");
+    }
+
     add_file(part, *name, std::move(filename), files);
 }
 
@@ -637,6 +649,33 @@ is_json_type(std::string_view type)
                && type.substr(type.size() - suffix.size()) == suffix);
 }
 
+/* What a body of this media type (lowercased) is read as; none: refused. */
+Kind
+kind_of(std::string_view type)
+{
+    return is_json_type(type) ? Kind::json
+           : type == "application/x-www-form-urlencoded" ? Kind::form
+           : type == "multipart/form-data" ? Kind::multipart
+           : Kind::none;
+}
+
+const char *
+kind_name(Kind k)
+{
+    switch (k) {
+    case Kind::json:
+        return "json";
+    case Kind::form:
+        return "form";
+    case Kind::multipart:
+        return "multipart";
+    case Kind::none:
+        break;
+    }
+
+    return "none";
+}
+
 } /* namespace */
 
 
@@ -669,19 +708,27 @@ llmgw_inbound_s::parse(std::string_view type_header, std::string_view body,
 
     HeaderValue ct = parse_header_value(type_header);
 
-    if (is_json_type(ct.value)) {
+    switch (kind_of(ct.value)) {
+    case Kind::json:
         parse_json(body);
+        return;
 
-    } else if (ct.value == "application/x-www-form-urlencoded") {
+    case Kind::form:
         kind = Kind::form;
         if (!read_pairs(body, true, fields)) {
             bad_request("invalid percent escape in the form body");
         }
+        return;
 
-    } else if (ct.value == "multipart/form-data") {
+    case Kind::multipart:
         parse_multipart(ct, body, max_file, max_total);
+        return;
 
-    } else if (ct.value.empty()) {
+    case Kind::none:
+        break;
+    }
+
+    if (ct.value.empty()) {
         bad_request("a request body needs a Content-Type: application/json, "
                     "application/x-www-form-urlencoded or "
                     "multipart/form-data");
@@ -851,18 +898,20 @@ llmgw_inbound_json(const llmgw_inbound_t *in)
 extern "C" const char *
 llmgw_inbound_kind(const llmgw_inbound_t *in)
 {
-    switch (in->kind) {
-    case Kind::json:
-        return "json";
-    case Kind::form:
-        return "form";
-    case Kind::multipart:
-        return "multipart";
-    case Kind::none:
-        break;
-    }
+    return kind_name(in->kind);
+}
 
-    return "none";
+
+extern "C" const char *
+llmgw_inbound_type_kind(llmgw_str_t content_type)
+{
+    try {
+        Kind k = kind_of(parse_header_value(sv(content_type)).value);
+        return k == Kind::none ? nullptr : kind_name(k);
+
+    } catch (...) {
+        return nullptr;
+    }
 }
 
 

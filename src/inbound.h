@@ -56,6 +56,10 @@ llmgw_buf_t llmgw_inbound_json(const llmgw_inbound_t *in);
 /* "json", "form", "multipart" or "none". */
 const char *llmgw_inbound_kind(const llmgw_inbound_t *in);
 
+/* What a non-empty body sent with this Content-Type is read as: "json",
+   "form" or "multipart"; NULL when it is refused. */
+const char *llmgw_inbound_type_kind(llmgw_str_t content_type);
+
 /* The JSON text of a json body (requestBody of /v1/tasks); data NULL for
    other kinds. */
 llmgw_buf_t llmgw_inbound_value(const llmgw_inbound_t *in);

@@ -81,6 +81,9 @@ double json_num(const json_t *obj, const char *key, double dflt);
 /* Length of the valid UTF-8 sequence at p (1..4), or 0 when invalid. */
 size_t utf8_seq(const unsigned char *p, size_t avail);
 
+/* Whether s is valid UTF-8 throughout. */
+bool utf8_valid(std::string_view s);
+
 /*
  * Appends the UTF-8 sequence at p, or U+FFFD when it is invalid; returns
  * the bytes of p consumed (at least 1).

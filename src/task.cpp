@@ -504,6 +504,11 @@ struct llmgw_tjob_s {
     Phase                    runtime_phase = START;
     bool                     wait_over = false;  /* a poll ran to its end */
     bool                     in_request_poll = false;
+    /* the wait ended while its poll called a hook: the client has its
+       504 (early_*), and the poll goes on without it */
+    bool                     wait_answered = false;
+    std::string              early_body;
+    llmgw_tstep_t            early_step {};
     /* a failure from here fails and refunds the task this request created
        (its result was not rendered); voided once that was asked */
     bool                     void_on_fail = false;
@@ -511,6 +516,8 @@ struct llmgw_tjob_s {
     /* host_image with response_format b64_json: the answer, its downloads */
     Json                     image_out;
     size_t                   download_at = 0;
+    std::chrono::steady_clock::time_point download_start;
+    bool                     downloading = false;
 
     /* artifacts: the task, the key asked for, the answer's head */
     Json                     art_row;
@@ -649,14 +656,18 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *emit(llmgw_tstep_e kind)
     {
         if (kind == LLMGW_TSTEP_DONE && in_request_poll) {
-            /* a poll made while a request waits: the request goes on */
+            /* a poll made while a request waits: the request goes on,
+               unless it was answered while the poll went on */
             in_request_poll = false;
             mode = REQUEST;
-            return wait_look();
+            return wait_answered ? image_wait() : wait_look();
         }
         step.kind = kind;
-        if (kind == LLMGW_TSTEP_HTTP && in_request_poll) {
-            /* a poll made while a request waits ends with the wait */
+        if ((kind == LLMGW_TSTEP_HTTP || kind == LLMGW_TSTEP_HOOK)
+            && in_request_poll)
+        {
+            /* a poll made while a request waits ends with the wait (a
+               hook's answer is awaited without the client) */
             step.deadline_ms = std::max<int64_t>(wait_left_ms(), 1);
         }
         busy = kind != LLMGW_TSTEP_WAIT && kind != LLMGW_TSTEP_SLEEP
@@ -1029,12 +1040,18 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *image_wait();
     const llmgw_tstep_t *image_download();
     const llmgw_tstep_t *image_downloaded();
+    std::string wait_timeout() const;
+    const llmgw_tstep_t *answer_wait_now();
+    int64_t download_left_ms();
+    void download_failed(const std::string &why);
     const llmgw_tstep_t *wait_claimed();
     const llmgw_tstep_t *wait_look();
     const llmgw_tstep_t *wait_looked();
     const llmgw_tstep_t *start_protocol();
     bool protocol_reads(const json_t *row) const;
     const llmgw_tstep_t *protocol_decode(json_t *dbody);
+    bool protocol_takes(std::string_view kind) const;
+    const llmgw_tstep_t *protocol_body_refused();
     const llmgw_tstep_t *responses_mode(const json_t *dbody);
     const llmgw_tstep_t *responses_render();
     const llmgw_tstep_t *responses_hook();
@@ -1382,6 +1399,15 @@ llmgw_tjob_s::start_request()
         const llmgw_tstep_t *s = start_protocol();
         if (s != nullptr) {
             return s;
+        }
+    }
+
+    if (route_kind == LLMGW_TROUTE_PROTOCOL && !body.empty()) {
+        /* a Content-Type no endpoint takes is refused as one the
+           protocol's create does not take: naming what it takes */
+        const char *k = llmgw_inbound_type_kind(str(content_type));
+        if (k == nullptr || !protocol_takes(k)) {
+            return protocol_body_refused();
         }
     }
 
@@ -2077,6 +2103,33 @@ protocol_path(llmgw_tproto_e proto)
 
 
 /*
+ * Spec rule 7 and the README: every create takes JSON, image edits and
+ * videos multipart too (files); never a form, which the parser reads for
+ * /v1/tasks and native routes.
+ */
+bool
+llmgw_tjob_s::protocol_takes(std::string_view kind) const
+{
+    return kind == "json"
+           || (kind == "multipart"
+               && (proto == LLMGW_TPROTO_IMAGE_EDIT
+                   || proto == LLMGW_TPROTO_VIDEO_CREATE));
+}
+
+
+/* A body of a kind the protocol's create does not take: what it takes. */
+const llmgw_tstep_t *
+llmgw_tjob_s::protocol_body_refused()
+{
+    return fail(400, "gateway_error", "invalid_request",
+                "POST " + std::string(protocol_path(proto)) + " takes a "
+                + (protocol_takes("multipart")
+                   ? "JSON or multipart/form-data body"
+                   : "JSON body (Content-Type: application/json)"));
+}
+
+
+/*
  * A host protocol's request, before its body is read: the decode context
  * with the protocol's members; a retrieval looks the task up (the step),
  * else nullptr and the body is read.
@@ -2144,25 +2197,11 @@ llmgw_tjob_s::protocol_decode(json_t *dbody)
 {
     json_t *ctx = decode_ctx.get();
 
-    /* spec rule 7 and the README: every create takes JSON, image edits
-       and videos multipart too (files); never a form, which the parser
-       reads for /v1/tasks and native routes */
-    bool multipart = proto == LLMGW_TPROTO_IMAGE_EDIT
-                     || proto == LLMGW_TPROTO_VIDEO_CREATE;
-    std::string_view kind = json_str(dbody, "kind");
-
     if (!json_object_body(dbody)) {
         return fail(400, "gateway_error", "invalid_json",
                     "invalid JSON request body");
     }
 
-    if (kind != "json" && !(multipart && kind == "multipart")) {
-        return fail(400, "gateway_error", "invalid_request",
-                    "POST " + std::string(protocol_path(proto)) + " takes a "
-                    + (multipart ? "JSON or multipart/form-data body"
-                                 : "JSON body (Content-Type: "
-                                   "application/json)"));
-    }
 
     json_object_set(ctx, "body", dbody);
 
@@ -2225,15 +2264,56 @@ llmgw_tjob_s::image_wait()
     int64_t waited = waited_ms(&waiting, &wait_start);
 
     if (wait_over || waited >= conf.wait_ms) {
-        return fail(504, "gateway_error", "task_timeout",
-                    "task " + task_id + " did not finish within "
-                    + std::to_string(conf.wait_ms / 1000) + " s; it goes "
-                    "on, and is settled when it ends");
+        return fail(504, "gateway_error", "task_timeout", wait_timeout());
     }
 
     return sleep_then(std::min<int64_t>({ conf.poll_interval_ms, 2000,
                                           conf.wait_ms - waited }),
                       WAIT_SLEPT);
+}
+
+
+std::string
+llmgw_tjob_s::wait_timeout() const
+{
+    return "task " + task_id + " did not finish within "
+           + std::to_string(conf.wait_ms / 1000) + " s; it goes on, and is "
+           "settled when it ends";
+}
+
+
+/*
+ * The wait ended while its poll's hook call is under way: the client is
+ * answered 504 now (an image, a sync Response), and the poll goes on
+ * without it (the hook's answer is saved as any poll's, and the lease
+ * given back), then the job ends.
+ */
+const llmgw_tstep_t *
+llmgw_tjob_s::answer_wait_now()
+{
+    /* an event stream under way ends with its error event, in order:
+       after the hook */
+    if (!in_request_poll || !busy || wait_answered || emitting
+        || step.kind != LLMGW_TSTEP_HOOK)
+    {
+        return nullptr;
+    }
+
+    llmgw_buf_t b = llmgw_error_json(str(wait_timeout()),
+                                     LLMGW_STR("gateway_error"),
+                                     LLMGW_STR("task_timeout"),
+                                     str(request_id));
+    early_body.assign(b.data ? b.data : "", b.len);
+    llmgw_buf_free(&b);
+
+    wait_answered = true;
+    wait_over = true;
+    early_step = llmgw_tstep_t {};
+    early_step.kind = LLMGW_TSTEP_RESPOND;
+    early_step.status = 504;
+    early_step.body = str(early_body);
+    early_step.channel_id = channel_id();
+    return &early_step;
 }
 
 
@@ -2465,8 +2545,10 @@ llmgw_tjob_s::protocol_rendered()
 /*
  * response_format b64_json: each image given by URL only is downloaded
  * (a GET without the channel's credentials, to whatever host the upstream
- * named) and its base64 added; the URL stays.  A download that fails
- * leaves the URL alone, with a warning in the error log.
+ * named) and its base64 added; the URL stays.  The downloads, one after
+ * the other, end together within llmgw_task_http_timeout.  A download
+ * that fails (or gives no bytes, or is not made in time) leaves the URL
+ * alone, with a warning in the error log.
  */
 const llmgw_tstep_t *
 llmgw_tjob_s::image_download()
@@ -2483,6 +2565,15 @@ llmgw_tjob_s::image_download()
             continue;
         }
 
+        int64_t left = download_left_ms();
+
+        if (left <= 0) {
+            download_failed("not made: the downloads took "
+                            + std::to_string(conf.http_timeout_ms)
+                            + " ms (llmgw_task_http_timeout) already");
+            continue;
+        }
+
         Json d(json_object());
         json_object_set(d.get(), "url", url);
         json_object_set_new(d.get(), "method", json_string("GET"));
@@ -2492,12 +2583,33 @@ llmgw_tjob_s::image_download()
         phase = DOWNLOADED;
         const llmgw_tstep_t *s = send("the image download", true);
         if (s != nullptr) {
+            step.deadline_ms = left;
             return s;
         }
-        poll_log.push_back(send_error + "; the URL is answered as it is");
+        download_failed(send_error);
     }
 
     return respond_json(200, image_out.get());
+}
+
+
+/* What is left of llmgw_task_http_timeout for the downloads: the first
+   asks start it; without a bound, always some. */
+int64_t
+llmgw_tjob_s::download_left_ms()
+{
+    int64_t spent = waited_ms(&downloading, &download_start);
+
+    return conf.http_timeout_ms > 0 ? conf.http_timeout_ms - spent
+                                    : INT64_MAX;
+}
+
+
+void
+llmgw_tjob_s::download_failed(const std::string &why)
+{
+    poll_log.push_back("downloading an image for b64_json failed (" + why
+                       + "); the URL is answered as it is");
 }
 
 
@@ -2509,11 +2621,12 @@ llmgw_tjob_s::image_downloaded()
 
     const char *loc = json_string_value(json_array_get(
         json_object_get(http_headers.get(), "location"), 0));
+    int64_t left = download_left_ms();
 
     if (transport_error.empty() && loc != nullptr
         && (http_status == 301 || http_status == 302 || http_status == 303
             || http_status == 307 || http_status == 308)
-        && redirects < conf.max_redirects)
+        && redirects < conf.max_redirects && left > 0)
     {
         /* followed as a content request's, each address checked again */
         std::string err;
@@ -2524,22 +2637,25 @@ llmgw_tjob_s::image_downloaded()
             step.channel_id = channel_id();
             step.resend = 1;
             phase = DOWNLOADED;
+            step.deadline_ms = left;
             return emit(LLMGW_TSTEP_HTTP);
         }
 
         transport_error = err;
     }
 
-    if (transport_error.empty() && http_status >= 200 && http_status < 300) {
+    if (!transport_error.empty()) {
+        download_failed(transport_error);
+    } else if (http_status < 200 || http_status >= 300) {
+        download_failed("HTTP " + std::to_string(http_status));
+    } else if (http_body.empty()) {
+        /* no image: as if it failed, rather than an empty b64_json */
+        download_failed("HTTP " + std::to_string(http_status)
+                        + " with no content");
+    } else {
         std::string b64;
         append_base64(b64, http_body);
         json_object_set_new(e, "b64_json", jstr(b64));
-    } else {
-        poll_log.push_back("downloading an image for b64_json failed ("
-                           + (transport_error.empty()
-                              ? "HTTP " + std::to_string(http_status)
-                              : transport_error)
-                           + "); the URL is answered as it is");
     }
 
     download_at++;
@@ -5080,6 +5196,19 @@ llmgw_tjob_log(const llmgw_tjob_t *j, llmgw_tjob_log_t *out)
     out->channel = j->sent_channel;
     out->tries = j->tries;
     out->priced = j->price != nullptr;
+    out->task_id = str(j->task_id);
+    out->request_id = str(j->request_id);
+}
+
+
+extern "C" const llmgw_tstep_t *
+llmgw_tjob_wait_over(llmgw_tjob_t *j)
+{
+    try {
+        return j->answer_wait_now();
+    } catch (...) {
+        return nullptr;
+    }
 }
 
 

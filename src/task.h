@@ -35,6 +35,9 @@ typedef struct {
     int       max_redirects;
     int       max_tries;           /* channels tried by one submit */
     int64_t   wait_ms;             /* host_image: waiting for a task */
+    int64_t   http_timeout_ms;     /* llmgw_task_http_timeout: a request's
+                                      b64_json downloads, all together;
+                                      0: no bound */
     int64_t   lease_ms;            /* a poller's hold on a task */
     /* artifact links: llmgw_crypto_secret (empty: links are not signed),
      * the address they start with (empty: the request's own), their life */
@@ -120,7 +123,9 @@ typedef struct {
     int64_t                  deadline_ms; /* HTTP: the call ends within
                                              this many ms, whatever its
                                              timeouts (a request's wait
-                                             for its task); 0: none */
+                                             for its task); HOOK: past
+                                             it, llmgw_tjob_wait_over()
+                                             answers the client; 0: none */
     const char              *sql;
     const char              *params[4];
     int                      nparams;
@@ -191,6 +196,8 @@ typedef struct {
     const llmgw_channel_t   *channel;
     unsigned                 tries;
     int                      priced;
+    llmgw_str_t              task_id;       /* empty: none created */
+    llmgw_str_t              request_id;
 } llmgw_tjob_log_t;
 
 void llmgw_tjob_log(const llmgw_tjob_t *j, llmgw_tjob_log_t *out);
@@ -259,6 +266,15 @@ void llmgw_tjob_sql_done(llmgw_tjob_t *j, const char *json, size_t len,
 
 /* v NULL: reserved. */
 void llmgw_tjob_reserve_done(llmgw_tjob_t *j, const llmgw_verdict_t *v);
+
+/*
+ * The deadline_ms of a HOOK step passed while its answer is awaited: the
+ * answer to give the client now (a RESPOND step, 504 task_timeout; the
+ * request is then the job's no more), or NULL when there is none to give.
+ * The job goes on: the hook's answer is handed to it as ever, and it ends
+ * with a RESPOND that nobody is to be sent.
+ */
+const llmgw_tstep_t *llmgw_tjob_wait_over(llmgw_tjob_t *j);
 
 /* Whether the job has charged the reservation into the database. */
 int llmgw_tjob_charged(const llmgw_tjob_t *j);

@@ -36,6 +36,23 @@ const FIXTURE = 'task-protocols.js';
 
 const now = () => Math.floor(Date.now() / 1000);
 
+/* POST path with body: 504 task_timeout ("within <secs> s") in less than
+   3 s */
+async function timesOutOnTime(gw, key, path, body, secs) {
+    const t0 = Date.now();
+    const r = await gw.req('POST', path, { key, body, timeoutMs: 30000 });
+    const took = Date.now() - t0;
+    assertError(r, 504, { code: 'task_timeout', message: new RegExp(`did not finish within ${secs} s`) });
+    assert.ok(took < 3000, `answered after ${took} ms`);
+    return r;
+}
+
+/* vendor.onSubmit: a submit whose input has `sync` is answered at once
+   with it as the immediate result; the others as usual */
+const syncSubmit = (rec) => (rec.json.input.sync ? {
+    status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
+} : undefined);
+
 /* A gateway with the fixture bound to one vendor: {db, gw, vendor, env}. */
 function protocolSuite(http) {
     const s = vendorSuite({ http });
@@ -265,11 +282,61 @@ describe('host protocols', { timeout: 180000 }, () => {
         }
     });
 
+    test('image edits: file field names keep every file its own reference; a Content-Type the endpoint does not take names what it takes', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-refs');
+        const B = 'bNd';
+        const part = (head, data) => Buffer.concat([Buffer.from(`--${B}\r\n`), Buffer.from(head),
+            Buffer.from('\r\n\r\n'), Buffer.from(data), Buffer.from('\r\n')]);
+        const field = (n, v) => part(`Content-Disposition: form-data; name="${n}"`, v);
+        const file = (n, d) => part(`Content-Disposition: form-data; name="${n}"; filename="x.png"`, d);
+        const mp = (...parts) => Buffer.concat([field('model', env.model), field('up_id', up), ...parts,
+            Buffer.from(`--${B}--\r\n`)]);
+        const headers = { 'Content-Type': `multipart/form-data; boundary=${B}` };
+
+        /* "a#1" would be the reference of the second file of "a" */
+        const hash = await image(mp(file('a#1', 'HASH'), file('a', 'A0'), file('a', 'A1')), 'edits',
+            { key: acct.key, headers });
+        assertError(hash, 400, { code: 'invalid_request', message: /multipart part 3: a file's field name may not hold "#"/ });
+        /* a name that is not UTF-8 would reach the plugin as another text */
+        const latin1 = await image(mp(Buffer.concat([Buffer.from('--bNd\r\nContent-Disposition: form-data; name="img'),
+            Buffer.from([0xe9]), Buffer.from('"; filename="x.png"\r\n\r\nX\r\n')])), 'edits', { key: acct.key, headers });
+        const e = assertError(latin1, 400, { code: 'invalid_request',
+            message: /multipart part 3: a file's field name is not valid UTF-8/ });
+        assert.ok(!/img/.test(e.message) && !e.message.includes('\ufffd'), e.message);
+        assert.equal(vendor.submits().filter((x) => x.json.up_id === up).length, 0, 'nothing was sent');
+        await expectUsed(gw, db, acct, 0);
+
+        /* repeated fields still number their files; a text field may hold
+           "#" (it has no reference) */
+        vendor.onSubmit = (rec) => ({ status: 200, body: { id: `refs-${rec.n}`,
+            immediate: { status: 'SUCCESS', data: { images: [] } } } });
+        try {
+            assertOk(await image(mp(field('note#1', 'text'), file('a', 'A0'), file('a', 'A1'), file('b', 'B0')),
+                'edits', { key: acct.key, headers }), 'numbered refs');
+            const sub = vendor.submits().filter((x) => x.json.up_id === up).at(-1);
+            assert.deepEqual(sub.json.files.map((f) => f.ref),
+                ['request_file:a', 'request_file:a#1', 'request_file:b']);
+            assert.equal(sub.json.input['note#1'], 'text');
+        } finally {
+            vendor.onSubmit = null;
+        }
+
+        /* text/plain: edits take JSON or multipart, never a form */
+        const plain = await image('hello', 'edits', { key: acct.key, headers: { 'Content-Type': 'text/plain' } });
+        const pe = assertError(plain, 400, { code: 'invalid_request',
+            message: /POST \/v1\/images\/edits takes a JSON or multipart\/form-data body/ });
+        assert.ok(!/urlencoded/.test(pe.message), pe.message);
+        assertError(await image('hello', 'generations', { key: acct.key, headers: { 'Content-Type': 'text/plain' } }),
+            400, { code: 'invalid_request', message: /POST \/v1\/images\/generations takes a JSON body/ });
+        /* no Content-Type at all */
+        const none = await gw.req('POST', '/v1/images/edits', { key: acct.key, body: 'x=1' });
+        assert.ok(!/urlencoded/.test(assertError(none, 400, { code: 'invalid_request' }).message));
+    });
+
     test('host_image, synchronous: the result inline, not retained; created added', async () => {
         const acct = await account(gw);
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const r = assertOk(await image({ model: env.model, prompt: 'a cat',
                 sync: { status: 'SUCCESS', data: { images: ['https://cdn.example/1.png'] } } },
@@ -327,9 +394,7 @@ describe('host protocols', { timeout: 180000 }, () => {
             : rec.path === '/img/moved.png'
                 ? { status: 302, headers: { Location: '/img/a.png' }, body: '' }
                 : { status: 404, body: { error: { message: 'no such image' } } });
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/gone.png`,
                 `${vendor.url}/img/moved.png`];
@@ -359,6 +424,37 @@ describe('host protocols', { timeout: 180000 }, () => {
         }
     });
 
+    test('b64_json: a download that gives no bytes is a failed one; the warning names the request and the task', async () => {
+        const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 7]);
+        vendor.onOther = (rec) => (rec.path === '/img/a.png'
+            ? { status: 200, headers: { 'Content-Type': 'image/png' }, body: png }
+            : rec.path === '/img/empty.png' ? { status: 200, body: '' }
+                : rec.path === '/img/none.png' ? { status: 204, body: '' }
+                    : { status: 404, body: { error: { message: 'no such image' } } });
+        vendor.onSubmit = syncSubmit;
+        try {
+            const acct = await account(gw);
+            const urls = [`${vendor.url}/img/empty.png`, `${vendor.url}/img/none.png`,
+                `${vendor.url}/img/a.png`];
+            const r = assertOk(await image({ model: env.model, response_format: 'b64_json',
+                sync: { status: 'SUCCESS', data: { images: urls } } }, 'generations', { key: acct.key }));
+            assert.deepEqual(r.json.data.map((d) => d.url), urls);
+            assert.equal('b64_json' in r.json.data[0], false, JSON.stringify(r.json.data[0]));
+            assert.equal('b64_json' in r.json.data[1], false, JSON.stringify(r.json.data[1]));
+            assert.equal(r.json.data[2].b64_json, png.toString('base64'));
+            const rid = r.headers['x-request-id'];
+            const id = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+                where token_id = ${Number(acct.token.id)}`));
+            const esc = (x) => x.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+            await waitFor(() => new RegExp(`\\[warn\\].*llmgw: request ${esc(rid)}, task ${esc(id)}: `
+                + 'downloading an image for b64_json failed \\(HTTP 200 with no content\\).*\\(2 notes\\)')
+                .test(gw.errorLog()), 3000, { what: 'the warning naming the request and the task' });
+        } finally {
+            vendor.onSubmit = null;
+            vendor.onOther = () => ({ status: 404, body: { error: { message: 'no such endpoint' } } });
+        }
+    });
+
     test('b64_json downloads off the channel\'s origin reach no loopback address without llmgw_content_allow_private', async () => {
         const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 9, 9]);
         const cdn = await startMock((req, res) => {
@@ -368,9 +464,7 @@ describe('host protocols', { timeout: 180000 }, () => {
         vendor.onOther = (rec) => (rec.path === '/img/to-cdn.png'
             ? { status: 302, headers: { Location: `${cdn.url}/x.png` }, body: '' }
             : { status: 404, body: { error: { message: 'no such image' } } });
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             /* directly, by name, as ::ffff:, and through a redirect from the channel */
             const urls = [`${cdn.url}/a.png`, `http://localhost:${cdn.port}/b.png`,
@@ -451,9 +545,7 @@ describe('host_image: a result the plugin cannot render', { timeout: 120000 }, (
     });
 
     test('the task is failed and refunded, the error names it: synchronous and asynchronous', async () => {
-        vendor.onSubmit = (rec) => (rec.json.input.sync ? {
-            status: 200, body: { id: `sync-${rec.n}`, immediate: rec.json.input.sync },
-        } : undefined);
+        vendor.onSubmit = syncSubmit;
         try {
             const cases = [
                 ['sync, render throws', { sync: { status: 'SUCCESS', data: { render: 'throw' } } }, /render broke/],
@@ -535,12 +627,7 @@ describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
         const acct = await account(gw);
         const up = uniq('up-hung');
         vendor.setPoll(up, { body: { status: 'running' }, delayMs: 20000 });
-        const t0 = Date.now();
-        const r = await gw.req('POST', '/v1/images/generations',
-            { key: acct.key, body: { model: env.model, up_id: up }, timeoutMs: 30000 });
-        const took = Date.now() - t0;
-        assertError(r, 504, { code: 'task_timeout', message: /did not finish within 1 s/ });
-        assert.ok(took < 3000, `answered after ${took} ms`);
+        await timesOutOnTime(gw, acct.key, '/v1/images/generations', { model: env.model, up_id: up }, 1);
         assert.ok(vendor.polls(up).length >= 1, 'the request was polling');
 
         /* the vendor was not given its time: no failure counted, and the
@@ -552,5 +639,74 @@ describe('host_image past llmgw_task_wait_timeout', { timeout: 120000 }, () => {
             `select to_json(coalesce(lease_owner, '')) from tasks where task_id = '${id}'`));
         assert.ok(!owner.startsWith('request:'), `leased to ${owner}`);
         vendor.setPoll(up, { body: { status: 'done', data: { images: [] } } });
+    });
+});
+
+
+describe('host_image: the downloads and the wait are bounded while something hangs', { timeout: 120000 }, () => {
+    const s = protocolSuite(`${HTTP}\n  llmgw_task_http_timeout 1s;\n  llmgw_task_wait_timeout 2s;`);
+    let db, gw, vendor, env;
+
+    before(() => ({ db, gw, vendor, env } = s));
+
+    test('b64_json downloads end together within llmgw_task_http_timeout; the rest keep their URLs', async () => {
+        const png = Buffer.from([0x89, 0x50, 0x4e, 0x47, 3]);
+        vendor.onOther = (rec) => (rec.path === '/img/a.png'
+            ? { status: 200, body: png }
+            : rec.path === '/img/hang.png' ? { status: 200, body: png, delayMs: 4000 }
+                : { status: 404, body: { error: { message: 'no such image' } } });
+        vendor.onSubmit = syncSubmit;
+        try {
+            const urls = [`${vendor.url}/img/a.png`, `${vendor.url}/img/hang.png`,
+                `${vendor.url}/img/hang.png`, `${vendor.url}/img/hang.png`, `${vendor.url}/img/a.png`];
+            const t0 = Date.now();
+            const r = assertOk(await gw.req('POST', '/v1/images/generations', { key: env.acct.key,
+                body: { model: env.model, response_format: 'b64_json',
+                    sync: { status: 'SUCCESS', data: { images: urls } } },
+                timeoutMs: 30000 }));
+            const took = Date.now() - t0;
+            assert.ok(took < 2500, `answered after ${took} ms`);
+            assert.deepEqual(r.json.data.map((d) => d.url), urls);
+            assert.equal(r.json.data[0].b64_json, png.toString('base64'));
+            for (const d of r.json.data.slice(1)) {
+                assert.equal(d.b64_json, undefined, JSON.stringify(d));
+            }
+            await waitFor(() => /downloading an image for b64_json failed \([^)]*timed out\).*\(4 notes\)/
+                .test(gw.errorLog()), 3000, { what: 'the warning' });
+        } finally {
+            vendor.onSubmit = null;
+            vendor.onOther = () => ({ status: 404, body: { error: { message: 'no such endpoint' } } });
+        }
+    });
+
+    test('504 task_timeout on time while a poll hook runs; the task still ends and is settled once', async () => {
+        const acct = await account(gw);
+        const up = uniq('up-slowparse');
+        vendor.setPoll(up, { body: { status: 'running', slowParseMs: 3500 } });
+        await timesOutOnTime(gw, acct.key, '/v1/images/generations', { model: env.model, up_id: up }, 2);
+
+        /* the hook's answer is the request's poll's: saved, the lease given
+           back, no failure counted; then the task ends in the background */
+        const id = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+            where token_id = ${Number(acct.token.id)}`));
+        await waitFor(async () => !JSON.parse(await psql(db.conninfo,
+            `select to_json(coalesce(lease_owner, '')) from tasks where task_id = '${id}'`)).startsWith('request:'),
+        6000, { what: 'the request\'s lease given back' });
+        assert.equal(await pollFailures(db, id), 0);
+        vendor.setPoll(up, { body: { status: 'done', data: { images: ['https://cdn.example/s.png'] } } });
+        await waitFor(async () => JSON.parse(await psql(db.conninfo,
+            `select to_json(status) from tasks where task_id = '${id}'`)) === 'SUCCESS',
+        10000, { what: 'the task ends in the background' });
+        const led = await waitLedger(db, id, ['reserve', 'settle']);
+        assert.equal(led.reserve, PER_TASK);
+        await expectUsed(gw, db, acct, PER_TASK);
+
+        /* a sync Response waits as an image request does */
+        const acct2 = await account(gw);
+        const up2 = uniq('up-slowresp');
+        vendor.setPoll(up2, { body: { status: 'running', slowParseMs: 3500 } });
+        await timesOutOnTime(gw, acct2.key, '/v1/responses', { model: env.model, input: 'hi', up_id: up2 }, 2);
+        vendor.setPoll(up2, { body: { status: 'done' } });
+        await expectUsed(gw, db, acct2, PER_TASK, { ms: 15000 });
     });
 });

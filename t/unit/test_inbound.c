@@ -584,6 +584,58 @@ test_malformed_multipart_is_400(void **unused)
                     "Content-Disposition is \"attachment\", not form-data");
 }
 
+/*
+ * A file's reference is "request_file:" and its field name, "#<n>" after
+ * the first: a file field named "a#1" would share the reference of the
+ * second file of "a", and one not UTF-8 would reach the plugin as another
+ * text than the host keeps.  Both are refused; a text field may be named
+ * so (it has no reference).
+ */
+static void
+test_file_field_names_keep_refs_unique(void **unused)
+{
+    static const chunk_t hash_file[] = {
+        C("--B\r\n"),
+        C("Content-Disposition: form-data; name=\"a#1\"; filename=\"x\"\r\n\r\n"),
+        C("1\r\n--B\r\n"),
+        C("Content-Disposition: form-data; name=\"a\"; filename=\"x\"\r\n\r\n"),
+        C("2\r\n--B\r\n"),
+        C("Content-Disposition: form-data; name=\"a\"; filename=\"x\"\r\n\r\n"),
+        C("3\r\n--B--\r\n"),
+    };
+    static const chunk_t latin1_file[] = {
+        C("--B\r\n"),
+        C("Content-Disposition: form-data; name=\"img\xe9\"; filename=\"x\"\r\n\r\n"),
+        C("1\r\n--B--\r\n"),
+    };
+    static const chunk_t text_fields[] = {
+        C("--B\r\n"),
+        C("Content-Disposition: form-data; name=\"a#1\"\r\n\r\n"),
+        C("1\r\n--B\r\n"),
+        C("Content-Disposition: form-data; name=\"n\xc3\xa4me\"; filename=\"x\"\r\n\r\n"),
+        C("2\r\n--B--\r\n"),
+    };
+    const char *type = "multipart/form-data; boundary=B";
+    const llmgw_file_t *f;
+    size_t len;
+    char *body;
+
+    (void) unused;
+    multipart_fails(type, hash_file, 7,
+                    "multipart part 1: a file's field name may not hold "
+                    "\"#\"");
+    multipart_fails(type, latin1_file, 3,
+                    "multipart part 1: a file's field name is not valid "
+                    "UTF-8");
+
+    body = join(text_fields, 5, &len);
+    llmgw_inbound_t *in = parse_ok(type, body, len, NOCAP, NOCAP);
+    assert_int_equal(llmgw_inbound_files(in, &f), 1);
+    assert_string_equal(f[0].ref, "request_file:n\xc3\xa4me");
+    llmgw_inbound_free(in);
+    free(body);
+}
+
 /* Two files of 4 and 6 bytes in fields "a" and "b", and a text field. */
 static char *
 two_files(size_t *len)
@@ -645,6 +697,7 @@ main(void)
         cmocka_unit_test(test_multipart_filename_star_wins_and_quotes_unescape),
         cmocka_unit_test(test_multipart_empty_part_content),
         cmocka_unit_test(test_malformed_multipart_is_400),
+        cmocka_unit_test(test_file_field_names_keep_refs_unique),
         cmocka_unit_test(test_file_size_caps_hold_at_the_boundary),
     };
 
