@@ -194,7 +194,7 @@ typedef struct {
 } llmgw_channel_t;
 
 /* Whether text holds the channel's key in any spelling an answer may give
-   it (as is, with "\/", percent-encoded); keys under
+   it (as is, with "\/", percent-encoded, in base64); keys under
    LLMGW_CREDENTIAL_MIN_BYTES are never looked for. */
 int llmgw_channel_quotes_key(const llmgw_channel_t *ch, const char *data,
     size_t len);
