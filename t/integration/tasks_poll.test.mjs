@@ -225,6 +225,23 @@ describe('poll classification', { timeout: 300000 }, () => {
         assert.ok(JSON.stringify(v).length < 100000, 'nothing of the big values was kept');
     });
 
+    test('a progress longer than 1024 bytes is cut there, as a fail reason is', async () => {
+        const g = gate();
+        const long = 'é'.repeat(1024 * 1024);
+        const t = await startTask([{ body: { status: 'running', progress: long } },
+            held(g, { body: { status: 'running', progress: long } }),
+            { body: { status: 'done' } }]);
+        const v = await heldAt(t, 0, 2);
+        assert.equal(v.status, 'IN_PROGRESS');
+        /* 512 two-byte characters: cut on a character, not inside one */
+        assert.equal(v.progress, 'é'.repeat(512));
+        const stored = await psql(db.conninfo,
+            `select octet_length(progress) from tasks where task_id = '${t.id}'`);
+        assert.equal(stored, '1024');
+        g.open();
+        await waitStatus(gw, t.acct.key, t.id, 'SUCCESS');
+    });
+
     test('a result nested deeper than the gateway reads counts as a failed poll (not a runtime outage)', async () => {
         const deep = { body: { status: 'done', deep: 3000 } };
         const t = await startTask([deep, deep, deep]);
