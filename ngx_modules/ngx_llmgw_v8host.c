@@ -126,6 +126,8 @@ ngx_int_t
 ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     ngx_llmgw_v8_handler_pt handler, void *data)
 {
+    size_t                plen;
+    u_char                prefix[48];
     ngx_buf_t            *b;
     llmgw_frame_t         f;
     ngx_llmgw_v8_call_t  *call;
@@ -138,9 +140,24 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
         return NGX_BUSY;
     }
 
-    if (len > ngx_llmgw_v8_mcf->v8host_max_frame) {
+    plen = 0;
+
+    if (type == LLMGW_FRAME_CALL && len > 2 && body[0] == '{') {
+        /* the hook's deadline comes before this call's timer: a hook that
+           runs too long is the plugin's fault, not the runtime's */
+        plen = ngx_sprintf(prefix, "{\"deadline_ms\":%L,",
+                           llmgw_plugin_call_deadline(
+                               (int64_t) ngx_llmgw_v8_mcf->v8host_timeout))
+               - prefix;
+        body++;
+        len--;
+    }
+
+    if (plen + len > ngx_llmgw_v8_mcf->v8host_max_frame) {
         return NGX_ABORT;
     }
+
+    len += plen;
 
     call = ngx_calloc(sizeof(ngx_llmgw_v8_call_t) + sizeof(ngx_buf_t)
                       + LLMGW_FRAME_HEADER_LEN + len, ngx_llmgw_v8_log);
@@ -166,7 +183,8 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     f.length = (uint32_t) len;
 
     llmgw_frame_encode(&f, b->start);
-    b->last = ngx_cpymem(b->start + LLMGW_FRAME_HEADER_LEN, body, len);
+    b->last = ngx_cpymem(b->start + LLMGW_FRAME_HEADER_LEN, prefix, plen);
+    b->last = ngx_cpymem(b->last, body, len - plen);
 
     call->out = b;
     call->handler = handler;

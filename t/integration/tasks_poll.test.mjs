@@ -325,6 +325,38 @@ describe('a hook that ends its runtime worker', { timeout: 120000 }, () => {
     });
 });
 
+describe('llmgw_v8host_timeout below the runtime\'s deadline', { timeout: 120000 }, () => {
+    let db, gw, vendor, env;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        /* nginx waits 2 s for a call, the runtime would let a hook run 5 s */
+        gw = await startGateway({ db, v8host: { deadlineMs: 5000 },
+            http: `${HTTP}\n  llmgw_v8host_timeout 2s;` });
+        env = await taskSetup(gw, { vendors: [vendor] });
+    });
+
+    after(() => tearDown(db, [gw], [vendor]));
+
+    test('a parse hook that loops forever ends at the deadline nginx sends: counted, the limit fails and refunds', async () => {
+        const acct = await account(gw);
+        const up = uniq('up');
+        vendor.setPoll(up, { body: { loop: true } });
+        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
+            { key: acct.key }), 'submit');
+        const id = r.json.task_id;
+        const v = await waitStatus(gw, acct.key, id, 'FAILURE', { ms: 30000 });
+        assert.match(v.fail_reason,
+            new RegExp(`polling failed ${MAX_FAILURES} times in a row: parseTaskResult failed: timeout`));
+        assert.equal(vendor.polls(up).length, MAX_FAILURES);
+        const led = await waitLedger(db, id, ['reserve', 'refund']);
+        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+        await expectUsed(gw, db, acct, 0);
+        assert.doesNotMatch(gw.errorLog(), /did not answer in time/);
+    });
+});
+
 describe('the plugin runtime out when the vendor answers a submit', { timeout: 120000 }, () => {
     const V8_TIMEOUT_MS = 1500;
     const s = vendorSuite({ http: `${HTTP}\n  llmgw_v8host_timeout ${V8_TIMEOUT_MS}ms;`,
