@@ -773,6 +773,62 @@ describe('a worker told to stop while polls run and wait', { timeout: 120000 }, 
     });
 });
 
+describe('a worker told to stop while parse hooks run', { timeout: 120000 }, () => {
+    const LEASE = '20s';
+    const http = `${HTTP}\n  llmgw_task_lease ${LEASE};`;
+    let db, gw, gw2, vendor;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        gw = await startGateway({ db, v8host: true, http });
+    });
+
+    after(() => tearDown(db, [gw, gw2].filter(Boolean), [vendor]));
+
+    test('drops the hooks, exits at once, counts nothing, and another gateway finishes the tasks at once', async () => {
+        const env = await taskSetup(gw, { vendors: [vendor] });
+        const acct = await account(gw);
+        const tasks = [];
+        for (let i = 0; i < 3; i++) {
+            const up = uniq('up-hook');
+            /* the second poll's parse hook runs 4 s */
+            vendor.queuePoll(up, running(), running({ spin: 4000 }));
+            vendor.setPoll(up, { body: { status: 'done' } });
+            const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
+                { key: acct.key }), 'submit');
+            tasks.push({ id: r.json.task_id, up });
+        }
+        await waitFor(() => tasks.every((t) => vendor.polls(t.up).length >= 2), 10000,
+            { what: 'the second polls' });
+        await sleep(300);
+
+        const t0 = Date.now();
+        const exit = new Promise((resolve) => gw.proc.once('exit', resolve));
+        gw.proc.kill('SIGQUIT');
+        await Promise.race([exit, sleep(6000)]);
+        const took = Date.now() - t0;
+        /* not the 4 s of the hooks under way, nor llmgw_v8host_timeout */
+        assert.ok(took < 2000, `quit took ${took} ms`);
+        assert.doesNotMatch(gw.errorLog(), /did not answer in time|plugin runtime is unavailable/);
+        const rows = await psql(db.conninfo, 'select count(*), count(*) filter (where ' +
+            'lease_owner is null and poll_failures = 0) from tasks where task_id in ' +
+            `(${tasks.map((t) => `'${t.id}'`).join(',')})`);
+        assert.equal(rows, '3|3', 'the claims are given back, nothing counted');
+
+        /* claimed at once, not after the 20 s lease */
+        const t1 = Date.now();
+        gw2 = await startGateway({ db, v8host: true, http, rootToken: gw.rootToken });
+        for (const t of tasks) {
+            await waitStatus(gw2, acct.key, t.id, 'SUCCESS', { ms: 10000 });
+            /* one row of each (waitLedger refuses two) */
+            await waitLedger(db, t.id, ['reserve', 'settle']);
+        }
+        assert.ok(Date.now() - t1 < 15000, `finished after ${Date.now() - t1} ms`);
+        await expectUsed(gw2, db, acct, 3 * PER_TASK);
+    });
+});
+
 describe('two nodes on one database poll 1,000 tasks', { timeout: 180000 }, () => {
     let db, a, b, vendor;
 
