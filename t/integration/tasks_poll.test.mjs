@@ -283,6 +283,26 @@ describe('poll classification', { timeout: 300000 }, () => {
     });
 });
 
+/* A task whose every poll answer (`answer`) makes parseTaskResult run
+   out of time: each poll counts, and the limit fails and refunds it. */
+async function expectParseTimeoutsFail({ db, gw, vendor, env }, answer) {
+    const acct = await account(gw);
+    const up = uniq('up');
+    vendor.setPoll(up, { body: answer });
+    const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
+        { key: acct.key }), 'submit');
+    const id = r.json.task_id;
+    await waitFor(async () => (await pollFailures(db, id)) === 1, 15000,
+        { what: 'the first failure counted' });
+    const v = await waitStatus(gw, acct.key, id, 'FAILURE', { ms: 30000 });
+    assert.match(v.fail_reason,
+        new RegExp(`polling failed ${MAX_FAILURES} times in a row: parseTaskResult failed: timeout`));
+    assert.equal(vendor.polls(up).length, MAX_FAILURES);
+    const led = await waitLedger(db, id, ['reserve', 'refund']);
+    assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+    await expectUsed(gw, db, acct, 0);
+}
+
 describe('a hook that ends its runtime worker', { timeout: 120000 }, () => {
     let db, gw, vendor, env;
 
@@ -305,21 +325,7 @@ describe('a hook that ends its runtime worker', { timeout: 120000 }, () => {
     });
 
     test('a parse hook that ends its worker counts as a failed poll; the limit fails and refunds', async () => {
-        const acct = await account(gw);
-        const up = uniq('up');
-        vendor.setPoll(up, { body: { stuck: true } });
-        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
-            { key: acct.key }), 'submit');
-        const id = r.json.task_id;
-        await waitFor(async () => (await pollFailures(db, id)) === 1, 15000,
-            { what: 'the first failure counted' });
-        const v = await waitStatus(gw, acct.key, id, 'FAILURE', { ms: 30000 });
-        assert.match(v.fail_reason,
-            new RegExp(`polling failed ${MAX_FAILURES} times in a row: parseTaskResult failed: timeout`));
-        assert.equal(vendor.polls(up).length, MAX_FAILURES);
-        const led = await waitLedger(db, id, ['reserve', 'refund']);
-        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
-        await expectUsed(gw, db, acct, 0);
+        await expectParseTimeoutsFail({ db, gw, vendor, env }, { stuck: true });
         assert.match(fs.readFileSync(gw.v8host.logPath, 'utf8'),
             /worker \d ended during a call of plugin [0-9a-f]{16}: timeout/);
     });
@@ -340,19 +346,7 @@ describe('llmgw_v8host_timeout below the runtime\'s deadline', { timeout: 120000
     after(() => tearDown(db, [gw], [vendor]));
 
     test('a parse hook that loops forever ends at the deadline nginx sends: counted, the limit fails and refunds', async () => {
-        const acct = await account(gw);
-        const up = uniq('up');
-        vendor.setPoll(up, { body: { loop: true } });
-        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
-            { key: acct.key }), 'submit');
-        const id = r.json.task_id;
-        const v = await waitStatus(gw, acct.key, id, 'FAILURE', { ms: 30000 });
-        assert.match(v.fail_reason,
-            new RegExp(`polling failed ${MAX_FAILURES} times in a row: parseTaskResult failed: timeout`));
-        assert.equal(vendor.polls(up).length, MAX_FAILURES);
-        const led = await waitLedger(db, id, ['reserve', 'refund']);
-        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
-        await expectUsed(gw, db, acct, 0);
+        await expectParseTimeoutsFail({ db, gw, vendor, env }, { loop: true });
         assert.doesNotMatch(gw.errorLog(), /did not answer in time/);
     });
 });
