@@ -435,9 +435,14 @@ ngx_uint_t ngx_llmgw_v8host_enabled(void);
  * NGX_ERROR. */
 ngx_int_t ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     ngx_llmgw_v8_handler_pt handler, void *data);
-/* A CALL of a published source: loads it into the helper when needed. */
+/* A CALL of a published source: loads it into the helper when needed;
+ * *hookp (when not NULL) names it for ngx_llmgw_hook_cancel() until its
+ * handler runs. */
+typedef struct ngx_llmgw_hook_s  ngx_llmgw_hook_t;
 ngx_int_t ngx_llmgw_hook(const char *sha, u_char *body, size_t len,
-    ngx_llmgw_v8_handler_pt handler, void *data);
+    ngx_llmgw_v8_handler_pt handler, void *data, ngx_llmgw_hook_t **hookp);
+/* The hook's handler is never called; its result, if any, is dropped. */
+void ngx_llmgw_hook_cancel(ngx_llmgw_hook_t *h);
 
 /* ngx_llmgw_task.c */
 ngx_int_t ngx_llmgw_task_init_process(ngx_cycle_t *cycle,

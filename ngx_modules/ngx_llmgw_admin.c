@@ -450,7 +450,7 @@ ngx_llmgw_admin_plugin(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
             }
 
             rc = ngx_llmgw_hook(sha, (u_char *) frame.data, frame.len,
-                                ngx_llmgw_admin_ran, r);
+                                ngx_llmgw_admin_ran, r, NULL);
             ngx_llmgw_cache_release(s);
 
         } else {

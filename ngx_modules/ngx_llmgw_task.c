@@ -43,6 +43,7 @@ struct ngx_llmgw_runner_s {
     llmgw_token_t             *token;
     ngx_http_request_t        *request;     /* NULL for a poll job */
     ngx_llmgw_http_t          *http;        /* an HTTP call in flight */
+    ngx_llmgw_hook_t          *hook;        /* a hook call in flight */
     int64_t                    channel_id;
     ngx_msec_t                 claimed;     /* a poll job's claim */
     ngx_msec_t                 first_try;   /* a submit's first send */
@@ -252,6 +253,10 @@ ngx_llmgw_runner_free(ngx_llmgw_runner_t *rn)
         ngx_llmgw_http_cancel(rn->http);
     }
 
+    if (rn->hook != NULL) {
+        ngx_llmgw_hook_cancel(rn->hook);
+    }
+
     if (rn->lease_end.timer_set) {
         ngx_del_timer(&rn->lease_end);
     }
@@ -337,6 +342,8 @@ static void
 ngx_llmgw_task_hook_done(void *data, ngx_int_t rc, u_char *body, size_t len)
 {
     ngx_llmgw_runner_t  *rn = data;
+
+    rn->hook = NULL;
 
     if (rn->wait_end.timer_set) {
         ngx_del_timer(&rn->wait_end);
@@ -656,7 +663,8 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
         case LLMGW_TSTEP_HOOK:
             rn->inflight = 1;
             rc = ngx_llmgw_hook(st->sha, (u_char *) st->body.data,
-                                st->body.len, ngx_llmgw_task_hook_done, rn);
+                                st->body.len, ngx_llmgw_task_hook_done, rn,
+                                &rn->hook);
             if (rc == NGX_OK) {
                 if (st->deadline_ms > 0 && rn->request != NULL) {
                     rn->wait_end.handler = ngx_llmgw_task_wait_end;
@@ -1935,10 +1943,12 @@ ngx_llmgw_poll_lease_end(ngx_event_t *ev)
 
 
 /*
- * A stopping worker waits for no vendor: its polls under way are given
- * up like those at the end of their lease, and their claims given back at
- * exit.  Nothing tells a module that its worker was told to stop, so this
- * looks while polls run (a cancelable timer: it keeps no worker alive).
+ * A stopping worker waits for no vendor and no plugin: its polls with a
+ * call to the vendor or a hook under way are given up (the result of
+ * either is dropped, nothing is counted), and their claims given back at
+ * exit.  A statement under way goes on: it may settle a charge.  Nothing
+ * tells a module that its worker was told to stop, so this looks while
+ * polls run (a cancelable timer: it keeps no worker alive).
  */
 static void
 ngx_llmgw_poll_stop_watch(ngx_event_t *ev)
@@ -1957,7 +1967,9 @@ ngx_llmgw_poll_stop_watch(ngx_event_t *ev)
 
             rn->lease_over = 1;
 
-            if (rn->http != NULL && rn->inflight && !rn->driving) {
+            if ((rn->http != NULL || rn->hook != NULL) && rn->inflight
+                && !rn->driving)
+            {
                 ngx_llmgw_poll_left(rn, "was under way when its worker was "
                                     "told to stop");
             }

@@ -43,6 +43,10 @@ struct ngx_llmgw_v8_conn_s {
 };
 
 
+static ngx_int_t ngx_llmgw_v8_send(ngx_uint_t type, u_char *body,
+    size_t len, ngx_llmgw_v8_handler_pt handler, void *data,
+    ngx_llmgw_v8_call_t **callp);
+static void ngx_llmgw_v8_cancel(ngx_llmgw_v8_call_t *call);
 static ngx_llmgw_v8_conn_t *ngx_llmgw_v8_connect(void);
 static void ngx_llmgw_v8_dispatch(void);
 static void ngx_llmgw_v8_write(ngx_event_t *wev);
@@ -126,6 +130,16 @@ ngx_int_t
 ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     ngx_llmgw_v8_handler_pt handler, void *data)
 {
+    return ngx_llmgw_v8_send(type, body, len, handler, data, NULL);
+}
+
+
+static ngx_int_t
+ngx_llmgw_v8_send(ngx_uint_t type, u_char *body, size_t len,
+    ngx_llmgw_v8_handler_pt handler, void *data, ngx_llmgw_v8_call_t **callp)
+{
+    size_t                plen;
+    u_char                prefix[48];
     ngx_buf_t            *b;
     llmgw_frame_t         f;
     ngx_llmgw_v8_call_t  *call;
@@ -138,9 +152,24 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
         return NGX_BUSY;
     }
 
-    if (len > ngx_llmgw_v8_mcf->v8host_max_frame) {
+    plen = 0;
+
+    if (type == LLMGW_FRAME_CALL && len > 2 && body[0] == '{') {
+        /* the hook's deadline comes before this call's timer: a hook that
+           runs too long is the plugin's fault, not the runtime's */
+        plen = ngx_sprintf(prefix, "{\"deadline_ms\":%L,",
+                           llmgw_plugin_call_deadline(
+                               (int64_t) ngx_llmgw_v8_mcf->v8host_timeout))
+               - prefix;
+        body++;
+        len--;
+    }
+
+    if (plen + len > ngx_llmgw_v8_mcf->v8host_max_frame) {
         return NGX_ABORT;
     }
+
+    len += plen;
 
     call = ngx_calloc(sizeof(ngx_llmgw_v8_call_t) + sizeof(ngx_buf_t)
                       + LLMGW_FRAME_HEADER_LEN + len, ngx_llmgw_v8_log);
@@ -166,7 +195,8 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
     f.length = (uint32_t) len;
 
     llmgw_frame_encode(&f, b->start);
-    b->last = ngx_cpymem(b->start + LLMGW_FRAME_HEADER_LEN, body, len);
+    b->last = ngx_cpymem(b->start + LLMGW_FRAME_HEADER_LEN, prefix, plen);
+    b->last = ngx_cpymem(b->last, body, len - plen);
 
     call->out = b;
     call->handler = handler;
@@ -179,6 +209,10 @@ ngx_llmgw_v8_call(ngx_uint_t type, u_char *body, size_t len,
 
     ngx_queue_insert_tail(&ngx_llmgw_v8_pending, &call->queue);
     ngx_llmgw_v8_inflight++;
+
+    if (callp != NULL) {
+        *callp = call;
+    }
 
     /* sending starts from a posted event, never inside the caller */
     if (!ngx_llmgw_v8_kick.posted) {
@@ -499,6 +533,32 @@ ngx_llmgw_v8_timeout(ngx_event_t *ev)
 }
 
 
+/*
+ * A call nobody waits for any more: it is never answered.  On a connection
+ * the connection goes (the helper drops the call if it has not started it;
+ * one under way runs to its end, for nobody); nothing is logged.
+ */
+static void
+ngx_llmgw_v8_cancel(ngx_llmgw_v8_call_t *call)
+{
+    call->handler = NULL;
+
+    if (call->conn == NULL) {
+        ngx_queue_remove(&call->queue);
+
+    } else {
+        ngx_llmgw_v8_close(call->conn);
+    }
+
+    ngx_llmgw_v8_finish(call, NGX_DECLINED, NULL, 0);
+
+    /* calls waiting for a connection to come free open one of their own */
+    if (!ngx_queue_empty(&ngx_llmgw_v8_pending) && !ngx_llmgw_v8_kick.posted) {
+        ngx_post_event(&ngx_llmgw_v8_kick, &ngx_posted_events);
+    }
+}
+
+
 static void
 ngx_llmgw_v8_fail_pending(const char *why)
 {
@@ -577,14 +637,15 @@ ngx_llmgw_v8_close(ngx_llmgw_v8_conn_t *vc)
  * source is read from PostgreSQL, loaded, and the call made once more.
  */
 
-typedef struct {
+struct ngx_llmgw_hook_s {
     char                       sha[65];
     u_char                    *body;
     size_t                     len;
-    ngx_llmgw_v8_handler_pt    handler;
+    ngx_llmgw_v8_handler_pt    handler;     /* NULL: cancelled */
     void                      *data;
+    ngx_llmgw_v8_call_t       *call;        /* its CALL or LOAD in flight */
     ngx_uint_t                 reloaded;
-} ngx_llmgw_hook_t;
+};
 
 
 static void ngx_llmgw_hook_replied(void *data, ngx_int_t rc, u_char *body,
@@ -599,14 +660,17 @@ static void
 ngx_llmgw_hook_done(ngx_llmgw_hook_t *h, ngx_int_t rc, u_char *body,
     size_t len)
 {
-    h->handler(h->data, rc, body, len);
+    if (h->handler != NULL) {
+        h->handler(h->data, rc, body, len);
+    }
+
     ngx_free(h);
 }
 
 
 ngx_int_t
 ngx_llmgw_hook(const char *sha, u_char *body, size_t len,
-    ngx_llmgw_v8_handler_pt handler, void *data)
+    ngx_llmgw_v8_handler_pt handler, void *data, ngx_llmgw_hook_t **hookp)
 {
     ngx_int_t          rc;
     ngx_llmgw_hook_t  *h;
@@ -622,15 +686,36 @@ ngx_llmgw_hook(const char *sha, u_char *body, size_t len,
     ngx_memcpy(h->body, body, len);
     h->handler = handler;
     h->data = data;
+    h->call = NULL;
     h->reloaded = 0;
 
-    rc = ngx_llmgw_v8_call(LLMGW_FRAME_CALL, h->body, h->len,
-                           ngx_llmgw_hook_replied, h);
+    rc = ngx_llmgw_v8_send(LLMGW_FRAME_CALL, h->body, h->len,
+                           ngx_llmgw_hook_replied, h, &h->call);
     if (rc != NGX_OK) {
+        ngx_free(h);
+        return rc;
+    }
+
+    if (hookp != NULL) {
+        *hookp = h;
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_llmgw_hook_cancel(ngx_llmgw_hook_t *h)
+{
+    h->handler = NULL;
+
+    if (h->call != NULL) {
+        ngx_llmgw_v8_cancel(h->call);
         ngx_free(h);
     }
 
-    return rc;
+    /* else the statement reading its source is under way: its answer
+       frees the hook */
 }
 
 
@@ -639,6 +724,8 @@ ngx_llmgw_hook_replied(void *data, ngx_int_t rc, u_char *body, size_t len)
 {
     ngx_llmgw_hook_t  *h = data;
     const char        *params[1];
+
+    h->call = NULL;
 
     if (rc != NGX_OK || h->reloaded
         || !llmgw_plugin_not_loaded((char *) body, len))
@@ -669,6 +756,11 @@ ngx_llmgw_hook_source(void *data, PGresult *res, const char *err)
     llmgw_buf_t  load;
     llmgw_verdict_t  v;
 
+    if (h->handler == NULL) {
+        ngx_free(h);
+        return;
+    }
+
     if (err != NULL) {
         ngx_llmgw_hook_done(h, NGX_ERROR, (u_char *) err, ngx_strlen(err));
         return;
@@ -685,8 +777,8 @@ ngx_llmgw_hook_source(void *data, PGresult *res, const char *err)
     if (llmgw_plugin_source_request(PQgetvalue(res, 0, 0),
                                     PQgetlength(res, 0, 0), &load, &v)
         != 0
-        || ngx_llmgw_v8_call(LLMGW_FRAME_LOAD, (u_char *) load.data,
-                             load.len, ngx_llmgw_hook_loaded, h)
+        || ngx_llmgw_v8_send(LLMGW_FRAME_LOAD, (u_char *) load.data,
+                             load.len, ngx_llmgw_hook_loaded, h, &h->call)
            != NGX_OK)
     {
         llmgw_buf_free(&load);
@@ -707,6 +799,8 @@ ngx_llmgw_hook_loaded(void *data, ngx_int_t rc, u_char *body, size_t len)
     char             sha[65];
     llmgw_verdict_t  v;
 
+    h->call = NULL;
+
     if (rc != NGX_OK
         || llmgw_plugin_load_reply((char *) body, len, sha, &v) != 0)
     {
@@ -718,8 +812,8 @@ ngx_llmgw_hook_loaded(void *data, ngx_int_t rc, u_char *body, size_t len)
 
     h->reloaded = 1;
 
-    if (ngx_llmgw_v8_call(LLMGW_FRAME_CALL, h->body, h->len,
-                          ngx_llmgw_hook_replied, h)
+    if (ngx_llmgw_v8_send(LLMGW_FRAME_CALL, h->body, h->len,
+                          ngx_llmgw_hook_replied, h, &h->call)
         != NGX_OK)
     {
         ngx_llmgw_hook_done(h, NGX_ERROR,

@@ -516,6 +516,37 @@ replace_all(std::string &s, std::string_view what, std::string_view with)
     }
 }
 
+/*
+ * The base64 characters a copy of s decides alone inside a longer base64
+ * text ("Basic " + base64(key + ":"), a token that wraps the key): one
+ * spelling for each of the three places s can start in a 3-byte group,
+ * without the characters the bytes around it share.  URL-safe alphabet
+ * when url.
+ */
+std::vector<std::string>
+base64_spellings(std::string_view s, bool url)
+{
+    std::vector<std::string> out;
+
+    for (size_t lead = 0; lead < 3; lead++) {
+        std::string text;
+        append_base64(text, std::string(lead, '\0') + std::string(s));
+
+        size_t from = (8 * lead + 5) / 6;           /* touch the lead */
+        size_t to = 8 * (lead + s.size()) / 6;      /* s's bits only */
+        std::string f = text.substr(from, to - from);
+
+        if (url) {
+            for (char &c : f) {
+                c = c == '+' ? '-' : c == '/' ? '_' : c;
+            }
+        }
+        out.push_back(std::move(f));
+    }
+
+    return out;
+}
+
 }  // namespace
 
 std::vector<std::string>
@@ -530,10 +561,19 @@ credential_forms(std::string_view credential)
     std::string escaped(credential);
     replace_all(escaped, "/", "\\/");       /* as JSON may write it */
 
-    for (std::string f : { std::string(credential), escaped,
-                           percent_encoded(credential, "0123456789ABCDEF"),
-                           percent_encoded(credential, "0123456789abcdef") })
-    {
+    std::vector<std::string> all = { std::string(credential), escaped,
+                                     percent_encoded(credential,
+                                                     "0123456789ABCDEF"),
+                                     percent_encoded(credential,
+                                                     "0123456789abcdef") };
+
+    for (bool url : { false, true }) {
+        for (std::string &f : base64_spellings(credential, url)) {
+            all.push_back(std::move(f));
+        }
+    }
+
+    for (std::string &f : all) {
         if (std::find(forms.begin(), forms.end(), f) == forms.end()) {
             forms.push_back(std::move(f));
         }

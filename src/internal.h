@@ -117,9 +117,11 @@ bool proxied_type(int type);
 
 /*
  * s with every copy of a channel credential replaced by "[credential]": as
- * is (which covers "Bearer <key>") and percent-encoded (an upstream that
- * echoes a URL holding ?key=).  Text that may quote what a vendor received
- * passes here before it is cut, logged or shown to a client.
+ * is (which covers "Bearer <key>"), percent-encoded (an upstream that
+ * echoes a URL holding ?key=) and in base64, standard or URL-safe, at any
+ * byte alignment (an echoed "Basic " header of key + ":", a token holding
+ * it).  Text that may quote what a vendor received passes here before it
+ * is cut, logged or shown to a client.
  */
 std::string redact(std::string_view s, std::string_view credential);
 /* The spellings redact() looks for (none for a credential too short). */

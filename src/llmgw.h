@@ -194,7 +194,7 @@ typedef struct {
 } llmgw_channel_t;
 
 /* Whether text holds the channel's key in any spelling an answer may give
-   it (as is, with "\/", percent-encoded); keys under
+   it (as is, with "\/", percent-encoded, in base64); keys under
    LLMGW_CREDENTIAL_MIN_BYTES are never looked for. */
 int llmgw_channel_quotes_key(const llmgw_channel_t *ch, const char *data,
     size_t len);
@@ -716,6 +716,18 @@ llmgw_buf_t llmgw_plugin_upload_arg(const char *body, size_t blen,
  */
 int llmgw_plugin_call_request(const char *body, size_t len, const char *sha,
     llmgw_buf_t *frame, llmgw_verdict_t *v);
+
+/*
+ * The deadline_ms every CALL frame carries, for nginx waiting wait_ms
+ * (llmgw_v8host_timeout) for its answer: the runtime ends a hook that runs
+ * longer (a timeout, the plugin's fault, which a poll counts) before nginx
+ * gives up on the call (the runtime unavailable, which counts nothing).
+ * wait_ms less 2.5 s (the 2 s in which the runtime ends a worker whose hook
+ * ignores termination, and time for the queue and the way), at least half
+ * of wait_ms, at most the runtime's largest --deadline-ms; the runtime's
+ * own deadline applies when it is lower.
+ */
+int64_t llmgw_plugin_call_deadline(int64_t wait_ms);
 
 /* A CALL body for a hook with its arguments (a JSON array text). */
 llmgw_buf_t llmgw_plugin_call_body(const char *sha, const char *hook,

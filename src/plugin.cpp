@@ -251,6 +251,20 @@ llmgw_plugin_upload_arg(const char *body, size_t blen, const char *reply,
 }
 
 
+extern "C" int64_t
+llmgw_plugin_call_deadline(int64_t wait_ms)
+{
+    /* the runtime's watchdog ends a worker 2 s after a deadline its hook
+       ignored; the rest is for a queue and the frames' way */
+    constexpr int64_t kMargin = 2500;
+    constexpr int64_t kMaxDeadline = 600000;   /* --deadline-ms at most */
+
+    int64_t d = std::max(wait_ms - kMargin, wait_ms / 2);
+
+    return std::min(std::max<int64_t>(d, 1), kMaxDeadline);
+}
+
+
 extern "C" llmgw_buf_t
 llmgw_plugin_call_body(const char *sha, const char *hook, const char *args,
     size_t args_len)

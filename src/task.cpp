@@ -42,6 +42,7 @@ using namespace llmgw;
 namespace {
 
 constexpr size_t kMaxTaskBody = 1024 * 1024;     /* persisted data, events */
+constexpr size_t kMaxTaskText = 1024;  /* a fail reason, a progress: cut */
 constexpr size_t kErrBody = LLMGW_ERROR_BODY_MAX;  /* kept of an error body */
 /* creates of a task the vendor took, sent again while the database cannot
    be reached: about 30 s of an outage with llmgw_pg_timeout's default */
@@ -2016,7 +2017,7 @@ llmgw_tjob_s::create_task()
     json_object_set_new(t.get(), "status", jstr(status));
     json_object_set_new(t.get(), "progress", jstr(progress));
     json_object_set_new(t.get(), "fail_reason",
-                        jstr(utf8_prefix(reason, 1024)));
+                        jstr(utf8_prefix(reason, kMaxTaskText)));
     json_object_set_new(t.get(), "data", data ? json_incref(data)
                                               : json_null());
     json_object_set_new(t.get(), "state", state ? json_incref(state)
@@ -3947,7 +3948,7 @@ llmgw_tjob_s::poll_terminal(size_t i, const char *status,
     json_object_set_new(u, "status", json_string(status));
     if (!reason.empty()) {
         json_object_set_new(u, "fail_reason",
-                            jstr(utf8_prefix(reason, 1024)));
+                            jstr(utf8_prefix(reason, kMaxTaskText)));
     }
 }
 
@@ -3998,7 +3999,10 @@ llmgw_tjob_s::poll_result(size_t i, const json_t *r, bool parse_2xx)
 
     json_t *progress = json_object_get(r, "progress");
     if (json_is_string(progress)) {
-        json_object_set(u, "progress", progress);
+        std::string_view p(json_string_value(progress),
+                           json_string_length(progress));
+        json_object_set_new(u, "progress",
+                            jstr(utf8_prefix(p, kMaxTaskText)));
     } else if (json_is_number(progress)) {
         char buf[32];
         std::snprintf(buf, sizeof(buf), "%g%%", json_number_value(progress));

@@ -550,7 +550,7 @@ export interface HTTPInfo {
  * What a parse hook says of one task.  The host stores it like this:
  * `status` must be one of TaskStatus (UNKNOWN, or a missing one, counts as a
  * failed poll); `progress` as given, a number n becoming "n%"; `reason` is
- * the fail reason of a FAILURE; `data`, when present, replaces the task's
+ * the fail reason of a FAILURE (both cut to their first 1024 bytes); `data`, when present, replaces the task's
  * data, otherwise the result's other members (`url`, ...) are merged into
  * it.  After a non-2xx poll answer only SUCCESS or FAILURE count as a
  * successful poll.

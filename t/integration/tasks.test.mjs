@@ -521,6 +521,38 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(logged.trim(), '0');
     });
 
+    test('the channel key in base64 (an echoed Basic header, a token wrapping it) is shown as [credential]', async () => {
+        const env = await setup();
+        const basic = Buffer.from(`${env.channelKey}:`).toString('base64');
+        const token = Buffer.from(`u.${env.channelKey}`).toString('base64url');
+        const failed = `up-${hex(4)}`, done = `up-${hex(4)}`;
+        env.vendor.queuePoll(failed, { body: { status: 'failed', error: `refused Basic ${basic}` } });
+        env.vendor.queuePoll(done, { body: { status: 'done', result: { token } } });
+        const ids = [];
+        for (const up of [failed, done]) {
+            env.vendor.onSubmit = () => ({ body: { id: up } });
+            ids.push(assertOk(await submit(env, { model: env.model })).json.task_id);
+        }
+        const f = await waitStatus(gw, env.acct.key, ids[0], 'FAILURE');
+        assert.match(f.fail_reason, /^refused Basic \[credential\]/, f.fail_reason);
+        const d = await waitStatus(gw, env.acct.key, ids[1], 'SUCCESS');
+        assert.match(d.data.result.token, /\[credential\]/, JSON.stringify(d.data));
+        /* of the key's base64 no run of 8 characters is left anywhere */
+        const shown = JSON.stringify([f, d]);
+        for (const b64 of [basic, token]) {
+            for (let at = 3; at + 8 <= b64.length - 3; at++) {
+                assert.ok(!shown.includes(b64.slice(at, at + 8)), `${b64.slice(at, at + 8)} in ${shown}`);
+            }
+        }
+        await waitLedger(db, ids[0], ['reserve', 'refund']);
+        await waitLedger(db, ids[1], ['reserve', 'settle']);
+        const stored = await psql(db.conninfo,
+            `select count(*) from tasks where task_id in ('${ids[0]}', '${ids[1]}') and
+               (data::text like '%${basic.slice(4, 40)}%' or fail_reason like '%${basic.slice(4, 40)}%'
+                or data::text like '%${token.slice(4, 40)}%')`);
+        assert.equal(stored.trim(), '0');
+    });
+
     test('FAILURE refunds everything charged for the task', async () => {
         const env = await setup({ price: 'unit' });
         const up = `up-${hex(4)}`;

@@ -225,6 +225,23 @@ describe('poll classification', { timeout: 300000 }, () => {
         assert.ok(JSON.stringify(v).length < 100000, 'nothing of the big values was kept');
     });
 
+    test('a progress longer than 1024 bytes is cut there, as a fail reason is', async () => {
+        const g = gate();
+        const long = 'é'.repeat(1024 * 1024);
+        const t = await startTask([{ body: { status: 'running', progress: long } },
+            held(g, { body: { status: 'running', progress: long } }),
+            { body: { status: 'done' } }]);
+        const v = await heldAt(t, 0, 2);
+        assert.equal(v.status, 'IN_PROGRESS');
+        /* 512 two-byte characters: cut on a character, not inside one */
+        assert.equal(v.progress, 'é'.repeat(512));
+        const stored = await psql(db.conninfo,
+            `select octet_length(progress) from tasks where task_id = '${t.id}'`);
+        assert.equal(stored, '1024');
+        g.open();
+        await waitStatus(gw, t.acct.key, t.id, 'SUCCESS');
+    });
+
     test('a result nested deeper than the gateway reads counts as a failed poll (not a runtime outage)', async () => {
         const deep = { body: { status: 'done', deep: 3000 } };
         const t = await startTask([deep, deep, deep]);
@@ -266,6 +283,26 @@ describe('poll classification', { timeout: 300000 }, () => {
     });
 });
 
+/* A task whose every poll answer (`answer`) makes parseTaskResult run
+   out of time: each poll counts, and the limit fails and refunds it. */
+async function expectParseTimeoutsFail({ db, gw, vendor, env }, answer) {
+    const acct = await account(gw);
+    const up = uniq('up');
+    vendor.setPoll(up, { body: answer });
+    const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
+        { key: acct.key }), 'submit');
+    const id = r.json.task_id;
+    await waitFor(async () => (await pollFailures(db, id)) === 1, 15000,
+        { what: 'the first failure counted' });
+    const v = await waitStatus(gw, acct.key, id, 'FAILURE', { ms: 30000 });
+    assert.match(v.fail_reason,
+        new RegExp(`polling failed ${MAX_FAILURES} times in a row: parseTaskResult failed: timeout`));
+    assert.equal(vendor.polls(up).length, MAX_FAILURES);
+    const led = await waitLedger(db, id, ['reserve', 'refund']);
+    assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
+    await expectUsed(gw, db, acct, 0);
+}
+
 describe('a hook that ends its runtime worker', { timeout: 120000 }, () => {
     let db, gw, vendor, env;
 
@@ -288,23 +325,29 @@ describe('a hook that ends its runtime worker', { timeout: 120000 }, () => {
     });
 
     test('a parse hook that ends its worker counts as a failed poll; the limit fails and refunds', async () => {
-        const acct = await account(gw);
-        const up = uniq('up');
-        vendor.setPoll(up, { body: { stuck: true } });
-        const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
-            { key: acct.key }), 'submit');
-        const id = r.json.task_id;
-        await waitFor(async () => (await pollFailures(db, id)) === 1, 15000,
-            { what: 'the first failure counted' });
-        const v = await waitStatus(gw, acct.key, id, 'FAILURE', { ms: 30000 });
-        assert.match(v.fail_reason,
-            new RegExp(`polling failed ${MAX_FAILURES} times in a row: parseTaskResult failed: timeout`));
-        assert.equal(vendor.polls(up).length, MAX_FAILURES);
-        const led = await waitLedger(db, id, ['reserve', 'refund']);
-        assert.equal(led.refund, led.reserve + (led.adjust || 0), JSON.stringify(led));
-        await expectUsed(gw, db, acct, 0);
+        await expectParseTimeoutsFail({ db, gw, vendor, env }, { stuck: true });
         assert.match(fs.readFileSync(gw.v8host.logPath, 'utf8'),
             /worker \d ended during a call of plugin [0-9a-f]{16}: timeout/);
+    });
+});
+
+describe('llmgw_v8host_timeout below the runtime\'s deadline', { timeout: 120000 }, () => {
+    let db, gw, vendor, env;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        /* nginx waits 2 s for a call, the runtime would let a hook run 5 s */
+        gw = await startGateway({ db, v8host: { deadlineMs: 5000 },
+            http: `${HTTP}\n  llmgw_v8host_timeout 2s;` });
+        env = await taskSetup(gw, { vendors: [vendor] });
+    });
+
+    after(() => tearDown(db, [gw], [vendor]));
+
+    test('a parse hook that loops forever ends at the deadline nginx sends: counted, the limit fails and refunds', async () => {
+        await expectParseTimeoutsFail({ db, gw, vendor, env }, { loop: true });
+        assert.doesNotMatch(gw.errorLog(), /did not answer in time/);
     });
 });
 
@@ -721,6 +764,62 @@ describe('a worker told to stop while polls run and wait', { timeout: 120000 }, 
             'count(*) filter (where lease_owner is not null) from tasks ' +
             `where upstream_task_id in (${ups.map((u) => `'${u}'`).join(',')})`);
         assert.equal(held, '4|0', 'the claims are given back');
+    });
+});
+
+describe('a worker told to stop while parse hooks run', { timeout: 120000 }, () => {
+    const LEASE = '20s';
+    const http = `${HTTP}\n  llmgw_task_lease ${LEASE};`;
+    let db, gw, gw2, vendor;
+
+    before(async () => {
+        db = await createDb();
+        vendor = await startVendor();
+        gw = await startGateway({ db, v8host: true, http });
+    });
+
+    after(() => tearDown(db, [gw, gw2].filter(Boolean), [vendor]));
+
+    test('drops the hooks, exits at once, counts nothing, and another gateway finishes the tasks at once', async () => {
+        const env = await taskSetup(gw, { vendors: [vendor] });
+        const acct = await account(gw);
+        const tasks = [];
+        for (let i = 0; i < 3; i++) {
+            const up = uniq('up-hook');
+            /* the second poll's parse hook runs 4 s */
+            vendor.queuePoll(up, running(), running({ spin: 4000 }));
+            vendor.setPoll(up, { body: { status: 'done' } });
+            const r = assertOk(await submitTask(gw, env, { model: env.model, up_id: up },
+                { key: acct.key }), 'submit');
+            tasks.push({ id: r.json.task_id, up });
+        }
+        await waitFor(() => tasks.every((t) => vendor.polls(t.up).length >= 2), 10000,
+            { what: 'the second polls' });
+        await sleep(300);
+
+        const t0 = Date.now();
+        const exit = new Promise((resolve) => gw.proc.once('exit', resolve));
+        gw.proc.kill('SIGQUIT');
+        await Promise.race([exit, sleep(6000)]);
+        const took = Date.now() - t0;
+        /* not the 4 s of the hooks under way, nor llmgw_v8host_timeout */
+        assert.ok(took < 2000, `quit took ${took} ms`);
+        assert.doesNotMatch(gw.errorLog(), /did not answer in time|plugin runtime is unavailable/);
+        const rows = await psql(db.conninfo, 'select count(*), count(*) filter (where ' +
+            'lease_owner is null and poll_failures = 0) from tasks where task_id in ' +
+            `(${tasks.map((t) => `'${t.id}'`).join(',')})`);
+        assert.equal(rows, '3|3', 'the claims are given back, nothing counted');
+
+        /* claimed at once, not after the 20 s lease */
+        const t1 = Date.now();
+        gw2 = await startGateway({ db, v8host: true, http, rootToken: gw.rootToken });
+        for (const t of tasks) {
+            await waitStatus(gw2, acct.key, t.id, 'SUCCESS', { ms: 10000 });
+            /* one row of each (waitLedger refuses two) */
+            await waitLedger(db, t.id, ['reserve', 'settle']);
+        }
+        assert.ok(Date.now() - t1 < 15000, `finished after ${Date.now() - t1} ms`);
+        await expectUsed(gw2, db, acct, 3 * PER_TASK);
     });
 });
 

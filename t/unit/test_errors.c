@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <jansson.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -381,6 +382,61 @@ test_upstream_percent_encoded_key_is_hidden(void **state)
 }
 
 
+/* base64 of lead bytes, the key and ":" (a Basic header's user part),
+   standard or URL-safe, in out */
+static void
+base64_of_key(const char *lead, int url, char *out)
+{
+    char    in[128];
+    size_t  n;
+
+    n = (size_t) snprintf(in, sizeof(in), "%s%s:", lead, KEY);
+    EVP_EncodeBlock((unsigned char *) out, (unsigned char *) in, (int) n);
+
+    for (; url && *out; out++) {
+        *out = *out == '+' ? '-' : *out == '/' ? '_' : *out;
+    }
+}
+
+
+/* An upstream that echoes the Authorization: Basic it got shows the key in
+   base64; so does a token that wraps it, at any byte alignment. */
+static void
+test_upstream_base64_of_the_key_is_hidden(void **state)
+{
+    static const char  *leads[] = { "", "u", "us", "use", "user" };
+    char                b64[256], body[512], window[9];
+    size_t              i, at, len;
+    int                 url;
+    parsed_t            p;
+
+    (void) state;
+
+    for (url = 0; url < 2; url++) {
+        for (i = 0; i < sizeof(leads) / sizeof(leads[0]); i++) {
+            base64_of_key(leads[i], url, b64);
+            snprintf(body, sizeof(body), "refused Basic %s today", b64);
+
+            p = upstream(401, body);
+            assert_non_null(strstr(p.message, "[credential]"));
+            assert_non_null(strstr(p.message, " today (request id: req-1)"));
+
+            /* nothing is left of the characters the key alone decides */
+            len = strlen(leads[i]);
+            for (at = (8 * len + 5) / 6;
+                 at + 8 <= 8 * (len + strlen(KEY)) / 6;
+                 at++)
+            {
+                memcpy(window, b64 + at, 8);
+                window[8] = '\0';
+                assert_null(strstr(p.message, window));
+            }
+            json_decref(p.root);
+        }
+    }
+}
+
+
 /* A body cut at LLMGW_ERROR_BODY_MAX: blanks, words, then the first
    bytes of the key, as is or percent-encoded. */
 static void
@@ -496,6 +552,7 @@ main(void)
         cmocka_unit_test(test_upstream_code_quoting_the_channel_key_hides_it),
         cmocka_unit_test(test_upstream_raw_text_hides_a_key_across_the_cut),
         cmocka_unit_test(test_upstream_percent_encoded_key_is_hidden),
+        cmocka_unit_test(test_upstream_base64_of_the_key_is_hidden),
         cmocka_unit_test(test_upstream_key_across_the_cut_leaves_no_part),
         cmocka_unit_test(
             test_upstream_error_for_messages_hides_the_channel_key),

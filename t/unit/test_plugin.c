@@ -160,6 +160,31 @@ test_not_loaded(void **state)
 }
 
 
+/* A hook's deadline ends before nginx stops waiting for its call, with
+   room for the 2 s in which the runtime ends a worker that ignores it. */
+static void
+test_call_deadline_ends_before_nginx_stops_waiting(void **state)
+{
+    int64_t  wait;
+
+    (void) state;
+
+    assert_int_equal(llmgw_plugin_call_deadline(10000), 7500);
+    assert_int_equal(llmgw_plugin_call_deadline(5000), 2500);
+    assert_int_equal(llmgw_plugin_call_deadline(2000), 1000);
+    assert_int_equal(llmgw_plugin_call_deadline(1), 1);
+    /* never over the runtime's largest deadline */
+    assert_int_equal(llmgw_plugin_call_deadline(INT64_C(31622400000)),
+                     600000);
+
+    for (wait = 2; wait < 700000; wait += wait / 3 + 1) {
+        assert_true(llmgw_plugin_call_deadline(wait) < wait);
+        assert_true(llmgw_plugin_call_deadline(wait) >= wait / 2
+                    || llmgw_plugin_call_deadline(wait) == 600000);
+    }
+}
+
+
 int
 main(void)
 {
@@ -168,6 +193,7 @@ main(void)
         cmocka_unit_test(test_call_frame_refuses_bad_hook_and_args),
         cmocka_unit_test(test_body_key),
         cmocka_unit_test(test_not_loaded),
+        cmocka_unit_test(test_call_deadline_ends_before_nginx_stops_waiting),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
