@@ -785,6 +785,11 @@ llmgw_quota(const llmgw_price_t *p, double group_ratio,
     if (!(q > 0)) {
         return 0;
     }
+
+    /* ratios are decimals that binary floating point holds a hair off:
+       an exact half (0.3 x 0.7 x 150 = 31.5) may come out as 31.4999...
+       and must still round up, as the decimal arithmetic does */
+    q *= 1 + 1e-12;
     return static_cast<int64_t>(std::llround(
         std::min(q, static_cast<double>(LLMGW_QUOTA_MAX))));
 }

@@ -1049,6 +1049,14 @@ test_quota_rounds_to_the_nearest_unit(void **state)
     /* (3 + 0) x 0.25 x 2 = 1.5 -> 2 */
     assert_int_equal(quota_of(s, "cheap", 2, 3, 0), 2);
     llmgw_snapshot_free(s);
+
+    /* an exact decimal half that binary floating point computes a hair
+       below it: (30 + 60 x 2) x 0.3 x 0.7 = 31.5 -> 32, not 31 */
+    s = snap("{'pricing':{'m':{'ratio':0.3,'completion_ratio':2}}}");
+    assert_int_equal(quota_of(s, "m", 0.7, 30, 60), 32);
+    /* 35 x 0.3 x 0.7 = 7.35 -> 7: only what is a half rounds up */
+    assert_int_equal(quota_of(s, "m", 0.7, 35, 0), 7);
+    llmgw_snapshot_free(s);
 }
 
 
