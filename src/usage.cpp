@@ -1021,6 +1021,34 @@ billed(const llmgw_resp_s &r)
     return u;
 }
 
+/*
+ * Whether a JSON body in the client's own format is an answer a stream can
+ * be made of: an error object (OpenAI's and Gemini's {"error": ...},
+ * Anthropic's {"type":"error"}) is none, nor is a body without the parts
+ * the converted path requires (a chat answer's choices[0].message, a
+ * Messages answer's content).
+ */
+bool
+is_answer(llmgw_endpoint_e client, const json_t *a)
+{
+    if (!json_is_object(a) || json_is_object(json_object_get(a, "error"))
+        || json_str(a, "type") == "error")
+    {
+        return false;
+    }
+
+    switch (client) {
+    case LLMGW_EP_CHAT:
+        return json_is_object(json_object_get(
+                   json_array_get(json_object_get(a, "choices"), 0),
+                   "message"));
+    case LLMGW_EP_MESSAGES:
+        return json_is_array(json_object_get(a, "content"));
+    default:
+        return true;
+    }
+}
+
 std::string
 converted_json(llmgw_resp_s &r)
 {
@@ -1034,8 +1062,9 @@ converted_json(llmgw_resp_s &r)
 
     if (in && r.whole_for_stream) {
         bool same = !can_convert(r.client, r.type);
-        if (same || convert_response(r.type, r.client, in.get(),
-                                     r.client_model, out, err))
+        if (same ? is_answer(r.client, in.get())
+                 : convert_response(r.type, r.client, in.get(),
+                                    r.client_model, out, err))
         {
             json_t *a = same ? in.get() : out.get();
             bool    with_usage = json_is_true(json_object_get(
