@@ -558,14 +558,26 @@ is_usage_only(const JsonView &j)
  * The bytes of the string values of text-carrying members ("content",
  * "text", "reasoning_content", tool arguments, thinking) in a chunk, found
  * without parsing it: a stream is billed by them only when no usage (or
- * only a partial one) arrives.
+ * only a partial one) arrives.  JSON whitespace may stand around the colon
+ * ("content": "..." as Python writes it), and an escape counts as the bytes
+ * it stands for (\u00e9 is 2, \n is 1).
  */
 size_t
 scan_text(std::string_view data)
 {
     static const std::string_view keys[] = {
-        "\"content\":\"", "\"text\":\"", "\"reasoning_content\":\"",
-        "\"arguments\":\"", "\"partial_json\":\"", "\"thinking\":\""
+        "\"content\"", "\"text\"", "\"reasoning_content\"",
+        "\"arguments\"", "\"partial_json\"", "\"thinking\""
+    };
+
+    auto space = [&](size_t i) {
+        while (i < data.size()
+               && (data[i] == ' ' || data[i] == '\t' || data[i] == '\r'
+                   || data[i] == '\n'))
+        {
+            i++;
+        }
+        return i;
     };
 
     size_t n = 0;
@@ -574,13 +586,44 @@ scan_text(std::string_view data)
         for (size_t at = data.find(key); at != std::string_view::npos;
              at = data.find(key, at + 1))
         {
-            size_t i = at + key.size();
+            size_t i = space(at + key.size());
 
+            if (i >= data.size() || data[i] != ':') {
+                continue;
+            }
+
+            size_t open = space(i + 1);
+
+            if (open >= data.size() || data[open] != '"') {
+                continue;
+            }
+
+            i = open + 1;
             while (i < data.size() && data[i] != '"') {
                 i += data[i] == '\\' ? 2 : 1;
             }
 
-            n += std::min(i, data.size()) - (at + key.size());
+            if (i >= data.size()) {
+                /* unterminated: its bytes as they are */
+                n += data.size() - open - 1;
+                continue;
+            }
+
+            std::string_view value = data.substr(open, i - open + 1);
+
+            if (value.find('\\') == std::string_view::npos) {
+                n += value.size() - 2;
+                continue;
+            }
+
+            /* decoded as JsonView decodes any string (a document is an
+               object or an array) */
+            std::string one = "[" + std::string(value) + "]";
+            JsonView v = JsonView::parse(one);
+            size_t len = value.size() - 2;
+
+            v.each_element([&](const JsonView &e) { len = e.string_length(); });
+            n += len;
         }
     }
 
@@ -1021,6 +1064,34 @@ billed(const llmgw_resp_s &r)
     return u;
 }
 
+/*
+ * Whether a JSON body in the client's own format is an answer a stream can
+ * be made of: an error object (OpenAI's and Gemini's {"error": ...},
+ * Anthropic's {"type":"error"}) is none, nor is a body without the parts
+ * the converted path requires (a chat answer's choices[0].message, a
+ * Messages answer's content).
+ */
+bool
+is_answer(llmgw_endpoint_e client, const json_t *a)
+{
+    if (!json_is_object(a) || json_is_object(json_object_get(a, "error"))
+        || json_str(a, "type") == "error")
+    {
+        return false;
+    }
+
+    switch (client) {
+    case LLMGW_EP_CHAT:
+        return json_is_object(json_object_get(
+                   json_array_get(json_object_get(a, "choices"), 0),
+                   "message"));
+    case LLMGW_EP_MESSAGES:
+        return json_is_array(json_object_get(a, "content"));
+    default:
+        return true;
+    }
+}
+
 std::string
 converted_json(llmgw_resp_s &r)
 {
@@ -1034,8 +1105,9 @@ converted_json(llmgw_resp_s &r)
 
     if (in && r.whole_for_stream) {
         bool same = !can_convert(r.client, r.type);
-        if (same || convert_response(r.type, r.client, in.get(),
-                                     r.client_model, out, err))
+        if (same ? is_answer(r.client, in.get())
+                 : convert_response(r.type, r.client, in.get(),
+                                    r.client_model, out, err))
         {
             json_t *a = same ? in.get() : out.get();
             bool    with_usage = json_is_true(json_object_get(

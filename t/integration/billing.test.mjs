@@ -439,6 +439,38 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         }
     });
 
+    test('a stream without usage written with spaces after the colons (Python json.dumps): its text is billed', async () => {
+        const py = (o) => JSON.stringify(o).replace(/":/g, '": ').replace(/,"/g, ', "');
+        const X = 'x'.repeat(400); /* 100 tokens */
+        const chunk = py({ choices: [{ index: 0, delta: { content: X } }] });
+        const endings = {
+            whole: `data: ${py({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })}\n\ndata: [DONE]\n\n`,
+            /* an error after the text: the text was delivered, and billed */
+            error: `data: ${py({ error: { message: 'boom' } })}\n\n`,
+        };
+        let ending;
+        oa.handler = (req, res) => {
+            sseHead(res);
+            res.end(`data: ${chunk}\n\n${endings[ending]}`);
+        };
+        try {
+            for (const [e, status] of [['whole', 200], ['error', 502]]) {
+                ending = e;
+                const a = await account(gw);
+                const r = await gw.chat(a.key, M.oa, { extra: { stream: true } });
+                assert.equal(r.status, 200, r.text);
+                const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+                assert.equal(row.type, 'consume', `${e}: ${JSON.stringify(row)}`);
+                assert.equal(row.status, status, `${e}: ${JSON.stringify(row)}`);
+                assert.equal(row.completion_tokens, 100, `${e}: ${JSON.stringify(row)}`);
+                assert.equal(row.quota, (row.prompt_tokens + 100 * 3) * 2, JSON.stringify(row));
+                await expectCharged(gw, a, row.quota);
+            }
+        } finally {
+            oa.handler = oaAnswer;
+        }
+    });
+
     test('quotas are rounded to the nearest unit', async () => {
         const a = await account(gw);
         oaUsage = { prompt_tokens: 3, completion_tokens: 3 };

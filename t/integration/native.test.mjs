@@ -1525,6 +1525,33 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
                 assert.equal((await rowOf(r, M.viaClaude)).quota, 0);
             }
+
+            /* the same in the client's own format: a stream request answered
+               with one JSON body that is an error object makes no stream */
+            const own = [
+                [M.viaClaude, '/v1/messages', { ...msgBody({ stream: true }), model: M.viaClaude }],
+                [M.viaOpenai, '/v1/chat/completions', chatBody(M.viaOpenai, { stream: true })],
+            ];
+            oa.handler = (req, res) => sendJson(res, 200,
+                { error: { message: 'Rate limit reached', type: 'requests' } });
+            for (const [model, path, body] of own) {
+                const r = await gw.req('POST', path, { key, body });
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
+                const row = await rowOf(r, model);
+                assert.equal(row.type, 'error', JSON.stringify(row));
+                assert.equal(row.quota, 0);
+            }
+
+            /* on the next channel when there is one */
+            an.handler = (req, res) => sendJson(res, 200,
+                anthropicMessage({ model: 'claude-real-1', content: 'from the next one' }));
+            const r = await gw.req('POST', '/v1/chat/completions',
+                { key, body: chatBody(M.mix, { stream: true }) });
+            assertOk(r);
+            assert.match(r.text, /from the next one/);
+            const row = await rowOf(r, M.mix);
+            assert.equal(row.type, 'consume', JSON.stringify(row));
+            assert.equal(row.channels_tried.length, 2, JSON.stringify(row));
         });
 
         test('a stream that opens with the upstream error event is a failure, not charged', async () => {

@@ -946,6 +946,51 @@ test_stream_without_usage_estimates_completion_from_text(void **state)
     assert_int_equal(r.u.known, 0);
     assert_int_equal(r.u.completion_tokens, 10);
     free(r.out);
+
+    /* Python's spacing around the colon; an escape is the bytes it stands
+       for: 20 bytes, then 8 x 2 + 4 = 20 */
+    r = run(LLMGW_EP_CHAT, 1, 1, 0,
+            "data: {\"choices\": [{\"delta\": {\"content\": "
+            "\"0123456789abcdefghij\"}}]}\n\n"
+            "data: {\"choices\": [{\"delta\": {\"content\" :\t \""
+            "\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00E9"
+            "\\n\\n\\\"\\\\\"}}]}\n\n"
+            "data: [DONE]\n\n");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 10);
+    free(r.out);
+
+    /* "type": "text" is a value, not text */
+    r = run(LLMGW_EP_MESSAGES, 14, 1, 0,
+            "event: content_block_start\ndata: {\"type\": \"content_block_start\", "
+            "\"content_block\": {\"type\": \"text\", \"text\": \"\"}}\n\n"
+            "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", "
+            "\"delta\": {\"type\": \"text_delta\", \"text\": \"0123456789ab\"}}\n\n");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 3);
+    free(r.out);
+}
+
+
+/* An error event after text written with spaces is no failure: the text
+   was delivered. */
+static void
+test_stream_error_after_spaced_text_is_no_failure(void **state)
+{
+    static const char in[] =
+        "data: {\"choices\": [{\"delta\": {\"content\": \"abcd\"}}]}\n\n"
+        "data: {\"error\": {\"message\": \"boom\"}}\n\n";
+    llmgw_resp_t  *resp = llmgw_resp_new(LLMGW_EP_CHAT, 1, 1, 0);
+    llmgw_buf_t    out;
+    (void) state;
+
+    assert_non_null(resp);
+    assert_int_equal(llmgw_resp_feed(resp, in, sizeof(in) - 1, &out), 0);
+    llmgw_buf_free(&out);
+    assert_int_equal(llmgw_resp_finish(resp, &out), 0);
+    llmgw_buf_free(&out);
+    assert_int_equal(llmgw_resp_failed(resp, 0), 0);
+    llmgw_resp_free(resp);
 }
 
 
@@ -1115,6 +1160,7 @@ main(void)
         cmocka_unit_test(test_json_split_at_any_byte_gives_the_same_usage),
         cmocka_unit_test(
             test_stream_without_usage_estimates_completion_from_text),
+        cmocka_unit_test(test_stream_error_after_spaced_text_is_no_failure),
         cmocka_unit_test(
             test_json_without_usage_estimates_completion_from_text),
         cmocka_unit_test(
