@@ -21,7 +21,7 @@ import {
     times, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
-    anthropicMessage, openaiChat, openaiError, openaiStream, sendJson,
+    anthropicMessage, echo, openaiChat, openaiError, openaiStream, sendJson,
     startClosedPort, startMock,
 } from '../lib/mock.mjs';
 
@@ -468,6 +468,37 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             }
         } finally {
             oa.handler = oaAnswer;
+        }
+    });
+
+    test('a JSON answer without usage is billed for its tool arguments, reasoning and thinking', async () => {
+        const X = 'x'.repeat(200);
+        oa.handler = (req, res, rec) => sendJson(res, 200, {
+            id: 'c', object: 'chat.completion', model: rec.json.model,
+            choices: [{ index: 0, finish_reason: 'tool_calls', message: {
+                role: 'assistant', content: null, reasoning_content: X,
+                tool_calls: [{ id: 't', type: 'function', function: { name: 'f', arguments: X } }],
+            } }],
+        });
+        an.handler = (req, res, rec) => sendJson(res, 200, {
+            id: 'm', type: 'message', role: 'assistant', model: rec.json.model,
+            stop_reason: 'tool_use', content: [
+                { type: 'thinking', thinking: X, signature: 's' },
+                /* its input as JSON text: 200 bytes */
+                { type: 'tool_use', id: 't', name: 'f', input: { a: 'y'.repeat(192) } },
+            ],
+        });
+        try {
+            for (const [model, call] of [[M.oa, 'chat'], [M.an, 'messages']]) {
+                const a = await account(gw);
+                const r = assertOk(await gw[call](a.key, model));
+                const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+                assert.equal(row.completion_tokens, 100, `${model}: ${JSON.stringify(row)}`);
+                await expectCharged(gw, a, row.quota);
+            }
+        } finally {
+            oa.handler = oaAnswer;
+            an.handler = echo;
         }
     });
 

@@ -1076,6 +1076,36 @@ test_json_without_usage_estimates_completion_from_text(void **state)
     assert_int_equal(r.u.known, 0);
     assert_int_equal(r.u.completion_tokens, 3);
     free(r.out);
+
+    /* reasoning (7) and tool arguments (13) with no content: 20 bytes */
+    r = run(LLMGW_EP_CHAT, 1, 0, 0,
+            "{\"choices\":[{\"message\":{\"role\":\"assistant\","
+            "\"content\":null,\"reasoning_content\":\"thinkin\","
+            "\"tool_calls\":[{\"id\":\"t\",\"type\":\"function\","
+            "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\\\"12345\\\"}\"}}]},"
+            "\"finish_reason\":\"tool_calls\"}]}");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 5);
+    free(r.out);
+
+    /* thinking (7), text (4) and a tool's input as JSON text (13) */
+    r = run(LLMGW_EP_MESSAGES, 14, 0, 0,
+            "{\"type\":\"message\",\"content\":["
+            "{\"type\":\"thinking\",\"thinking\":\"hmmmmmm\",\"signature\":\"s\"},"
+            "{\"type\":\"text\",\"text\":\"abcd\"},"
+            "{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+            "\"input\":{\"a\":\"12345\"}}]}");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 6);
+    free(r.out);
+
+    /* a Gemini function call: its JSON (28 bytes) and a text (4) */
+    r = run(LLMGW_EP_GEMINI, 24, 0, 0,
+            "{\"candidates\":[{\"content\":{\"parts\":[{\"functionCall\":"
+            "{\"name\":\"f\",\"args\":{\"a\":12}}},{\"text\":\"abcd\"}]}}]}");
+    assert_int_equal(r.u.known, 0);
+    assert_int_equal(r.u.completion_tokens, 8);
+    free(r.out);
 }
 
 
