@@ -175,6 +175,9 @@ std::string_view gateway_path_prefix(std::string_view route_path);
 const json_t *req_json(const llmgw_req_t *r);
 llmgw_endpoint_e req_endpoint(const llmgw_req_t *r);
 
+/* A quota to the nearest unit, an exact decimal half up (snapshot.cpp). */
+int64_t round_quota(double q);
+
 /* What the task engine reads from a snapshot (snapshot.cpp). */
 struct SnapPluginInfo {
     std::string_view  key, version;

@@ -755,6 +755,30 @@ llmgw_snapshot_price(const llmgw_snapshot_t *s, llmgw_str_t model,
 }
 
 
+namespace llmgw {
+
+/*
+ * A quota to the nearest unit, half a unit away from zero.  Ratios given in
+ * decimals are not exact in binary: (30 + 60 x 2) x 0.3 x 0.7 is 31.5 but
+ * comes out 31.499999999999996, so the fraction is taken to 9 decimal
+ * places (far finer than any price, far coarser than that error) first.
+ */
+int64_t
+round_quota(double q)
+{
+    if (q < 0) {
+        return -round_quota(-q);
+    }
+
+    double whole = std::floor(q);
+    double frac = std::round((q - whole) * 1e9) / 1e9;
+
+    return static_cast<int64_t>(whole) + (frac >= 0.5 ? 1 : 0);
+}
+
+} /* namespace llmgw */
+
+
 extern "C" int64_t
 llmgw_quota(const llmgw_price_t *p, double group_ratio,
     const llmgw_usage_t *u)
@@ -785,13 +809,7 @@ llmgw_quota(const llmgw_price_t *p, double group_ratio,
     if (!(q > 0)) {
         return 0;
     }
-
-    /* ratios are decimals that binary floating point holds a hair off:
-       an exact half (0.3 x 0.7 x 150 = 31.5) may come out as 31.4999...
-       and must still round up, as the decimal arithmetic does */
-    q *= 1 + 1e-12;
-    return static_cast<int64_t>(std::llround(
-        std::min(q, static_cast<double>(LLMGW_QUOTA_MAX))));
+    return round_quota(std::min(q, static_cast<double>(LLMGW_QUOTA_MAX)));
 }
 
 

@@ -346,7 +346,7 @@ quota_of(const json_t *entry, const json_t *facts, const json_t *schema,
         throw Fail { "the quota is out of range" };
     }
 
-    return static_cast<int64_t>(std::llround(q));
+    return round_quota(q);
 }
 
 

@@ -515,32 +515,56 @@ text_of(const JsonView &o, std::string_view name)
     return o.get(name).string_length();
 }
 
-/* Completion text carried by one streamed chunk, for estimates. */
+/*
+ * Completion text, for estimates: the same members whether a stream's
+ * chunk or a whole JSON answer carries them.  An OpenAI message or delta:
+ * content, reasoning, tool arguments.
+ */
 size_t
-chunk_text(const JsonView &j)
+openai_text_bytes(const JsonView &m)
+{
+    size_t n = text_of(m, "content") + text_of(m, "reasoning_content");
+
+    m.get("tool_calls").each_element([&](const JsonView &t) {
+        n += text_of(t.get("function"), "arguments");
+    });
+    return n;
+}
+
+/* An Anthropic content block or delta: text, thinking, a tool's input (as
+   JSON text, whole or in pieces). */
+size_t
+anthropic_text_bytes(const JsonView &b)
+{
+    return text_of(b, "text") + text_of(b, "partial_json")
+           + text_of(b, "thinking") + b.get("input").raw().size();
+}
+
+/* Gemini's candidates: text parts and function calls (their JSON). */
+size_t
+gemini_text_bytes(const JsonView &j)
 {
     size_t n = 0;
-
-    j.get("choices").each_element([&](const JsonView &c) {
-        JsonView delta = c.get("delta");
-        n += text_of(delta, "content") + text_of(delta, "reasoning_content");
-        delta.get("tool_calls").each_element([&](const JsonView &t) {
-            n += text_of(t.get("function"), "arguments");
-        });
-    });
-
-    JsonView delta = j.get("delta");
-
-    n += text_of(delta, "text") + text_of(delta, "partial_json")
-         + text_of(delta, "thinking");
 
     j.get("candidates").each_element([&](const JsonView &c) {
         c.get("content").get("parts").each_element([&](const JsonView &p) {
             n += text_of(p, "text") + p.get("functionCall").raw().size();
         });
     });
-
     return n;
+}
+
+/* Completion text carried by one streamed chunk. */
+size_t
+chunk_text(const JsonView &j)
+{
+    size_t n = 0;
+
+    j.get("choices").each_element([&](const JsonView &c) {
+        n += openai_text_bytes(c.get("delta"));
+    });
+
+    return n + anthropic_text_bytes(j.get("delta")) + gemini_text_bytes(j);
 }
 
 /* The usage-only chunk an injected include_usage produces. */
@@ -819,19 +843,16 @@ finish_json(llmgw_resp_s &r)
         return;
     }
 
+    /* the text a stream of it would have carried */
     b.get("choices").each_element([&](const JsonView &c) {
-        r.text_bytes += text_of(c.get("message"), "content");
+        r.text_bytes += openai_text_bytes(c.get("message"));
     });
 
     b.get("content").each_element([&](const JsonView &c) {
-        r.text_bytes += text_of(c, "text");
+        r.text_bytes += anthropic_text_bytes(c);
     });
 
-    b.get("candidates").each_element([&](const JsonView &c) {
-        c.get("content").get("parts").each_element([&](const JsonView &p) {
-            r.text_bytes += text_of(p, "text");
-        });
-    });
+    r.text_bytes += gemini_text_bytes(b);
 }
 
 } /* namespace */

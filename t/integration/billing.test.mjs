@@ -21,7 +21,7 @@ import {
     times, uniq, waitLogs,
 } from '../lib/harness.mjs';
 import {
-    anthropicMessage, openaiChat, openaiError, openaiStream, sendJson,
+    anthropicMessage, echo, openaiChat, openaiError, openaiStream, sendJson,
     startClosedPort, startMock,
 } from '../lib/mock.mjs';
 
@@ -268,7 +268,7 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         perCall: uniq('gpt-bill-call'), failing: uniq('gpt-bill-500'),
         down: uniq('gpt-bill-down'), cheap: uniq('gpt-bill-r1'),
         noPrice: uniq('gpt-bill-noprice'), oaCache: uniq('gpt-bill-cache'),
-        round: uniq('gpt-bill-round'),
+        round: uniq('gpt-bill-round'), roundHalf: uniq('gpt-bill-half'),
         cohere: uniq('rerank-cohere'), jina: uniq('rerank-jina'), oaRerank: uniq('rerank-oa'),
         bareRerank: uniq('rerank-bare'), gmCall: uniq('gemini-bill-call'),
     };
@@ -318,6 +318,7 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             [M.an]: { ratio: 1.5, completion_ratio: 4, cache_ratio: 0.1, cache_creation_ratio: 1.25 },
             [M.oaCache]: { ratio: 1, completion_ratio: 2, cache_ratio: 0.5 },
             [M.round]: { ratio: 0.25, completion_ratio: 1 },
+            [M.roundHalf]: { ratio: 0.7, completion_ratio: 1 },
             [M.gm]: { ratio: 0.5, completion_ratio: 2 },
             [M.perCall]: { price: 0.003 },
             [M.failing]: { ratio: 1, completion_ratio: 1 },
@@ -335,7 +336,7 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
 
         const groups = ['default', 'vip'];
         await makeChannel(gw, {
-            base_url: oa.url, models: [M.oa, M.perCall, M.cheap, M.oaCache, M.round], groups,
+            base_url: oa.url, models: [M.oa, M.perCall, M.cheap, M.oaCache, M.round, M.roundHalf], groups,
         });
         await makeChannel(gw, { base_url: oa.url, models: [M.noPrice], free: false });
         await makeChannel(gw, { type: 14, base_url: an.url, models: [M.an], groups });
@@ -471,6 +472,37 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         }
     });
 
+    test('a JSON answer without usage is billed for its tool arguments, reasoning and thinking', async () => {
+        const X = 'x'.repeat(200);
+        oa.handler = (req, res, rec) => sendJson(res, 200, {
+            id: 'c', object: 'chat.completion', model: rec.json.model,
+            choices: [{ index: 0, finish_reason: 'tool_calls', message: {
+                role: 'assistant', content: null, reasoning_content: X,
+                tool_calls: [{ id: 't', type: 'function', function: { name: 'f', arguments: X } }],
+            } }],
+        });
+        an.handler = (req, res, rec) => sendJson(res, 200, {
+            id: 'm', type: 'message', role: 'assistant', model: rec.json.model,
+            stop_reason: 'tool_use', content: [
+                { type: 'thinking', thinking: X, signature: 's' },
+                /* its input as JSON text: 200 bytes */
+                { type: 'tool_use', id: 't', name: 'f', input: { a: 'y'.repeat(192) } },
+            ],
+        });
+        try {
+            for (const [model, call] of [[M.oa, 'chat'], [M.an, 'messages']]) {
+                const a = await account(gw);
+                const r = assertOk(await gw[call](a.key, model));
+                const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+                assert.equal(row.completion_tokens, 100, `${model}: ${JSON.stringify(row)}`);
+                await expectCharged(gw, a, row.quota);
+            }
+        } finally {
+            oa.handler = oaAnswer;
+            an.handler = echo;
+        }
+    });
+
     test('quotas are rounded to the nearest unit', async () => {
         const a = await account(gw);
         oaUsage = { prompt_tokens: 3, completion_tokens: 3 };
@@ -481,7 +513,12 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         const r2 = assertOk(await gw.chat(a.key, M.round));
         const row2 = await rowOf(gw, a.token, r2.headers['x-request-id']);
         assert.equal(row2.quota, 1, '5 x 0.25 = 1.25 -> 1');
-        await expectCharged(gw, a, 3);
+        /* a half in decimals that binary floating point holds a hair under */
+        oaUsage = { prompt_tokens: 45, completion_tokens: 0 };
+        const r3 = assertOk(await gw.chat(a.key, M.roundHalf));
+        const row3 = await rowOf(gw, a.token, r3.headers['x-request-id']);
+        assert.equal(row3.quota, 32, '45 x 0.7 = 31.5 -> 32');
+        await expectCharged(gw, a, 35);
         oaUsage = { prompt_tokens: 123, completion_tokens: 45 };
     });
 

@@ -1060,6 +1060,41 @@ test_quota_rounds_to_the_nearest_unit(void **state)
 }
 
 
+/*
+ * Ratios given in decimals that binary floating point cannot hold exactly:
+ * a charge of exactly half a unit still rounds up, and one a hair off the
+ * half rounds to the nearer unit.
+ */
+static void
+test_quota_exact_decimal_halves_round_up(void **state)
+{
+    (void) state;
+
+    llmgw_snapshot_t *s = snap("{'pricing':{'p3':{'ratio':0.3,"
+                               "'completion_ratio':2},"
+                               "'p1':{'ratio':0.1,'completion_ratio':1},"
+                               "'p7':{'ratio':0.7,'completion_ratio':1.1},"
+                               "'call':{'price':0.0000033}}}");
+
+    /* (30 + 60 x 2) x 0.3 x 0.7 = 31.5 (31.499999999999996 in doubles) */
+    assert_int_equal(quota_of(s, "p3", 0.7, 30, 60), 32);
+    /* (5 + 0) x 0.1 x 1 = 0.5; 25 x 0.1 x 1 = 2.5; 35 x 0.1 x 0.3 = 1.05 */
+    assert_int_equal(quota_of(s, "p1", 1, 5, 0), 1);
+    assert_int_equal(quota_of(s, "p1", 1, 25, 0), 3);
+    assert_int_equal(quota_of(s, "p1", 0.3, 35, 0), 1);
+    /* (0 + 5 x 1.1) x 0.7 = 3.85 -> 4; (10 + 0) x 0.7 x 0.5 = 3.5 -> 4 */
+    assert_int_equal(quota_of(s, "p7", 1, 0, 5), 4);
+    assert_int_equal(quota_of(s, "p7", 0.5, 10, 0), 4);
+    /* 0.0000033 x 500000 x 1 = 1.65 -> 2; x 0.3 = 0.495 -> 0 */
+    assert_int_equal(quota_of(s, "call", 1, 0, 0), 2);
+    assert_int_equal(quota_of(s, "call", 0.3, 0, 0), 0);
+    /* 1.5 stays 2, 2.4999 stays 2 */
+    assert_int_equal(quota_of(s, "p1", 1, 15, 0), 2);
+    assert_int_equal(quota_of(s, "p1", 0.9999, 25, 0), 2);
+    llmgw_snapshot_free(s);
+}
+
+
 static void
 test_quota_per_call_is_price_times_500000_times_group_ratio(void **state)
 {
@@ -1141,6 +1176,7 @@ main(void)
         cmocka_unit_test(
             test_quota_per_token_is_prompt_plus_weighted_completion),
         cmocka_unit_test(test_quota_rounds_to_the_nearest_unit),
+        cmocka_unit_test(test_quota_exact_decimal_halves_round_up),
         cmocka_unit_test(
             test_quota_per_call_is_price_times_500000_times_group_ratio),
         cmocka_unit_test(test_price_unknown_model_is_minus_one),

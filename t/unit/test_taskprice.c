@@ -313,6 +313,8 @@ test_quota_rounds_to_the_nearest_unit(void **state)
                            "{\"s\":0.0000014}", 1), 1);
     assert_int_equal(quota("{\"unit_prices\":{\"s\":1}}",
                            "{\"s\":0.0000006}", 1), 0);
+    /* 150 x 0.3 x 0.7 = 31.5 (31.499999999999996 in doubles) -> 32 */
+    assert_int_equal(quota("{\"ratio\":0.3}", "{\"t\":150}", 0.7), 32);
 }
 
 static void

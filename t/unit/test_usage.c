@@ -919,6 +919,19 @@ test_json_split_at_any_byte_gives_the_same_usage(void **state)
 }
 
 
+/* The completion tokens estimated for body, which carries no usage. */
+static int64_t
+estimate_of(llmgw_endpoint_e ep, int type, int stream, const char *body)
+{
+    run_t    r = run(ep, type, stream, 0, body);
+    int64_t  n = r.u.completion_tokens;
+
+    assert_int_equal(r.u.known, 0);
+    free(r.out);
+    return n;
+}
+
+
 static void
 test_stream_without_usage_estimates_completion_from_text(void **state)
 {
@@ -949,26 +962,20 @@ test_stream_without_usage_estimates_completion_from_text(void **state)
 
     /* Python's spacing around the colon; an escape is the bytes it stands
        for: 20 bytes, then 8 x 2 + 4 = 20 */
-    r = run(LLMGW_EP_CHAT, 1, 1, 0,
-            "data: {\"choices\": [{\"delta\": {\"content\": "
-            "\"0123456789abcdefghij\"}}]}\n\n"
-            "data: {\"choices\": [{\"delta\": {\"content\" :\t \""
-            "\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00E9"
-            "\\n\\n\\\"\\\\\"}}]}\n\n"
-            "data: [DONE]\n\n");
-    assert_int_equal(r.u.known, 0);
-    assert_int_equal(r.u.completion_tokens, 10);
-    free(r.out);
+    assert_int_equal(estimate_of(LLMGW_EP_CHAT, 1, 1,
+        "data: {\"choices\": [{\"delta\": {\"content\": "
+        "\"0123456789abcdefghij\"}}]}\n\n"
+        "data: {\"choices\": [{\"delta\": {\"content\" :\t \""
+        "\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00E9"
+        "\\n\\n\\\"\\\\\"}}]}\n\n"
+        "data: [DONE]\n\n"), 10);
 
     /* "type": "text" is a value, not text */
-    r = run(LLMGW_EP_MESSAGES, 14, 1, 0,
-            "event: content_block_start\ndata: {\"type\": \"content_block_start\", "
-            "\"content_block\": {\"type\": \"text\", \"text\": \"\"}}\n\n"
-            "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", "
-            "\"delta\": {\"type\": \"text_delta\", \"text\": \"0123456789ab\"}}\n\n");
-    assert_int_equal(r.u.known, 0);
-    assert_int_equal(r.u.completion_tokens, 3);
-    free(r.out);
+    assert_int_equal(estimate_of(LLMGW_EP_MESSAGES, 14, 1,
+        "event: content_block_start\ndata: {\"type\": \"content_block_start\", "
+        "\"content_block\": {\"type\": \"text\", \"text\": \"\"}}\n\n"
+        "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", "
+        "\"delta\": {\"type\": \"text_delta\", \"text\": \"0123456789ab\"}}\n\n"), 3);
 }
 
 
@@ -1076,6 +1083,27 @@ test_json_without_usage_estimates_completion_from_text(void **state)
     assert_int_equal(r.u.known, 0);
     assert_int_equal(r.u.completion_tokens, 3);
     free(r.out);
+
+    /* reasoning (7) and tool arguments (13) with no content: 20 bytes */
+    assert_int_equal(estimate_of(LLMGW_EP_CHAT, 1, 0,
+        "{\"choices\":[{\"message\":{\"role\":\"assistant\","
+        "\"content\":null,\"reasoning_content\":\"thinkin\","
+        "\"tool_calls\":[{\"id\":\"t\",\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\":\\\"12345\\\"}\"}}]},"
+        "\"finish_reason\":\"tool_calls\"}]}"), 5);
+
+    /* thinking (7), text (4) and a tool's input as JSON text (13) */
+    assert_int_equal(estimate_of(LLMGW_EP_MESSAGES, 14, 0,
+        "{\"type\":\"message\",\"content\":["
+        "{\"type\":\"thinking\",\"thinking\":\"hmmmmmm\",\"signature\":\"s\"},"
+        "{\"type\":\"text\",\"text\":\"abcd\"},"
+        "{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\","
+        "\"input\":{\"a\":\"12345\"}}]}"), 6);
+
+    /* a Gemini function call: its JSON (28 bytes) and a text (4) */
+    assert_int_equal(estimate_of(LLMGW_EP_GEMINI, 24, 0,
+        "{\"candidates\":[{\"content\":{\"parts\":[{\"functionCall\":"
+        "{\"name\":\"f\",\"args\":{\"a\":12}}},{\"text\":\"abcd\"}]}}]}"), 8);
 }
 
 
