@@ -140,6 +140,17 @@ typedef struct {
     ngx_rbtree_node_t          bal_sentinel;
     ngx_queue_t                bal_lru;
 
+    /* key records as a worker last read them, for every worker to fall
+     * back on while the database cannot be read (ngx_llmgw_cache.c) */
+    ngx_rbtree_t               krec_tree;
+    ngx_rbtree_node_t          krec_sentinel;
+    ngx_queue_t                krec_lru;
+    ngx_uint_t                 krec_count;
+    size_t                     krec_bytes;
+    ngx_atomic_t               krec_gen;    /* bumped by every change of
+                                             * keys or users a worker
+                                             * learns of */
+
     /* ledger rows not yet written (ngx_llmgw_ledger.c) */
     ngx_queue_t                ledger;
     ngx_uint_t                 ledger_rows;     /* waiting */

@@ -7,6 +7,12 @@
  * worker that sees every revision in turn drops exactly what changed; one
  * that finds a gap (a lost listener, a missed notice) drops every cached key
  * and reloads the snapshot.
+ *
+ * Every record read is also left in the shared zone, so that while the
+ * database cannot be read a worker can serve a key another worker read.
+ * Such a record counts only while no change of keys or users has been
+ * learned since its read began (krec_gen), which no worker can miss: each
+ * bumps the generation when it learns of one.
  */
 
 #include "ngx_llmgw.h"
@@ -33,11 +39,28 @@ struct ngx_llmgw_snap_holder_s {
 #define NGX_LLMGW_STALE_AT_ONCE_MS 3000
 
 
+/* the most records in the zone take an eighth of it, and one at most */
+#define NGX_LLMGW_KREC_MAX_LEN     65536
+
+
+/* A key record in the zone: its text as llmgw_token_lookup() gave it. */
+typedef struct {
+    u_char                         color;
+    u_char                         hash[64];
+    ngx_queue_t                    lru;
+    ngx_atomic_uint_t              gen;
+    ngx_msec_t                     loaded_at;
+    size_t                         len;
+    u_char                         text[1];
+} ngx_llmgw_krec_t;
+
+
 typedef struct {
     ngx_http_request_t            *request;
     ngx_llmgw_token_handler_pt     handler;
     char                           hash[65];
     ngx_uint_t                     epoch;
+    ngx_atomic_uint_t              gen;     /* krec_gen when sent */
     ngx_msec_t                     sent;
     ngx_uint_t                     again;   /* times sent again */
 } ngx_llmgw_lookup_t;
@@ -66,6 +89,10 @@ static ngx_uint_t ngx_llmgw_cache_stale(ngx_log_t *log, llmgw_token_t *t);
 static void ngx_llmgw_cache_token_found(void *data, PGresult *res,
     const char *err);
 static void ngx_llmgw_cache_invalidate_all(void);
+static void ngx_llmgw_krec_put(const char *hash, ngx_atomic_uint_t gen,
+    ngx_msec_t loaded_at, const char *text, size_t len);
+static llmgw_token_t *ngx_llmgw_krec_get(const char *hash);
+static void ngx_llmgw_krec_changed(void);
 
 
 static ngx_llmgw_snap_holder_t  *ngx_llmgw_current;
@@ -217,6 +244,21 @@ ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
         *t = NULL;
     }
 
+    /* while the database has just failed, the record another worker read
+       stands in at once, as this worker's own would */
+    if (ngx_llmgw_pg_failing(NGX_LLMGW_STALE_AT_ONCE_MS)) {
+        *t = ngx_llmgw_krec_get(hash);
+
+        if (*t != NULL) {
+            if (ngx_llmgw_cache_stale(r->connection->log, *t)) {
+                return NGX_OK;
+            }
+
+            llmgw_token_free(*t);
+            *t = NULL;
+        }
+    }
+
     lk = ngx_palloc(r->pool, sizeof(ngx_llmgw_lookup_t));
     if (lk == NULL) {
         return NGX_ERROR;
@@ -225,6 +267,7 @@ ngx_llmgw_cache_token(ngx_http_request_t *r, const char *hash,
     lk->request = r;
     lk->handler = handler;
     lk->epoch = ngx_llmgw_epoch;
+    lk->gen = ngx_llmgw_shm()->sh->krec_gen;
     lk->sent = ngx_current_msec;
     lk->again = 0;
     ngx_memcpy(lk->hash, hash, 65);
@@ -323,6 +366,22 @@ ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
         t = NULL;
     }
 
+    /* ... and so does the one another worker read */
+    if (err != NULL) {
+        t = ngx_llmgw_krec_get(lk->hash);
+
+        if (t != NULL) {
+            if (ngx_llmgw_cache_stale(c->log, t)) {
+                lk->handler(r, t, NULL);
+                ngx_http_run_posted_requests(c);
+                return;
+            }
+
+            llmgw_token_free(t);
+            t = NULL;
+        }
+    }
+
     if (err == NULL && !PQgetisnull(res, 0, 0)) {
         t = llmgw_token_parse(PQgetvalue(res, 0, 0), PQgetlength(res, 0, 0));
         if (t == NULL) {
@@ -335,6 +394,12 @@ ngx_llmgw_cache_token_found(void *data, PGresult *res, const char *err)
     /* a lookup that raced an invalidation is used, never cached */
     if (err == NULL && lk->epoch == ngx_llmgw_epoch) {
         llmgw_tcache_put(ngx_llmgw_tcache, lk->hash, t);
+
+        if (t != NULL) {
+            ngx_llmgw_krec_put(lk->hash, lk->gen, lk->sent,
+                               PQgetvalue(res, 0, 0),
+                               PQgetlength(res, 0, 0));
+        }
     }
 
     lk->handler(r, t, err);
@@ -427,10 +492,12 @@ ngx_llmgw_cache_on_notify(const char *channel, const char *payload)
 
     if (ngx_strcmp(n.kind, "token") == 0) {
         llmgw_tcache_drop_token(ngx_llmgw_tcache, n.id);
+        ngx_llmgw_krec_changed();
         ngx_llmgw_billing_stale(0, n.id);
 
     } else if (ngx_strcmp(n.kind, "user") == 0) {
         llmgw_tcache_drop_user(ngx_llmgw_tcache, n.id);
+        ngx_llmgw_krec_changed();
         ngx_llmgw_billing_stale(1, n.id);
 
     } else {
@@ -444,6 +511,211 @@ ngx_llmgw_cache_invalidate_all(void)
 {
     ngx_llmgw_epoch++;
     llmgw_tcache_clear(ngx_llmgw_tcache);
+    ngx_llmgw_krec_changed();
+}
+
+
+/* Records read before now no longer count. */
+static void
+ngx_llmgw_krec_changed(void)
+{
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+
+    if (shm != NULL) {
+        (void) ngx_atomic_fetch_add(&shm->sh->krec_gen, 1);
+    }
+}
+
+
+static ngx_llmgw_krec_t *
+ngx_llmgw_krec_find_locked(ngx_llmgw_shm_t *sh, const char *hash)
+{
+    ngx_int_t           key;
+    ngx_rbtree_node_t  *node, *sentinel;
+
+    /* a digest is uniform: its first 15 hex digits are a hash already */
+    key = ngx_hextoi((u_char *) hash, 15);
+    if (key == NGX_ERROR) {
+        return NULL;
+    }
+
+    node = sh->krec_tree.root;
+    sentinel = sh->krec_tree.sentinel;
+
+    while (node != sentinel) {
+        if ((ngx_rbtree_key_t) key == node->key) {
+            /* two digests alike in 60 bits: the one of the other is not
+               this key's (and is replaced by a put) */
+            return (ngx_llmgw_krec_t *) &node->color;
+        }
+
+        node = ((ngx_rbtree_key_t) key < node->key) ? node->left
+                                                     : node->right;
+    }
+
+    return NULL;
+}
+
+
+static size_t
+ngx_llmgw_krec_size(size_t len)
+{
+    return offsetof(ngx_rbtree_node_t, color)
+           + offsetof(ngx_llmgw_krec_t, text) + len;
+}
+
+
+static void
+ngx_llmgw_krec_drop_locked(ngx_llmgw_shm_ctx_t *shm, ngx_llmgw_krec_t *k)
+{
+    ngx_rbtree_node_t  *node;
+
+    node = (ngx_rbtree_node_t *)
+               ((u_char *) k - offsetof(ngx_rbtree_node_t, color));
+
+    ngx_queue_remove(&k->lru);
+    ngx_rbtree_delete(&shm->sh->krec_tree, node);
+    shm->sh->krec_count--;
+    shm->sh->krec_bytes -= ngx_llmgw_krec_size(k->len);
+    ngx_slab_free_locked(shm->shpool, node);
+}
+
+
+static void
+ngx_llmgw_krec_drop_oldest_locked(ngx_llmgw_shm_ctx_t *shm)
+{
+    ngx_queue_t  *q;
+
+    q = ngx_queue_last(&shm->sh->krec_lru);
+    ngx_llmgw_krec_drop_locked(shm,
+                               ngx_queue_data(q, ngx_llmgw_krec_t, lru));
+}
+
+
+/*
+ * Leaves a record read at loaded_at in the zone.  Records are a fallback:
+ * they take at most llmgw_key_cache_size entries and an eighth of the
+ * zone, never what rate limits, balances or the ledger need (a record that
+ * finds no room is left out).
+ */
+static void
+ngx_llmgw_krec_put(const char *hash, ngx_atomic_uint_t gen,
+    ngx_msec_t loaded_at, const char *text, size_t len)
+{
+    size_t                size, limit;
+    ngx_int_t             key;
+    ngx_llmgw_krec_t     *k;
+    ngx_rbtree_node_t    *node;
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+    key = ngx_hextoi((u_char *) hash, 15);
+
+    if (shm == NULL || key == NGX_ERROR || len > NGX_LLMGW_KREC_MAX_LEN
+        || ngx_llmgw_cache_mcf->key_cache_stale == 0)
+    {
+        return;
+    }
+
+    size = ngx_llmgw_krec_size(len);
+    limit = (size_t) ngx_llmgw_cache_mcf->shm_size / 8;
+
+    ngx_shmtx_lock(&shm->shpool->mutex);
+
+    k = ngx_llmgw_krec_find_locked(shm->sh, hash);
+    if (k != NULL) {
+        ngx_llmgw_krec_drop_locked(shm, k);
+    }
+
+    while (shm->sh->krec_count > 0
+           && (shm->sh->krec_count >= ngx_llmgw_cache_mcf->key_cache_size
+               || shm->sh->krec_bytes + size > limit))
+    {
+        ngx_llmgw_krec_drop_oldest_locked(shm);
+    }
+
+    node = (size <= limit) ? ngx_slab_alloc_locked(shm->shpool, size) : NULL;
+
+    if (node != NULL) {
+        node->key = (ngx_rbtree_key_t) key;
+        k = (ngx_llmgw_krec_t *) &node->color;
+        ngx_memcpy(k->hash, hash, 64);
+        k->gen = gen;
+        k->loaded_at = loaded_at;
+        k->len = len;
+        ngx_memcpy(k->text, text, len);
+
+        ngx_rbtree_insert(&shm->sh->krec_tree, node);
+        ngx_queue_insert_head(&shm->sh->krec_lru, &k->lru);
+        shm->sh->krec_count++;
+        shm->sh->krec_bytes += size;
+    }
+
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+}
+
+
+/*
+ * The record of this key another worker (or this one) read, when nothing
+ * about keys or users changed since that read began; NULL otherwise.
+ */
+static llmgw_token_t *
+ngx_llmgw_krec_get(const char *hash)
+{
+    u_char               *text;
+    size_t                len;
+    ngx_msec_t            loaded_at;
+    llmgw_token_t        *t;
+    ngx_llmgw_krec_t     *k;
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+    if (shm == NULL) {
+        return NULL;
+    }
+
+    text = NULL;
+    len = 0;
+    loaded_at = 0;
+
+    ngx_shmtx_lock(&shm->shpool->mutex);
+
+    k = ngx_llmgw_krec_find_locked(shm->sh, hash);
+
+    if (k != NULL && ngx_memcmp(k->hash, hash, 64) == 0) {
+
+        if (k->gen != shm->sh->krec_gen) {
+            ngx_llmgw_krec_drop_locked(shm, k);
+
+        } else {
+            text = ngx_alloc(k->len, ngx_llmgw_cache_log);
+
+            if (text != NULL) {
+                len = k->len;
+                loaded_at = k->loaded_at;
+                ngx_memcpy(text, k->text, len);
+                ngx_queue_remove(&k->lru);
+                ngx_queue_insert_head(&shm->sh->krec_lru, &k->lru);
+            }
+        }
+    }
+
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+
+    if (text == NULL) {
+        return NULL;
+    }
+
+    t = llmgw_token_parse((char *) text, len);
+    ngx_free(text);
+
+    if (t != NULL) {
+        llmgw_token_set_loaded_at(t, loaded_at);
+    }
+
+    return t;
 }
 
 

@@ -112,6 +112,9 @@ ngx_llmgw_shm_init_zone(ngx_shm_zone_t *zone, void *data)
     ngx_rbtree_init(&ctx->sh->bal_tree, &ctx->sh->bal_sentinel,
                     ngx_rbtree_insert_value);
     ngx_queue_init(&ctx->sh->bal_lru);
+    ngx_rbtree_init(&ctx->sh->krec_tree, &ctx->sh->krec_sentinel,
+                    ngx_rbtree_insert_value);
+    ngx_queue_init(&ctx->sh->krec_lru);
     ngx_queue_init(&ctx->sh->ledger);
 
     for (i = 0; i < NGX_LLMGW_MAX_PROCS; i++) {

@@ -1,7 +1,8 @@
 // The database goes away under a running gateway: keys a worker has read
 // go on being served from their records (llmgw_key_cache_stale), with
 // exact balances, and every charge reaches the ledger once the database
-// is back; a key no worker has read is 503.
+// is back, whichever worker of the node read the key; a key no worker has
+// read is 503.
 
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -113,6 +114,50 @@ describe('database outage', { timeout: 120000 }, () => {
         } finally {
             await px.restore();
             await stopAll(late);
+        }
+    });
+
+    test('a key one worker read is served by every worker; a key changed since is not', async () => {
+        /* two workers, each with its own listening socket: the kernel
+           spreads new connections (the harness opens one per request)
+           over both */
+        const two = await startGateway({ db: { ...db, conninfo: px.conninfo(db.name) },
+            workers: 2, listen: 'reuseport', rootToken: gw.rootToken,
+            http: 'llmgw_key_cache_ttl 1s; llmgw_pg_timeout 2s;' });
+        try {
+            const model = uniq('gpt-out3');
+            await makeChannel(two, { base_url: mock.url, models: [model] });
+            const ready = await makeUserKey(two);
+            await eventually(async () => assertOk(await two.chat(ready.key, model)), { ms: 3000 });
+
+            /* read by one worker, then disabled */
+            const gone = await makeUserKey(two);
+            assertOk(await two.chat(gone.key, model));
+            assertOk(await two.admin('PATCH', `/api/token/${gone.token.id}`, { status: 'disabled' }));
+            await sleep(600);
+
+            /* read by exactly one worker */
+            const a = await makeUserKey(two);
+            assertOk(await two.chat(a.key, model));
+            await sleep(1500);
+            await px.cut();
+
+            const pids = new Set();
+            for (let i = 0; i < 12; i++) {
+                assertOk(await two.chat(a.key, model), `request ${i} in the outage`);
+            }
+            const said = new RegExp(`\\[warn\\] (\\d+)#\\d+: .*the database cannot be read: key ${a.token.id} is served`, 'g');
+            for (const m of two.errorLog().matchAll(said)) {
+                pids.add(m[1]);
+            }
+            assert.equal(pids.size, 2, `served by ${[...pids].join(', ')}`);
+
+            for (let i = 0; i < 6; i++) {
+                assertError(await two.chat(gone.key, model), 503, { code: 'service_unavailable' });
+            }
+        } finally {
+            await px.restore();
+            await stopAll(two);
         }
     });
 
