@@ -183,8 +183,8 @@ ngx_llmgw_gateway_handler(ngx_http_request_t *r)
     }
 
     if (ngx_llmgw_find_key(r, ctx, &key) != NGX_OK
-        || llmgw_key_hash((llmgw_str_t) { (char *) key.data, key.len },
-                          ctx->key_hash) != 0)
+        || llmgw_client_key_hash((llmgw_str_t) { (char *) key.data, key.len },
+                                 ctx->key_hash) != 0)
     {
         return ngx_llmgw_refuse(r, ctx, NGX_HTTP_UNAUTHORIZED,
                                 "gateway_error", "invalid_token",

@@ -115,6 +115,25 @@ llmgw_key_hash(llmgw_str_t key, char out[65])
 
 
 extern "C" int
+llmgw_client_key_hash(llmgw_str_t key, char out[65])
+{
+    std::string_view k = llmgw::sv(key);
+
+    if (k.substr(0, kKeyPrefix.size()) == kKeyPrefix) {
+        k.remove_prefix(kKeyPrefix.size());
+    }
+
+    if (k.size() != 2 * kKeyRandomBytes
+        || k.find_first_not_of(kHex) != std::string_view::npos)
+    {
+        return -1;
+    }
+
+    return llmgw_key_hash(key, out);
+}
+
+
+extern "C" int
 llmgw_ct_equal(const void *a, const void *b, size_t n)
 {
     return CRYPTO_memcmp(a, b, n) == 0;

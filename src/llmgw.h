@@ -126,6 +126,14 @@ void llmgw_endpoint_classify(llmgw_str_t method, llmgw_str_t path,
  */
 int llmgw_key_hash(llmgw_str_t key, char out[65]);
 
+/*
+ * llmgw_key_hash() of a client's API key, which has the shape of every key
+ * the admin API makes: 48 lowercase hex digits after an optional "sk-".
+ * Returns -1 for anything else, which no key can be: it is refused without
+ * asking the database (or filling the key cache with misses).
+ */
+int llmgw_client_key_hash(llmgw_str_t key, char out[65]);
+
 /* Constant-time equality of two n-byte strings. */
 int llmgw_ct_equal(const void *a, const void *b, size_t n);
 

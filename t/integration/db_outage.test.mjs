@@ -71,6 +71,12 @@ describe('database outage', { timeout: 120000 }, () => {
 
         assertError(await gw.chat(b.key, model), 503, { code: 'service_unavailable' });
         assertError(await strict.chat(a.key, model), 503, { code: 'service_unavailable' });
+        /* no key has this shape: refused without asking the database */
+        for (const k of ['sk-short', `${a.key}0`, a.key.toUpperCase().replace('SK-', 'sk-')]) {
+            const r = await gw.chat(k, model);
+            assertError(r, 401, { code: 'invalid_token' });
+            assert.match(r.json.error.message, /^Invalid token/);
+        }
         assert.match(gw.errorLog(), new RegExp(
             `the database cannot be read: key ${a.token.id} is served from its record of \\d+ ms ago`));
         assert.doesNotMatch(gw.errorLog(), new RegExp(a.key.slice(3, 20)));

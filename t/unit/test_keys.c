@@ -135,6 +135,46 @@ test_generated_keys_differ_and_hash(void **state)
 }
 
 
+static int
+client(const char *key, char out[65])
+{
+    return llmgw_client_key_hash((llmgw_str_t) { (char *) key, strlen(key) },
+                                 out);
+}
+
+
+static void
+test_client_key_is_48_lowercase_hex_with_or_without_sk(void **state)
+{
+    char a[65], b[65], h[65];
+    const char *hex = "0123456789abcdef0123456789abcdef0123456789abcdef";
+    char with[52];
+
+    snprintf(with, sizeof(with), "sk-%s", hex);
+
+    assert_int_equal(client(hex, a), 0);
+    assert_int_equal(client(with, b), 0);
+    assert_string_equal(a, b);
+    assert_int_equal(hash(hex, strlen(hex), h), 0);
+    assert_string_equal(a, h);
+
+    /* one short, one long, upper case, a non-hex letter, sk- only, "" */
+    assert_int_equal(client("sk-0123456789abcdef0123456789abcdef0123456789abcde",
+                            h), -1);
+    assert_int_equal(client("0123456789abcdef0123456789abcdef0123456789abcdef0",
+                            h), -1);
+    assert_int_equal(client("0123456789ABCDEF0123456789abcdef0123456789abcdef",
+                            h), -1);
+    assert_int_equal(client("sk-0123456789abcdeg0123456789abcdef0123456789abcdef",
+                            h), -1);
+    assert_int_equal(client("sk-", h), -1);
+    assert_int_equal(client("", h), -1);
+    /* "sk-" twice is not a key either */
+    assert_int_equal(client("sk-sk-0123456789abcdef0123456789abcdef0123456789abcdef",
+                            h), -1);
+}
+
+
 static size_t
 mask(char *query)
 {
@@ -189,6 +229,8 @@ main(void)
         cmocka_unit_test(test_sk_prefix_is_stripped_before_hashing),
         cmocka_unit_test(test_only_one_sk_prefix_is_stripped),
         cmocka_unit_test(test_empty_key_is_rejected),
+        cmocka_unit_test(
+            test_client_key_is_48_lowercase_hex_with_or_without_sk),
         cmocka_unit_test(test_bytes_outside_printable_ascii_are_rejected),
         cmocka_unit_test(test_printable_ascii_edges_are_accepted),
         cmocka_unit_test(test_ct_equal_compares_all_bytes),
