@@ -20,6 +20,7 @@
 // Gateways poll every 200 ms.
 
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import { after, before, describe, test } from 'node:test';
 
 import { assertError, assertOk, psql, uniq } from '../lib/harness.mjs';
@@ -700,6 +701,28 @@ describe('host_image: the downloads and the wait are bounded while something han
         const led = await waitLedger(db, id, ['reserve', 'settle']);
         assert.equal(led.reserve, PER_TASK);
         await expectUsed(gw, db, acct, PER_TASK);
+
+        /* a client that leaves while the hook runs: its answer is saved
+           as the poll's at once, the lease given back */
+        const acct3 = await account(gw);
+        const up3 = uniq('up-slowgone');
+        vendor.setPoll(up3, { body: { status: 'done', slowParseMs: 1500,
+            data: { images: ['https://cdn.example/g.png'] } } });
+        const req = http.request({ host: '127.0.0.1', port: gw.port, method: 'POST',
+            path: '/v1/images/generations',
+            headers: { Authorization: `Bearer ${acct3.key}`, 'Content-Type': 'application/json' } });
+        req.on('error', () => {});
+        req.end(JSON.stringify({ model: env.model, up_id: up3 }));
+        await waitFor(() => vendor.polls(up3).length >= 1, 5000, { what: 'the request\'s poll' });
+        await new Promise((r) => setTimeout(r, 300));
+        req.destroy();
+        const gone = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+            where token_id = ${Number(acct3.token.id)}`));
+        await waitFor(async () => JSON.parse(await psql(db.conninfo,
+            `select to_json(status) from tasks where task_id = '${gone}'`)) === 'SUCCESS',
+        5000, { what: 'the poll\'s answer saved' });
+        assert.equal(vendor.polls(up3).length, 1, 'the vendor was not asked again');
+        await expectUsed(gw, db, acct3, PER_TASK);
 
         /* a sync Response waits as an image request does */
         const acct2 = await account(gw);
