@@ -398,6 +398,16 @@ struct HookReply {
     bool         ok = false;
     Json         result;
     std::string  kind, message;
+
+    /* The call failed through the plugin's own doing: it threw, returned
+       what cannot be read, ran past its deadline or out of memory.  Any
+       other failure is the runtime's (down, restarting, busy, or no answer
+       within llmgw_v8host_timeout). */
+    bool plugin_fault() const
+    {
+        return !ok && (kind == "plugin" || kind == "timeout"
+                       || kind == "memory");
+    }
 };
 
 HookReply
@@ -982,6 +992,20 @@ struct llmgw_tjob_s {
         std::string err;
         int64_t q = 0;
 
+        bool waited = runtime_waiting;
+        runtime_waiting = false;
+
+        if (!hook.ok && !hook.plugin_fault()) {
+            poll_log.push_back(task_id + ": " + hook_name_ + ": the plugin "
+                               "runtime was unavailable"
+                               + (waited ? " for "
+                                           + std::to_string(kRuntimeWaitMs
+                                                            / 1000) + " s"
+                                         : std::string())
+                               + " (" + hook.message
+                               + "); the charge so far stands");
+            return;
+        }
         if (!hook.ok) {
             err = hook.kind == "timeout" ? "the hook ran past its deadline"
                 : hook.kind == "memory" ? "the hook ran out of memory"
@@ -1008,9 +1032,7 @@ struct llmgw_tjob_s {
      */
     const llmgw_tstep_t *hook_failed_while_polling()
     {
-        if (hook.kind == "plugin" || hook.kind == "timeout"
-            || hook.kind == "memory")
-        {
+        if (hook.plugin_fault()) {
             return fail_all(hook_name_ + " failed: "
                             + (hook.kind == "plugin" ? hook.message
                                                      : hook.kind));
@@ -1203,6 +1225,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *poll_save_one();
     const llmgw_tstep_t *poll_saved();
     json_t *query_ctx(const TaskRow &t);
+    json_t *unchanged(const TaskRow &t) const;
     void poll_failure(size_t i, const std::string &reason);
     void poll_result(size_t i, const json_t *result, bool parse_2xx);
     void poll_terminal(size_t i, const char *status, const std::string &reason);
@@ -3792,12 +3815,21 @@ llmgw_tjob_s::next_request()
         return send_hook(runtime_phase);
 
     case SUBMIT_USAGE:
-        take_usage_after_submit(&quota_submit);
-        return after_submit_usage();
-
-    case FINAL_USAGE:
+    case FINAL_USAGE: {
+        /* the vendor has the task: a runtime outage is waited out, as for
+           parseSubmitResponse, rather than settle the task at its
+           reservation */
+        const llmgw_tstep_t *again = await_runtime();
+        if (again != nullptr) {
+            return again;
+        }
+        if (phase == SUBMIT_USAGE) {
+            take_usage_after_submit(&quota_submit);
+            return after_submit_usage();
+        }
         take_usage_after_submit(&final_quota);
         return create_task();
+    }
 
     case CREATED:
         if (!sql_error.empty()
@@ -3953,6 +3985,20 @@ llmgw_tjob_s::poll_terminal(size_t i, const char *status,
 }
 
 
+/* The update of a task this poll leaves as it was, polled again after
+   llmgw_task_poll_interval. */
+json_t *
+llmgw_tjob_s::unchanged(const TaskRow &t) const
+{
+    json_t *u = json_object();
+
+    json_object_set_new(u, "task_id", jstr(t.task_id));
+    json_object_set_new(u, "poll_failures", json_integer(t.failures));
+    json_object_set_new(u, "next_poll_ms", json_integer(conf.poll_interval_ms));
+    return u;
+}
+
+
 /* One more failed poll; the task fails when they reach the limit. */
 void
 llmgw_tjob_s::poll_failure(size_t i, const std::string &reason)
@@ -4057,12 +4103,7 @@ llmgw_tjob_s::poll_build()
     results = Json(json_array());
 
     for (const TaskRow &t : tasks) {
-        json_t *u = json_object();
-        json_object_set_new(u, "task_id", jstr(t.task_id));
-        json_object_set_new(u, "poll_failures", json_integer(t.failures));
-        json_object_set_new(u, "next_poll_ms",
-                            json_integer(conf.poll_interval_ms));
-        json_array_append_new(updates.get(), u);
+        json_array_append_new(updates.get(), unchanged(t));
         json_array_append_new(results.get(), json_null());
     }
 
@@ -4389,11 +4430,7 @@ llmgw_tjob_s::poll_saved()
 
     save_refused = true;
 
-    json_t *u = json_object();
-    json_object_set_new(u, "task_id", jstr(t.task_id));
-    json_object_set_new(u, "poll_failures", json_integer(t.failures));
-    json_object_set_new(u, "next_poll_ms", json_integer(conf.poll_interval_ms));
-    json_array_set_new(updates.get(), save_at, u);
+    json_array_set_new(updates.get(), save_at, unchanged(t));
     poll_failure(save_at, "the poll result could not be saved");
 
     return poll_save_one();
@@ -4449,6 +4486,14 @@ llmgw_tjob_s::next_poll()
                                    + ": extractUsageOnComplete: "
                                    + (err.empty() ? "no price" : err));
             }
+        } else if (!hook.ok && !hook.plugin_fault()) {
+            /* the runtime's trouble, not the task's: it is left as it was
+               (nor settled at its reservation) and polled again later */
+            json_array_set_new(updates.get(), i, unchanged(tasks[i]));
+            poll_log.push_back(tasks[i].task_id
+                               + ": extractUsageOnComplete: the plugin "
+                               "runtime is unavailable (" + hook.message
+                               + "); polled again later");
         } else if (!hook.ok) {
             poll_log.push_back(tasks[i].task_id
                                + ": extractUsageOnComplete failed: "
