@@ -102,6 +102,23 @@ jstr(std::string_view s)
     return json_stringn(s.data(), s.size());
 }
 
+/* A result's progress as stored: a string (cut to kMaxTaskText), a number
+   as a percentage; nullptr for anything else. */
+Json
+progress_of(const json_t *p)
+{
+    if (json_is_string(p)) {
+        std::string_view v(json_string_value(p), json_string_length(p));
+        return Json(jstr(utf8_prefix(v, kMaxTaskText)));
+    }
+    if (json_is_number(p)) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%g%%", json_number_value(p));
+        return Json(json_string(buf));
+    }
+    return nullptr;
+}
+
 std::string
 public_task_id()
 {
@@ -589,7 +606,9 @@ struct llmgw_tjob_s {
     Json                     http_headers;
     std::string              http_body;
     Json                     submit;            /* parseSubmitResponse */
-    Json                     immediate;
+    Json                     immediate;         /* final at once */
+    Json                     started;           /* an immediate result the
+                                                   task goes on from */
     Json                     task_data;         /* the row's, after */
     Json                     task_state;        /* an immediate result */
     Json                     created;           /* the task row */
@@ -1898,14 +1917,16 @@ llmgw_tjob_s::after_parse()
     json_t *imm = json_object_get(r, "immediate");
 
     if (imm != nullptr && !json_is_null(imm)) {
-        if (!json_is_object(imm)
-            || !terminal(json_str(imm, "status")))
-        {
+        std::string_view st = json_str(imm, "status");
+
+        if (!json_is_object(imm) || !known_status(st) || st == "UNKNOWN") {
             return fail(500, "gateway_error", "plugin_error",
                         "parseSubmitResponse: immediate must be a result "
-                        "with status SUCCESS or FAILURE");
+                        "with a standard status other than UNKNOWN");
         }
-        immediate = Json(json_incref(imm));
+        /* a status the task goes on from (the vendor took the job and
+           works on it) is stored, and the task polled as any other */
+        (terminal(st) ? immediate : started) = Json(json_incref(imm));
     }
 
     if (!immediate
@@ -1921,12 +1942,13 @@ llmgw_tjob_s::after_parse()
     task_data = Json(json_incref(json_object_get(r, "taskData")));
     task_state = Json(json_incref(json_object_get(r, "state")));
 
-    if (immediate) {
-        Json d(result_data(immediate.get(), task_data.get()));
+    if (immediate || started) {
+        json_t *res = immediate ? immediate.get() : started.get();
+        Json d(result_data(res, task_data.get()));
         if (d) {
             task_data = std::move(d);
         }
-        json_t *s = json_object_get(immediate.get(), "state");
+        json_t *s = json_object_get(res, "state");
         if (s != nullptr) {
             task_state = Json(json_incref(s));
         }
@@ -2005,6 +2027,12 @@ llmgw_tjob_s::create_task()
         reason = std::string(json_str(immediate.get(), "reason"));
         if (status == "FAILURE" && reason.empty()) {
             reason = "the task failed";
+        }
+    } else if (started) {
+        status = std::string(json_str(started.get(), "status"));
+        Json p(progress_of(json_object_get(started.get(), "progress")));
+        if (p) {
+            progress = json_string_value(p.get());
         }
     }
 
@@ -4043,16 +4071,9 @@ llmgw_tjob_s::poll_result(size_t i, const json_t *r, bool parse_2xx)
         json_object_set(u, "state", state);
     }
 
-    json_t *progress = json_object_get(r, "progress");
-    if (json_is_string(progress)) {
-        std::string_view p(json_string_value(progress),
-                           json_string_length(progress));
-        json_object_set_new(u, "progress",
-                            jstr(utf8_prefix(p, kMaxTaskText)));
-    } else if (json_is_number(progress)) {
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "%g%%", json_number_value(progress));
-        json_object_set_new(u, "progress", json_string(buf));
+    Json progress(progress_of(json_object_get(r, "progress")));
+    if (progress) {
+        json_object_set(u, "progress", progress.get());
     }
 
     Json data(result_data(r, json_object_get(tasks[i].row.get(), "data")));
