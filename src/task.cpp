@@ -4777,7 +4777,7 @@ llmgw_tjob_poll(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
 extern "C" size_t
 llmgw_task_poll_jobs(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
     const char *claim_json, size_t len, llmgw_str_t owner,
-    llmgw_tjob_t ***jobs, size_t *ntasks)
+    llmgw_balance_cb learn, void *arg, llmgw_tjob_t ***jobs, size_t *ntasks)
 {
     *ntasks = 0;
     *jobs = nullptr;
@@ -4787,6 +4787,10 @@ llmgw_task_poll_jobs(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
     try {
         Json claim = json_parse(claim_json, len);
         json_t *tasks = json_object_get(claim.get(), "tasks");
+
+        if (learn != nullptr && json_is_object(claim.get())) {
+            balances_answered(claim.get(), learn, arg);
+        }
         Json plan(json_array());
 
         /* batch plugins: one open group per plugin and channel */

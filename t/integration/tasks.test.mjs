@@ -1165,6 +1165,22 @@ describe('task timeout: the outer deadline fails and refunds', { timeout: 120000
         await sleep(4 * POLL_MS);
         assert.equal(vendor.polls().length, n, 'no poll after the timeout');
     });
+    test('a refund at the deadline is known at once: the key whose quota the task held is served right after', async () => {
+        const { db, gw, vendor } = s;
+        const env = await taskSetup(gw, { vendors: [vendor] });
+        const user = await makeUser(gw, { quota: 100000000 });
+        /* exactly one task's price (0.01 USD) */
+        const tok = await makeKey(gw, user.id, { unlimited_quota: false, remain_quota: PER_TASK });
+        const r = assertOk(await submitTask(gw, env, { model: env.model }, { key: tok.key }));
+        /* spent: refused as a key without quota */
+        assertError(await submitTask(gw, env, { model: env.model }, { key: tok.key }), 401);
+        /* the claim that finds the task past its deadline refunds it, and
+           the worker learns the balance from the claim's answer (without
+           its revision the refund was not learned: the key stayed refused) */
+        await waitLedger(db, r.json.task_id, ['reserve', 'refund'], { ms: TIMEOUT_S * 1000 + 5000 });
+        await sleep(50);
+        assertOk(await submitTask(gw, env, { model: env.model }, { key: tok.key }), 'served after the refund');
+    });
 });
 
 describe('a task create that outlives llmgw_pg_timeout', { timeout: 120000 }, () => {
