@@ -22,6 +22,7 @@
 
 #include "llmgw.h"
 #include "task.h"
+#include "balances_seen.h"
 
 
 #define S(s)  ((llmgw_str_t) { (s), strlen(s) })
@@ -2045,34 +2046,13 @@ test_poll_success_prices_the_usage_facts_at_the_stored_price(void **state)
 }
 
 
-typedef struct {
-    int      n;
-    int      is_user[4];
-    int64_t  id[4], balance[4], rev[4];
-} learned_t;
-
-static void
-learned(void *arg, int is_user, int64_t id, int64_t balance, int64_t rev)
-{
-    learned_t *l = arg;
-
-    if (l->n < 4) {
-        l->is_user[l->n] = is_user;
-        l->id[l->n] = id;
-        l->balance[l->n] = balance;
-        l->rev[l->n] = rev;
-    }
-    l->n++;
-}
-
-
 /* The balances a claim's refunds of expired tasks left are learned with
    their revisions (a reading without one could only lower a balance). */
 static void
 test_poll_jobs_learn_the_claims_refunds_with_revisions(void **state)
 {
     llmgw_tjob_t  **jobs = NULL;
-    learned_t       l = { 0 };
+    seen_t          l = { 0 };
     size_t          n, ntasks;
     char           *c = sq("{'expired':1,'tokens':{'7':5000},"
                            "'users':{'3':90000},'token_revs':{'7':12},"
@@ -2081,7 +2061,7 @@ test_poll_jobs_learn_the_claims_refunds_with_revisions(void **state)
     (void) state;
 
     n = llmgw_task_poll_jobs(snap, &conf, c, strlen(c), LLMGW_STR("o"),
-                             learned, &l, &jobs, &ntasks);
+                             seen, &l, &jobs, &ntasks);
     free(c);
     free(jobs);
 
