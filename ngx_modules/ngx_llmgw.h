@@ -404,6 +404,8 @@ void ngx_llmgw_billing_learned_locked(ngx_llmgw_shm_ctx_t *shm, int is_user,
 void ngx_llmgw_billing_stale(int is_user, int64_t id);
 /* Balances a statement answered with ({"tokens": {..}, "users": {..}}). */
 void ngx_llmgw_billing_learn(const char *json, size_t len);
+void ngx_llmgw_billing_learned(void *arg, int is_user, int64_t id,
+    int64_t balance, int64_t rev);
 /* Ends a request's reservation without a ledger row (the task engine
  * charges in the database itself). */
 void ngx_llmgw_billing_release(ngx_llmgw_ctx_t *ctx);

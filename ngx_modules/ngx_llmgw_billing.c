@@ -640,6 +640,21 @@ ngx_llmgw_billing_learn_one(void *arg, int is_user, int64_t id,
 }
 
 
+/* One balance a statement answered, with its revision (-1: none). */
+void
+ngx_llmgw_billing_learned(void *arg, int is_user, int64_t id,
+    int64_t balance, int64_t rev)
+{
+    ngx_llmgw_shm_ctx_t  *shm;
+
+    shm = ngx_llmgw_shm();
+
+    ngx_shmtx_lock(&shm->shpool->mutex);
+    ngx_llmgw_billing_learned_locked(shm, is_user, id, balance, rev);
+    ngx_shmtx_unlock(&shm->shpool->mutex);
+}
+
+
 void
 ngx_llmgw_billing_learn(const char *json, size_t len)
 {

@@ -2065,11 +2065,13 @@ ngx_llmgw_poll_claimed_cb(void *data, PGresult *res, const char *err)
         return;
     }
 
+    /* the refunds of expired tasks are learned with the jobs' reading */
     njobs = llmgw_task_poll_jobs(snap, &ngx_llmgw_task_conf, val,
                                  ngx_strlen(val),
                                  (llmgw_str_t) {
                                      (char *) ngx_llmgw_poll_owner,
                                      ngx_strlen(ngx_llmgw_poll_owner) },
+                                 ngx_llmgw_billing_learned, NULL,
                                  &jobs, &ntasks);
 
     ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_llmgw_task_log, 0,

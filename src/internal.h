@@ -97,6 +97,11 @@ void append_json_string(std::string &out, std::string_view s);
 /* At most max bytes of s, never splitting a UTF-8 sequence. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 
+/* Each balance of a statement's answer ({tokens, users: {"<id>": balance},
+   token_revs, user_revs: {"<id>": revision}}) to cb, the revision -1 when
+   it has none. */
+void balances_answered(json_t *root, llmgw_balance_cb cb, void *arg);
+
 /* A name (a model's) as an error message shows it: llmgw_shown(). */
 std::string shown(std::string_view name);
 

@@ -260,6 +260,30 @@ llmgw_flush_new_sql(const llmgw_charge_t *c, size_t n)
 }
 
 
+void
+llmgw::balances_answered(json_t *root, llmgw_balance_cb cb, void *arg)
+{
+    const char *const kinds[] = { "tokens", "users" };
+    const char *const revs[] = { "token_revs", "user_revs" };
+
+    for (int is_user = 0; is_user < 2; is_user++) {
+        const char  *k;
+        json_t      *v;
+        json_t      *rev_of = json_object_get(root, revs[is_user]);
+
+        json_object_foreach(json_object_get(root, kinds[is_user]), k, v) {
+            json_t *rev = json_object_get(rev_of, k);
+
+            if (json_is_integer(v)) {
+                cb(arg, is_user, std::strtoll(k, nullptr, 10),
+                   json_integer_value(v),
+                   json_is_integer(rev) ? json_integer_value(rev) : -1);
+            }
+        }
+    }
+}
+
+
 extern "C" int
 llmgw_flush_answer(const char *json, size_t len, llmgw_balance_cb cb,
     void *arg)
@@ -271,27 +295,7 @@ llmgw_flush_answer(const char *json, size_t len, llmgw_balance_cb cb,
             return -1;
         }
 
-        const char *const kinds[] = { "tokens", "users" };
-        const char *const revs[] = { "token_revs", "user_revs" };
-
-        for (int is_user = 0; is_user < 2; is_user++) {
-            const char  *k;
-            json_t      *v;
-            json_t      *rev_of = json_object_get(root.get(), revs[is_user]);
-
-            json_object_foreach(json_object_get(root.get(), kinds[is_user]),
-                                k, v)
-            {
-                json_t *rev = json_object_get(rev_of, k);
-
-                if (json_is_integer(v)) {
-                    cb(arg, is_user, std::strtoll(k, nullptr, 10),
-                       json_integer_value(v),
-                       json_is_integer(rev) ? json_integer_value(rev) : -1);
-                }
-            }
-        }
-
+        balances_answered(root.get(), cb, arg);
         return 0;
 
     } catch (...) {

@@ -102,6 +102,23 @@ jstr(std::string_view s)
     return json_stringn(s.data(), s.size());
 }
 
+/* A result's progress as stored: a string (cut to kMaxTaskText), a number
+   as a percentage; nullptr for anything else. */
+Json
+progress_of(const json_t *p)
+{
+    if (json_is_string(p)) {
+        std::string_view v(json_string_value(p), json_string_length(p));
+        return Json(jstr(utf8_prefix(v, kMaxTaskText)));
+    }
+    if (json_is_number(p)) {
+        char buf[32];
+        std::snprintf(buf, sizeof(buf), "%g%%", json_number_value(p));
+        return Json(json_string(buf));
+    }
+    return nullptr;
+}
+
 std::string
 public_task_id()
 {
@@ -398,6 +415,16 @@ struct HookReply {
     bool         ok = false;
     Json         result;
     std::string  kind, message;
+
+    /* The call failed through the plugin's own doing: it threw, returned
+       what cannot be read, ran past its deadline or out of memory.  Any
+       other failure is the runtime's (down, restarting, busy, or no answer
+       within llmgw_v8host_timeout). */
+    bool plugin_fault() const
+    {
+        return !ok && (kind == "plugin" || kind == "timeout"
+                       || kind == "memory");
+    }
 };
 
 HookReply
@@ -579,7 +606,9 @@ struct llmgw_tjob_s {
     Json                     http_headers;
     std::string              http_body;
     Json                     submit;            /* parseSubmitResponse */
-    Json                     immediate;
+    Json                     immediate;         /* final at once */
+    Json                     started;           /* an immediate result the
+                                                   task goes on from */
     Json                     task_data;         /* the row's, after */
     Json                     task_state;        /* an immediate result */
     Json                     created;           /* the task row */
@@ -982,6 +1011,20 @@ struct llmgw_tjob_s {
         std::string err;
         int64_t q = 0;
 
+        bool waited = runtime_waiting;
+        runtime_waiting = false;
+
+        if (!hook.ok && !hook.plugin_fault()) {
+            poll_log.push_back(task_id + ": " + hook_name_ + ": the plugin "
+                               "runtime was unavailable"
+                               + (waited ? " for "
+                                           + std::to_string(kRuntimeWaitMs
+                                                            / 1000) + " s"
+                                         : std::string())
+                               + " (" + hook.message
+                               + "); the charge so far stands");
+            return;
+        }
         if (!hook.ok) {
             err = hook.kind == "timeout" ? "the hook ran past its deadline"
                 : hook.kind == "memory" ? "the hook ran out of memory"
@@ -1008,9 +1051,7 @@ struct llmgw_tjob_s {
      */
     const llmgw_tstep_t *hook_failed_while_polling()
     {
-        if (hook.kind == "plugin" || hook.kind == "timeout"
-            || hook.kind == "memory")
-        {
+        if (hook.plugin_fault()) {
             return fail_all(hook_name_ + " failed: "
                             + (hook.kind == "plugin" ? hook.message
                                                      : hook.kind));
@@ -1203,6 +1244,7 @@ struct llmgw_tjob_s {
     const llmgw_tstep_t *poll_save_one();
     const llmgw_tstep_t *poll_saved();
     json_t *query_ctx(const TaskRow &t);
+    json_t *unchanged(const TaskRow &t) const;
     void poll_failure(size_t i, const std::string &reason);
     void poll_result(size_t i, const json_t *result, bool parse_2xx);
     void poll_terminal(size_t i, const char *status, const std::string &reason);
@@ -1875,14 +1917,16 @@ llmgw_tjob_s::after_parse()
     json_t *imm = json_object_get(r, "immediate");
 
     if (imm != nullptr && !json_is_null(imm)) {
-        if (!json_is_object(imm)
-            || !terminal(json_str(imm, "status")))
-        {
+        std::string_view st = json_str(imm, "status");
+
+        if (!json_is_object(imm) || !known_status(st) || st == "UNKNOWN") {
             return fail(500, "gateway_error", "plugin_error",
                         "parseSubmitResponse: immediate must be a result "
-                        "with status SUCCESS or FAILURE");
+                        "with a standard status other than UNKNOWN");
         }
-        immediate = Json(json_incref(imm));
+        /* a status the task goes on from (the vendor took the job and
+           works on it) is stored, and the task polled as any other */
+        (terminal(st) ? immediate : started) = Json(json_incref(imm));
     }
 
     if (!immediate
@@ -1898,12 +1942,13 @@ llmgw_tjob_s::after_parse()
     task_data = Json(json_incref(json_object_get(r, "taskData")));
     task_state = Json(json_incref(json_object_get(r, "state")));
 
-    if (immediate) {
-        Json d(result_data(immediate.get(), task_data.get()));
+    if (immediate || started) {
+        json_t *res = immediate ? immediate.get() : started.get();
+        Json d(result_data(res, task_data.get()));
         if (d) {
             task_data = std::move(d);
         }
-        json_t *s = json_object_get(immediate.get(), "state");
+        json_t *s = json_object_get(res, "state");
         if (s != nullptr) {
             task_state = Json(json_incref(s));
         }
@@ -1982,6 +2027,12 @@ llmgw_tjob_s::create_task()
         reason = std::string(json_str(immediate.get(), "reason"));
         if (status == "FAILURE" && reason.empty()) {
             reason = "the task failed";
+        }
+    } else if (started) {
+        status = std::string(json_str(started.get(), "status"));
+        Json p(progress_of(json_object_get(started.get(), "progress")));
+        if (p) {
+            progress = json_string_value(p.get());
         }
     }
 
@@ -3792,12 +3843,21 @@ llmgw_tjob_s::next_request()
         return send_hook(runtime_phase);
 
     case SUBMIT_USAGE:
-        take_usage_after_submit(&quota_submit);
-        return after_submit_usage();
-
-    case FINAL_USAGE:
+    case FINAL_USAGE: {
+        /* the vendor has the task: a runtime outage is waited out, as for
+           parseSubmitResponse, rather than settle the task at its
+           reservation */
+        const llmgw_tstep_t *again = await_runtime();
+        if (again != nullptr) {
+            return again;
+        }
+        if (phase == SUBMIT_USAGE) {
+            take_usage_after_submit(&quota_submit);
+            return after_submit_usage();
+        }
         take_usage_after_submit(&final_quota);
         return create_task();
+    }
 
     case CREATED:
         if (!sql_error.empty()
@@ -3953,6 +4013,20 @@ llmgw_tjob_s::poll_terminal(size_t i, const char *status,
 }
 
 
+/* The update of a task this poll leaves as it was, polled again after
+   llmgw_task_poll_interval. */
+json_t *
+llmgw_tjob_s::unchanged(const TaskRow &t) const
+{
+    json_t *u = json_object();
+
+    json_object_set_new(u, "task_id", jstr(t.task_id));
+    json_object_set_new(u, "poll_failures", json_integer(t.failures));
+    json_object_set_new(u, "next_poll_ms", json_integer(conf.poll_interval_ms));
+    return u;
+}
+
+
 /* One more failed poll; the task fails when they reach the limit. */
 void
 llmgw_tjob_s::poll_failure(size_t i, const std::string &reason)
@@ -3997,16 +4071,9 @@ llmgw_tjob_s::poll_result(size_t i, const json_t *r, bool parse_2xx)
         json_object_set(u, "state", state);
     }
 
-    json_t *progress = json_object_get(r, "progress");
-    if (json_is_string(progress)) {
-        std::string_view p(json_string_value(progress),
-                           json_string_length(progress));
-        json_object_set_new(u, "progress",
-                            jstr(utf8_prefix(p, kMaxTaskText)));
-    } else if (json_is_number(progress)) {
-        char buf[32];
-        std::snprintf(buf, sizeof(buf), "%g%%", json_number_value(progress));
-        json_object_set_new(u, "progress", json_string(buf));
+    Json progress(progress_of(json_object_get(r, "progress")));
+    if (progress) {
+        json_object_set(u, "progress", progress.get());
     }
 
     Json data(result_data(r, json_object_get(tasks[i].row.get(), "data")));
@@ -4057,12 +4124,7 @@ llmgw_tjob_s::poll_build()
     results = Json(json_array());
 
     for (const TaskRow &t : tasks) {
-        json_t *u = json_object();
-        json_object_set_new(u, "task_id", jstr(t.task_id));
-        json_object_set_new(u, "poll_failures", json_integer(t.failures));
-        json_object_set_new(u, "next_poll_ms",
-                            json_integer(conf.poll_interval_ms));
-        json_array_append_new(updates.get(), u);
+        json_array_append_new(updates.get(), unchanged(t));
         json_array_append_new(results.get(), json_null());
     }
 
@@ -4389,11 +4451,7 @@ llmgw_tjob_s::poll_saved()
 
     save_refused = true;
 
-    json_t *u = json_object();
-    json_object_set_new(u, "task_id", jstr(t.task_id));
-    json_object_set_new(u, "poll_failures", json_integer(t.failures));
-    json_object_set_new(u, "next_poll_ms", json_integer(conf.poll_interval_ms));
-    json_array_set_new(updates.get(), save_at, u);
+    json_array_set_new(updates.get(), save_at, unchanged(t));
     poll_failure(save_at, "the poll result could not be saved");
 
     return poll_save_one();
@@ -4449,6 +4507,14 @@ llmgw_tjob_s::next_poll()
                                    + ": extractUsageOnComplete: "
                                    + (err.empty() ? "no price" : err));
             }
+        } else if (!hook.ok && !hook.plugin_fault()) {
+            /* the runtime's trouble, not the task's: it is left as it was
+               (nor settled at its reservation) and polled again later */
+            json_array_set_new(updates.get(), i, unchanged(tasks[i]));
+            poll_log.push_back(tasks[i].task_id
+                               + ": extractUsageOnComplete: the plugin "
+                               "runtime is unavailable (" + hook.message
+                               + "); polled again later");
         } else if (!hook.ok) {
             poll_log.push_back(tasks[i].task_id
                                + ": extractUsageOnComplete failed: "
@@ -4711,7 +4777,7 @@ llmgw_tjob_poll(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
 extern "C" size_t
 llmgw_task_poll_jobs(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
     const char *claim_json, size_t len, llmgw_str_t owner,
-    llmgw_tjob_t ***jobs, size_t *ntasks)
+    llmgw_balance_cb learn, void *arg, llmgw_tjob_t ***jobs, size_t *ntasks)
 {
     *ntasks = 0;
     *jobs = nullptr;
@@ -4721,6 +4787,10 @@ llmgw_task_poll_jobs(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
     try {
         Json claim = json_parse(claim_json, len);
         json_t *tasks = json_object_get(claim.get(), "tasks");
+
+        if (learn != nullptr && json_is_object(claim.get())) {
+            balances_answered(claim.get(), learn, arg);
+        }
         Json plan(json_array());
 
         /* batch plugins: one open group per plugin and channel */

@@ -172,10 +172,13 @@ llmgw_tjob_t *llmgw_tjob_poll(const llmgw_snapshot_t *s,
  * The poll jobs for an llmgw_task_claim() answer: one per task, or one per
  * batch of up to batch_size tasks of a batch plugin on one channel.  *jobs
  * is malloc'ed (free() it after taking the jobs); returns their number.
+ * The balances the claim's refunds of expired tasks left go to learn (when
+ * not NULL) with their revisions, as llmgw_flush_answer() gives them.
  */
 size_t llmgw_task_poll_jobs(const llmgw_snapshot_t *s,
     const llmgw_task_conf_t *conf, const char *claim_json, size_t len,
-    llmgw_str_t owner, llmgw_tjob_t ***jobs, size_t *ntasks);
+    llmgw_str_t owner, llmgw_balance_cb learn, void *arg,
+    llmgw_tjob_t ***jobs, size_t *ntasks);
 
 /* The channel a job's current step is for. */
 int64_t llmgw_tjob_channel(const llmgw_tjob_t *j);

@@ -23,7 +23,7 @@ import {
     psql, settle, sleep, startGateway, stopAll, tearDown,
 } from '../lib/harness.mjs';
 import {
-    account, assertErrorShape, bareMessage, expectUsed, getTask, ledgerSum,
+    account, assertErrorShape, bareMessage, expectUsed, gate, getTask, ledgerSum,
     multipartBody, parseMultipart, sseFrame, startVendor, submitTask, taskSetup,
     TERMINAL, vendorSuite, VIEW_KEYS, waitFor, waitLedger, waitStatus,
 } from '../lib/vendor.mjs';
@@ -665,6 +665,57 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         assert.equal(env.vendor.polls().length, 0, 'the vendor got no poll');
     });
 
+    test('immediate IN_PROGRESS or QUEUED: stored with that status, polled as any task, charged once at its end', async () => {
+        const env = await setup({ price: 'unit' });
+        const cases = [
+            ['IN_PROGRESS', { progress: 10, state: { step: 1 } }, 5],
+            ['QUEUED', { result: 'waiting' }, 4],
+        ];
+        for (const [status, extra, seconds] of cases) {
+            const up = `up-${hex(4)}`;
+            env.vendor.onSubmit = () => ({
+                body: { id: up, data: { seconds: 3 }, immediate: { status, ...extra } },
+            });
+            const held = gate();
+            env.vendor.queuePoll(up, { body: { status: 'running' }, before: () => held.promise },
+                { body: { status: 'done', seconds } });
+            const r = assertOk(await submit(env, { model: env.model, duration: 2 }), status);
+            assert.equal(r.json.status, status, r.text);
+            const id = r.json.task_id;
+            if (status === 'IN_PROGRESS') {
+                assert.equal(r.json.progress, '10%', r.text);
+            } else {
+                /* its members join the task data, as a poll's result's do */
+                assert.equal(r.json.data.result, 'waiting', r.text);
+            }
+            /* until it ends: the reservation, adjusted by the submit's facts */
+            let led = await waitLedger(db, id, ['reserve', 'adjust']);
+            assert.equal(led.reserve + led.adjust, 3 * PER_SECOND, JSON.stringify(led));
+            await waitFor(() => env.vendor.polls(up).length === 1, 5000, { what: 'polled' });
+            assert.equal((await getTask(gw, env.acct.key, id)).json.status, status);
+            if (status === 'IN_PROGRESS') {
+                assert.deepEqual(JSON.parse(await psql(db.conninfo,
+                    `select state from tasks where task_id = '${id}'`)), { step: 1 });
+            }
+            held.open();
+            await waitStatus(gw, env.acct.key, id, 'SUCCESS');
+            led = await waitLedger(db, id, ['reserve', 'adjust', 'settle']);
+            assert.equal(led.reserve + led.adjust + led.settle, seconds * PER_SECOND, JSON.stringify(led));
+            assert.equal(env.vendor.submits().filter((x) => x.upId === up).length, 1, 'submitted once');
+        }
+        await expectUsed(gw, db, env.acct, (5 + 4) * PER_SECOND);
+    });
+
+    test('immediate with an UNKNOWN or no status: 500 plugin_error', async () => {
+        const env = await setup();
+        for (const immediate of [{ status: 'UNKNOWN' }, { progress: 5 }, { status: 'running' }]) {
+            env.vendor.onSubmit = () => ({ body: { id: `up-${hex(4)}`, immediate } });
+            const r = await submit(env, { model: env.model });
+            assertError(r, 500, { code: 'plugin_error' });
+            assert.match(bareMessage(r), /immediate must be a result with a standard status other than UNKNOWN/);
+        }
+    });
+
     test('retainResult false: the submit answers the result; the task is billed, its data not kept', async () => {
         const env = await setup();
         const up = `up-${hex(4)}`;
@@ -1113,6 +1164,22 @@ describe('task timeout: the outer deadline fails and refunds', { timeout: 120000
         const n = vendor.polls().length;
         await sleep(4 * POLL_MS);
         assert.equal(vendor.polls().length, n, 'no poll after the timeout');
+    });
+    test('a refund at the deadline is known at once: the key whose quota the task held is served right after', async () => {
+        const { db, gw, vendor } = s;
+        const env = await taskSetup(gw, { vendors: [vendor] });
+        const user = await makeUser(gw, { quota: 100000000 });
+        /* exactly one task's price (0.01 USD) */
+        const tok = await makeKey(gw, user.id, { unlimited_quota: false, remain_quota: PER_TASK });
+        const r = assertOk(await submitTask(gw, env, { model: env.model }, { key: tok.key }));
+        /* spent: refused as a key without quota */
+        assertError(await submitTask(gw, env, { model: env.model }, { key: tok.key }), 401);
+        /* the claim that finds the task past its deadline refunds it, and
+           the worker learns the balance from the claim's answer (without
+           its revision the refund was not learned: the key stayed refused) */
+        await waitLedger(db, r.json.task_id, ['reserve', 'refund'], { ms: TIMEOUT_S * 1000 + 5000 });
+        await sleep(50);
+        assertOk(await submitTask(gw, env, { model: env.model }, { key: tok.key }), 'served after the refund');
     });
 });
 

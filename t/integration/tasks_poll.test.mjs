@@ -351,7 +351,7 @@ describe('llmgw_v8host_timeout below the runtime\'s deadline', { timeout: 120000
     });
 });
 
-describe('the plugin runtime out when the vendor answers a submit', { timeout: 120000 }, () => {
+describe('the plugin runtime out once the vendor has the task', { timeout: 120000 }, () => {
     const V8_TIMEOUT_MS = 1500;
     const s = vendorSuite({ http: `${HTTP}\n  llmgw_v8host_timeout ${V8_TIMEOUT_MS}ms;`,
         workers: 1, v8host: { workers: 2 } });
@@ -446,6 +446,79 @@ describe('the plugin runtime out when the vendor answers a submit', { timeout: 1
     test('SSE, killed: the events are read once it is started again', async () => {
         const h = s.gw.v8host;
         await outWhileAnswering(() => h.kill('SIGKILL'), () => h.start(), { sse: true });
+    });
+
+    /* Once the vendor has answered recs, the runtime is killed while the
+       usage hook those answers lead to spins (0.6 s, within the hook's
+       deadline of 0.75 s under llmgw_v8host_timeout 1.5 s) */
+    async function killDuring(recs) {
+        await waitFor(() => recs().length > 0 && recs().every((r) => r.tEnd), 10000,
+            { what: 'the vendor answered' });
+        await sleep(250);
+        await s.gw.v8host.kill('SIGKILL');
+    }
+
+    test('killed while extractUsageOnSubmit or an immediate result\'s extractUsageOnComplete runs: waited out, charged the usage', async () => {
+        const { gw, vendor, db } = s;
+        const u = await taskSetup(gw, { vendors: [vendor], models: 1, price: 'unit' });
+        const acct = await account(gw);
+        const ups = [uniq('up-su'), uniq('up-fu')];
+        vendor.onSubmit = (rec) => ({ body: rec.json.up_id === ups[0]
+            ? { id: ups[0], data: { seconds: 3, usage_spin: 600 } }
+            : { id: ups[1], immediate: { status: 'SUCCESS', seconds: 4, usage_spin: 600 } } });
+        try {
+            const answers = ups.map((up) => submitTask(gw, u, { model: u.model, up_id: up, duration: 2 },
+                { key: acct.key, timeoutMs: 60000 }));
+            await killDuring(() => vendor.submits().filter((r) => ups.includes(r.upId)));
+            /* past calls that failed while the runtime was out */
+            await sleep(V8_TIMEOUT_MS + 1000);
+            assert.equal(Number(await psql(db.conninfo,
+                `select count(*) from tasks where user_id = ${acct.user.id}`)), 0,
+            'nothing is stored while the usage hooks wait for the runtime');
+            await s.gw.v8host.start();
+            const [sub, fin] = await Promise.all(answers);
+            assertOk(sub, 'the submit whose usage waited');
+            assert.equal(assertOk(fin, 'the immediate result').json.status, 'SUCCESS', fin.text);
+            let led = await waitLedger(db, sub.json.task_id, ['reserve', 'adjust']);
+            assert.equal(led.reserve + led.adjust, 3 * PER_SECOND, JSON.stringify(led));
+            led = await waitLedger(db, fin.json.task_id, ['reserve', 'settle']);
+            assert.equal(led.reserve + (led.adjust || 0) + led.settle, 4 * PER_SECOND,
+                JSON.stringify(led));
+            await expectUsed(gw, db, acct, 7 * PER_SECOND);
+            for (const up of ups) {
+                assert.equal(vendor.submits().filter((x) => x.upId === up).length, 1,
+                    'each submit reached the vendor once');
+            }
+            assert.doesNotMatch(gw.errorLog(), /the charge so far stands/);
+        } finally {
+            vendor.onSubmit = null;
+        }
+    });
+
+    test('killed while a poll\'s extractUsageOnComplete runs: the task stays as it was, then is settled with its usage', async () => {
+        const { gw, vendor, db } = s;
+        const u = await taskSetup(gw, { vendors: [vendor], models: 1, price: 'unit' });
+        const acct = await account(gw);
+        const up = uniq('up-pu');
+        vendor.queuePoll(up, { body: { status: 'done', seconds: 6, usage_spin: 600 } });
+        vendor.setPoll(up, { body: { status: 'done', seconds: 6 } });
+        const r = assertOk(await submitTask(gw, u, { model: u.model, up_id: up, duration: 2 },
+            { key: acct.key }));
+        const id = r.json.task_id;
+        await killDuring(() => vendor.polls(up).slice(0, 1));
+        /* polls meet the runtime out: none settles the task */
+        await sleep(V8_TIMEOUT_MS + 5 * POLL_MS);
+        const row = JSON.parse(await psql(db.conninfo,
+            `select json_build_object('status', status, 'failures', poll_failures)
+               from tasks where task_id = '${id}'`));
+        assert.deepEqual(row, { status: 'SUBMITTED', failures: 0 });
+        assert.deepEqual((await ledgerRows(db, id)).map((x) => x.type), ['reserve']);
+        await s.gw.v8host.start();
+        await waitStatus(gw, acct.key, id, 'SUCCESS');
+        const led = await waitLedger(db, id, ['reserve', 'settle']);
+        assert.equal(led.reserve + (led.adjust || 0) + led.settle, 6 * PER_SECOND, JSON.stringify(led));
+        await expectUsed(gw, db, acct, 6 * PER_SECOND);
+        assert.match(gw.errorLog(), new RegExp(`${id}: extractUsageOnComplete: the plugin runtime is unavailable`));
     });
 });
 

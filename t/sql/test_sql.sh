@@ -1096,6 +1096,8 @@ sleep 0.05
 task_claim "C_$RUN" 1000 60000
 expect "a task past its deadline is expired, not claimed" ".expired >= 1 and ([.tasks[].task_id] | index(\"${T}_8\") == null)"
 expect "expiry answers balances" ".tokens | has(\"$TT\")"
+expect "expiry answers each balance with its revision (042)" \
+    ".token_revs[\"$TT\"] == $(trev "$TT") and .user_revs[\"$TU\"] == $(urev "$TU") and .users[\"$TU\"] == $(sql "SELECT quota FROM users WHERE id = $TU")"
 expect_eq "expired task" "$(tcol "${T}_8" "status || ' ' || fail_reason || ' ' || quota || ' ' || (finished_at IS NOT NULL)")" "FAILURE task timed out 0 true"
 expect_eq "expiry refunds once" "$(nlog "${T}_8" refund)" "1:350"
 task_claim "C_$RUN" 1000 60000

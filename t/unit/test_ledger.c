@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "llmgw.h"
+#include "balances_seen.h"
 
 
 /* The row's line, which must end in one newline and hold 18 fields. */
@@ -185,28 +186,6 @@ test_flush_new_sql_sums_charges_per_id(void **state)
     assert_non_null(b.data);
     assert_non_null(strstr(b.data, "llmgw_flush_apply('{}','{}','{}','{}')"));
     llmgw_buf_free(&b);
-}
-
-
-typedef struct {
-    int      n;
-    int      is_user[8];
-    int64_t  id[8], balance[8], rev[8];
-} seen_t;
-
-
-static void
-seen(void *arg, int is_user, int64_t id, int64_t balance, int64_t rev)
-{
-    seen_t *s = arg;
-
-    if (s->n < 8) {
-        s->is_user[s->n] = is_user;
-        s->id[s->n] = id;
-        s->balance[s->n] = balance;
-        s->rev[s->n] = rev;
-        s->n++;
-    }
 }
 
 

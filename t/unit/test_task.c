@@ -22,6 +22,7 @@
 
 #include "llmgw.h"
 #include "task.h"
+#include "balances_seen.h"
 
 
 #define S(s)  ((llmgw_str_t) { (s), strlen(s) })
@@ -1758,7 +1759,7 @@ claim(const char *claim_sq, size_t *n, size_t *ntasks)
     llmgw_tjob_t  **jobs = NULL;
 
     *n = llmgw_task_poll_jobs(snap, &conf, c, strlen(c), LLMGW_STR("owner-1"),
-                              &jobs, ntasks);
+                              NULL, NULL, &jobs, ntasks);
     free(c);
     assert_non_null(jobs);
     return jobs;
@@ -2045,6 +2046,39 @@ test_poll_success_prices_the_usage_facts_at_the_stored_price(void **state)
 }
 
 
+/* The balances a claim's refunds of expired tasks left are learned with
+   their revisions (a reading without one could only lower a balance). */
+static void
+test_poll_jobs_learn_the_claims_refunds_with_revisions(void **state)
+{
+    llmgw_tjob_t  **jobs = NULL;
+    seen_t          l = { 0 };
+    size_t          n, ntasks;
+    char           *c = sq("{'expired':1,'tokens':{'7':5000},"
+                           "'users':{'3':90000},'token_revs':{'7':12},"
+                           "'user_revs':{'3':40},'tasks':[]}");
+
+    (void) state;
+
+    n = llmgw_task_poll_jobs(snap, &conf, c, strlen(c), LLMGW_STR("o"),
+                             seen, &l, &jobs, &ntasks);
+    free(c);
+    free(jobs);
+
+    assert_int_equal(n, 0);
+    assert_int_equal(ntasks, 0);
+    assert_int_equal(l.n, 2);
+    assert_int_equal(l.is_user[0], 0);
+    assert_int_equal(l.id[0], 7);
+    assert_int_equal(l.balance[0], 5000);
+    assert_int_equal(l.rev[0], 12);
+    assert_int_equal(l.is_user[1], 1);
+    assert_int_equal(l.id[1], 3);
+    assert_int_equal(l.balance[1], 90000);
+    assert_int_equal(l.rev[1], 40);
+}
+
+
 static void
 test_poll_jobs_group_a_batch_plugin_by_channel_and_size(void **state)
 {
@@ -2072,7 +2106,7 @@ test_poll_jobs_group_a_batch_plugin_by_channel_and_size(void **state)
     c = sq(CLAIM);
 
     n = llmgw_task_poll_jobs(snap, &conf, c, strlen(c), LLMGW_STR("o"),
-                             &jobs, &ntasks);
+                             NULL, NULL, &jobs, &ntasks);
     assert_int_equal(ntasks, 5);
     assert_int_equal(n, 3);
     for (size_t i = 0; i < n; i++) {
@@ -2082,7 +2116,7 @@ test_poll_jobs_group_a_batch_plugin_by_channel_and_size(void **state)
 
     small.batch_size = 2;
     n = llmgw_task_poll_jobs(snap, &small, c, strlen(c), LLMGW_STR("o"),
-                             &jobs, &ntasks);
+                             NULL, NULL, &jobs, &ntasks);
     assert_int_equal(ntasks, 5);
     assert_int_equal(n, 4);
     for (size_t i = 0; i < n; i++) {
@@ -2345,6 +2379,8 @@ main(void)
             test_poll_success_prices_the_usage_facts_at_the_stored_price),
         cmocka_unit_test(
             test_poll_jobs_group_a_batch_plugin_by_channel_and_size),
+        cmocka_unit_test(
+            test_poll_jobs_learn_the_claims_refunds_with_revisions),
         cmocka_unit_test(test_batch_poll_matches_results_by_task_id),
         cmocka_unit_test(test_batch_poll_404_counts_a_failure_for_each_task),
     };
