@@ -80,6 +80,7 @@ struct ngx_llmgw_runner_s {
 
 
 static void ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn);
+static void ngx_llmgw_task_watch(ngx_http_request_t *r);
 static void ngx_llmgw_task_finish(ngx_llmgw_runner_t *rn,
     ngx_http_request_t *r, const llmgw_tstep_t *st);
 static void ngx_llmgw_poll_tick(ngx_event_t *ev);
@@ -322,8 +323,15 @@ ngx_llmgw_task_resume(ngx_llmgw_runner_t *rn)
 
     rn->inflight = 0;
 
-    if (rn->request == NULL && rn->gone && llmgw_tjob_charged(rn->job)) {
-        /* the task is stored: nobody is left to answer */
+    /*
+     * The task is stored: nobody is left to answer.  A poll made for the
+     * request goes on until its answer is saved and the task's lease given
+     * back, so that the background pollers need not wait for the lease to
+     * run out (nor ask the vendor again what it already said).
+     */
+    if (rn->request == NULL && rn->gone && llmgw_tjob_charged(rn->job)
+        && !llmgw_tjob_polling_for_request(rn->job))
+    {
         ngx_llmgw_runner_free(rn);
         return;
     }
@@ -334,6 +342,32 @@ ngx_llmgw_task_resume(ngx_llmgw_runner_t *rn)
 
     if (c != NULL) {
         ngx_http_run_posted_requests(c);
+    }
+}
+
+
+/*
+ * Once its task is stored, a request has nothing left that must outlive its
+ * client: one that leaves is noticed from then on (an image or sync
+ * Responses wait ends then, not at llmgw_task_wait_timeout), and the job
+ * goes on without it only as far as a poll under way must (request_gone).
+ */
+static void
+ngx_llmgw_task_watch(ngx_http_request_t *r)
+{
+    ngx_event_t  *rev;
+
+    if (r->read_event_handler == ngx_http_test_reading) {
+        return;
+    }
+
+    r->read_event_handler = ngx_http_test_reading;
+
+    /* a client that left before is told by an event already gone by */
+    rev = r->connection->read;
+
+    if (rev->ready || rev->pending_eof || rev->eof) {
+        ngx_post_event(rev, &ngx_posted_events);
     }
 }
 
@@ -657,6 +691,10 @@ ngx_llmgw_task_drive(ngx_llmgw_runner_t *rn)
 
     for ( ;; ) {
         st = llmgw_tjob_next(rn->job);
+
+        if (rn->request != NULL && llmgw_tjob_charged(rn->job)) {
+            ngx_llmgw_task_watch(rn->request);
+        }
 
         switch (st->kind) {
 

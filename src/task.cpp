@@ -5303,6 +5303,13 @@ llmgw_tjob_must_go_on(const llmgw_tjob_t *j)
 
 
 extern "C" int
+llmgw_tjob_polling_for_request(const llmgw_tjob_t *j)
+{
+    return j->in_request_poll;
+}
+
+
+extern "C" int
 llmgw_tjob_busy(const llmgw_tjob_t *j)
 {
     return j->busy;

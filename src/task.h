@@ -286,6 +286,10 @@ int llmgw_tjob_charged(const llmgw_tjob_t *j);
    the vendor took. */
 int llmgw_tjob_must_go_on(const llmgw_tjob_t *j);
 
+/* Whether the job polls its task for a request that waits for it: a poll
+   holds the task's lease until its answer is saved. */
+int llmgw_tjob_polling_for_request(const llmgw_tjob_t *j);
+
 /* Whether a step is in flight (its result not handed back yet). */
 int llmgw_tjob_busy(const llmgw_tjob_t *j);
 void llmgw_tjob_set_sse_idle(llmgw_tjob_t *j, int64_t ms);

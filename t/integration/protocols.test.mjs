@@ -535,6 +535,35 @@ describe('host protocols', { timeout: 180000 }, () => {
             400, { type: 'upstream_error', code: 'task_failed', message: /no cats allowed/ });
         await expectUsed(gw, db, acct2, 0);
     });
+
+    test('a client that leaves an image or sync Responses wait ends its request at once; the task goes on', async () => {
+        for (const [path, body] of [['/v1/images/generations', {}],
+            ['/v1/responses', { input: 'hi' }]]) {
+            const acct = await account(gw);
+            const up = uniq('up-leave');
+            vendor.setPoll(up, { body: { status: 'running' } });
+            const req = http.request({ host: '127.0.0.1', port: gw.port, method: 'POST', path,
+                headers: { Authorization: `Bearer ${acct.key}`, 'Content-Type': 'application/json' } });
+            req.on('error', () => {});
+            req.end(JSON.stringify({ model: env.model, up_id: up, ...body }));
+            await waitFor(() => vendor.polls(up).length >= 1, 5000, { what: 'the request\'s poll' });
+            req.destroy();
+            const left = Date.now();
+            /* the request is logged (499) when its client leaves, not at
+               llmgw_task_wait_timeout (600 s here) */
+            await waitFor(() => new RegExp(`"POST ${path} HTTP/1.1" 499 `).test(
+                gw.accessLog().split('\n').filter((l) => l.includes(path)).slice(-1)[0] || ''),
+            3000, { what: `the ${path} request ended` });
+            assert.ok(Date.now() - left < 3000);
+            const id = JSON.parse(await psql(db.conninfo, `select to_json(task_id) from tasks
+                where token_id = ${Number(acct.token.id)}`));
+            vendor.setPoll(up, { body: { status: 'done', data: { images: ['https://cdn.example/l.png'] } } });
+            await waitFor(async () => JSON.parse(await psql(db.conninfo,
+                `select to_json(status) from tasks where task_id = '${id}'`)) === 'SUCCESS',
+            8000, { what: 'the task ends in the background' });
+            await expectUsed(gw, db, acct, PER_TASK);
+        }
+    });
 });
 
 describe('host_image: a result the plugin cannot render', { timeout: 120000 }, () => {
