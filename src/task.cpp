@@ -4700,16 +4700,12 @@ llmgw_tjob_refusal(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
     q.args = req->args;
     q.request_id = req->request_id;
 
-    llmgw_tjob_t *j = llmgw_tjob_request(s, conf, route, &q);
-    if (j == nullptr) {
-        return nullptr;
-    }
+    std::unique_ptr<llmgw_tjob_s> j(llmgw_tjob_request(s, conf, route, &q));
 
     try {
-        if (j->manifest == nullptr || j->route == nullptr
+        if (!j || j->manifest == nullptr || j->route == nullptr
             || !exports_has(j->manifest, "native.error"))
         {
-            delete j;
             return nullptr;
         }
 
@@ -4718,10 +4714,9 @@ llmgw_tjob_refusal(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
         j->err_type = v->type ? v->type : "gateway_error";
         j->err_code = v->code ? v->code : "";
         j->err_message = v->message;
-        return j;
+        return j.release();
 
     } catch (...) {
-        delete j;
         return nullptr;
     }
 }

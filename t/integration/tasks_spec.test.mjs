@@ -443,6 +443,26 @@ describe('task plugin rules of the specification', { timeout: 180000 }, () => {
     /* native.error                                                        */
     /* ------------------------------------------------------------------ */
 
+    /* r is the envelope the plugin's native.error made for status and
+       code, on the route and with the context of opts */
+    function shaped(env, r, status, code, { method = 'POST', p = '/gen', params = {}, query, body } = {}) {
+        assert.equal(r.status, status, r.text);
+        const e = r.json && r.json.vendor_error;
+        assert.ok(e, `shaped by native.error: ${r.text}`);
+        assert.equal(r.json.error, undefined, r.text);
+        assert.equal(e.code, code, r.text);
+        assert.equal(e.status, status, r.text);
+        assert.equal(e.retryable, status === 429 || status >= 500, r.text);
+        assert.equal(typeof e.message, 'string', r.text);
+        assert.equal(e.method, method, r.text);
+        assert.equal(e.path, `/${env.key}/v1${p}`, r.text);
+        assert.deepEqual(e.params, params, r.text);
+        assert.deepEqual(e.query, query, r.text);
+        assert.equal(e.body, body, r.text);
+        assert.match(r.headers['x-request-id'] || '', /\S/, 'the request id header stays');
+        return e;
+    }
+
     /*
      * README, client API: "native.error, when exported, shapes that
      * plugin's errors"; contract facts: native.error(decode ctx, {code,
@@ -452,20 +472,10 @@ describe('task plugin rules of the specification', { timeout: 180000 }, () => {
     test('native.error shapes model_not_found (503) and a throwing decoder\'s plugin_error (500)', async () => {
         const v = await newVendor();
         const env = await setup({ vendors: [v], errorRenderer: true });
-        const shaped = (r, status, code) => {
-            assert.equal(r.status, status, r.text);
-            const e = r.json && r.json.vendor_error;
-            assert.ok(e, `shaped by native.error: ${r.text}`);
-            assert.equal(r.json.error, undefined, r.text);
-            assert.equal(e.code, code, r.text);
-            assert.equal(e.status, status, r.text);
-            assert.equal(typeof e.message, 'string');
-            assert.equal(typeof e.retryable, 'boolean');
-            assert.equal(e.path, `/${env.key}/v1/gen`);
-            return e;
-        };
-        shaped(await gen(env, { model: `unknown-${hex(4)}` }), 503, 'model_not_found');
-        const e = shaped(await gen(env, { model: env.model, throw: 'decoder says no' }), 500, 'plugin_error');
+        const opts = { query: {}, body: 'json' };
+        shaped(env, await gen(env, { model: `unknown-${hex(4)}` }), 503, 'model_not_found', opts);
+        const e = shaped(env, await gen(env, { model: env.model, throw: 'decoder says no' }), 500,
+            'plugin_error', opts);
         assert.match(e.message, /decoder says no/);
         await sleep(200);
         assert.equal(v.requests.length, 0, 'nothing reached the vendor');
@@ -490,56 +500,41 @@ describe('task plugin rules of the specification', { timeout: 180000 }, () => {
             { groups: { [group]: { duration_minutes: 1, total: 1, success: 0 } } }), 'PUT /api/rate_limit');
         await settle(t0);
 
-        const shaped = (r, status, code, { method = 'POST', p = '/gen', params = {} } = {}) => {
-            assert.equal(r.status, status, r.text);
-            const e = r.json && r.json.vendor_error;
-            assert.ok(e, `shaped by native.error: ${r.text}`);
-            assert.equal(r.json.error, undefined, r.text);
-            assert.equal(e.code, code, r.text);
-            assert.equal(e.status, status, r.text);
-            assert.equal(e.retryable, status === 429 || status >= 500, r.text);
-            assert.equal(typeof e.message, 'string', r.text);
-            assert.equal(e.method, method, r.text);
-            assert.equal(e.path, `/${env.key}/v1${p}`, r.text);
-            assert.deepEqual(e.params, params, r.text);
-            assert.deepEqual(e.query, { q: ['1'] }, r.text);
-            assert.equal(e.body, 'none', r.text);
-            assert.match(r.headers['x-request-id'] || '', /\S/, 'the request id header stays');
-            return e;
-        };
+        const refused = (r, status, code, opts = {}) =>
+            shaped(env, r, status, code, { query: { q: ['1'] }, body: 'none', ...opts });
 
         /* 401: no key, a wrong key (which the hook never sees) */
-        shaped(await native(env, 'POST', '/gen?q=1', { key: null, body: { model: env.model } }),
+        refused(await native(env, 'POST', '/gen?q=1', { key: null, body: { model: env.model } }),
             401, 'invalid_token');
         const wrong = `sk-${hex(24)}`;
         const r401 = await native(env, 'GET', '/tasks/task_x1?q=1', { key: wrong });
-        shaped(r401, 401, 'invalid_token', { method: 'GET', p: '/tasks/task_x1',
+        refused(r401, 401, 'invalid_token', { method: 'GET', p: '/tasks/task_x1',
             params: { task_id: 'task_x1' } });
         assert.ok(!r401.text.includes(wrong), r401.text);
 
         /* 403: an address outside the key's list, the key's group, its models */
         const ipKey = (await makeKey(gw, env.acct.user.id, { allow_ips: ['203.0.113.0/24'] })).key;
-        shaped(await native(env, 'POST', '/gen?q=1', { key: ipKey, body: { model: env.model } }),
+        refused(await native(env, 'POST', '/gen?q=1', { key: ipKey, body: { model: env.model } }),
             403, 'access_denied');
         const noGroup = (await makeUserKey(gw, { group: `gone-${hex(3)}` })).key;
-        shaped(await native(env, 'POST', '/gen?q=1', { key: noGroup, body: { model: env.model } }),
+        refused(await native(env, 'POST', '/gen?q=1', { key: noGroup, body: { model: env.model } }),
             403, 'group_unavailable');
         const modelKey = (await makeKey(gw, env.acct.user.id,
             { models: [env.models[1]] })).key;
-        const r403 = await native(env, 'POST', '/gen?q=1', { key: modelKey, body: { model: env.model } });
-        assert.equal(r403.status, 403, r403.text);
-        assert.ok(r403.json && r403.json.vendor_error, `shaped by native.error: ${r403.text}`);
+        /* (after the decoder, which read the body) */
+        refused(await native(env, 'POST', '/gen?q=1', { key: modelKey, body: { model: env.model } }),
+            403, 'model_not_allowed', { body: 'json' });
 
         /* 429, with its Retry-After */
         const limited = (await makeUserKey(gw, { group })).key;
         await native(env, 'POST', '/gen?q=1', { key: limited, body: { model: env.model } });
         const r429 = await native(env, 'POST', '/gen?q=1', { key: limited, body: { model: env.model } });
-        shaped(r429, 429, 'rate_limit_exceeded');
+        refused(r429, 429, 'rate_limit_exceeded');
         assert.match(r429.headers['retry-after'] || '', /^[1-9][0-9]*$/, 'Retry-After kept');
 
         /* 405, with its Allow */
         const r405 = await native(env, 'DELETE', '/gen?q=1');
-        shaped(r405, 405, 'method_not_allowed', { method: 'DELETE' });
+        refused(r405, 405, 'method_not_allowed', { method: 'DELETE' });
         assert.equal(r405.headers.allow, 'POST');
 
         await sleep(200);
