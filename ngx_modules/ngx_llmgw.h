@@ -463,6 +463,10 @@ ngx_int_t ngx_llmgw_task_init_process(ngx_cycle_t *cycle,
 void ngx_llmgw_task_exit_process(ngx_cycle_t *cycle);
 /* Runs a task route's request once its body is read. */
 void ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx);
+/* A refusal on a plugin's native route, through its native.error:
+   NGX_DONE (answered later), or NGX_DECLINED (not shaped). */
+ngx_int_t ngx_llmgw_task_refuse(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    const llmgw_verdict_t *v);
 
 /* ngx_llmgw_errpage.c */
 ngx_int_t ngx_llmgw_errpage_init(ngx_conf_t *cf);

@@ -813,6 +813,18 @@ ngx_llmgw_send_error(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ngx_int_t    rc;
     llmgw_buf_t  body;
 
+    if (v->status == NGX_HTTP_NOT_ALLOWED
+        && ngx_llmgw_allow_header(r, v->message) != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* a plugin's native route: its native.error shapes the body */
+    rc = ngx_llmgw_task_refuse(r, ctx, v);
+    if (rc != NGX_DECLINED) {
+        return rc;
+    }
+
     body = llmgw_error_json(
         (llmgw_str_t) { v->message, ngx_strlen(v->message) },
         (llmgw_str_t) { v->type, ngx_strlen(v->type) },
@@ -820,13 +832,6 @@ ngx_llmgw_send_error(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
         (llmgw_str_t) { (char *) ctx->request_id, NGX_LLMGW_REQUEST_ID_LEN });
 
     if (body.data == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    if (v->status == NGX_HTTP_NOT_ALLOWED
-        && ngx_llmgw_allow_header(r, v->message) != NGX_OK)
-    {
-        llmgw_buf_free(&body);
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 

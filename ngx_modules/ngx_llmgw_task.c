@@ -91,6 +91,10 @@ static void ngx_llmgw_poll_stop_watch(ngx_event_t *ev);
 static void ngx_llmgw_task_sql_later(ngx_event_t *ev);
 static void ngx_llmgw_poll_schedule(ngx_msec_t delay);
 static void ngx_llmgw_task_body_free(ngx_llmgw_task_body_t *b);
+static ngx_llmgw_runner_t *ngx_llmgw_task_runner(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx, llmgw_tjob_t *job, ngx_llmgw_task_body_t *body);
+static llmgw_str_t ngx_llmgw_task_args(ngx_http_request_t *r,
+    ngx_llmgw_ctx_t *ctx);
 static void ngx_llmgw_task_respond(ngx_http_request_t *r,
     const llmgw_tstep_t *st);
 static void ngx_llmgw_task_tried(ngx_llmgw_runner_t *rn);
@@ -1599,6 +1603,111 @@ ngx_llmgw_task_body(ngx_http_request_t *r, ngx_llmgw_task_body_t *rn)
 }
 
 
+/*
+ * The runner of request r's job, which takes the job and *body (may be
+ * empty; the job reads it in place); NULL when out of memory (the job and
+ * the body freed).
+ */
+static ngx_llmgw_runner_t *
+ngx_llmgw_task_runner(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    llmgw_tjob_t *job, ngx_llmgw_task_body_t *body)
+{
+    ngx_llmgw_runner_t  *rn;
+    ngx_pool_cleanup_t  *cln;
+
+    /* the job keeps its own references: it may outlive the request */
+    ngx_llmgw_cache_ref(ctx->snapshot);
+
+    rn = ngx_llmgw_runner_new(job, ctx->snapshot);
+    if (rn == NULL) {
+        ngx_llmgw_task_body_free(body);
+        ngx_llmgw_cache_release(ctx->snapshot);
+        return NULL;
+    }
+
+    rn->body = *body;
+
+    rn->token = llmgw_token_ref(ctx->token);
+    rn->request = r;
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        ngx_llmgw_runner_free(rn);
+        return NULL;
+    }
+
+    cln->handler = ngx_llmgw_task_request_gone;
+    cln->data = rn;
+    rn->cleanup = cln;
+    ctx->task = rn;
+
+    return rn;
+}
+
+
+/*
+ * A refusal of the gateway's own on a plugin's native route, before its
+ * job (the key, its address, group and quota, the rate limit, the
+ * method), shaped by the plugin's native.error when it has one: NGX_DONE,
+ * the answer sent when the hook has answered (the request held till
+ * then); NGX_DECLINED, the caller answers in the contract.  Headers set
+ * before (Retry-After, Allow) stay.
+ */
+ngx_int_t
+ngx_llmgw_task_refuse(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
+    const llmgw_verdict_t *v)
+{
+    llmgw_treq_t            req;
+    llmgw_tjob_t           *job;
+    ngx_llmgw_runner_t     *rn;
+    ngx_llmgw_task_body_t   body;
+
+    if (ctx->endpoint.ep != LLMGW_EP_TASK
+        || ctx->troute.kind != LLMGW_TROUTE_NATIVE
+        || ctx->snapshot == NULL || ctx->task != NULL || ctx->responded)
+    {
+        return NGX_DECLINED;
+    }
+
+    ngx_memzero(&req, sizeof(req));
+    req.method = (llmgw_str_t) { (char *) r->method_name.data,
+                                 r->method_name.len };
+    req.path = (llmgw_str_t) { (char *) r->uri.data, r->uri.len };
+    req.args = ngx_llmgw_task_args(r, ctx);
+    req.request_id = (llmgw_str_t) { (char *) ctx->request_id,
+                                     ngx_strlen(ctx->request_id) };
+
+    job = llmgw_tjob_refusal(ctx->snapshot, &ngx_llmgw_task_conf,
+                             &ctx->troute, &req, v);
+    if (job == NULL) {
+        return NGX_DECLINED;
+    }
+
+    ngx_memzero(&body, sizeof(body));
+
+    rn = ngx_llmgw_task_runner(r, ctx, job, &body);
+    if (rn == NULL) {
+        return NGX_DECLINED;
+    }
+
+    /* the answer comes with the hook's: the request is held till then */
+    r->main->count++;
+    ngx_llmgw_task_drive(rn);
+
+    return NGX_DONE;
+}
+
+
+/* The query as it came: a ?key= in it was masked for the logs. */
+static llmgw_str_t
+ngx_llmgw_task_args(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
+{
+    return ctx->args.data
+           ? (llmgw_str_t) { (char *) ctx->args.data, ctx->args.len }
+           : (llmgw_str_t) { (char *) r->args.data, r->args.len };
+}
+
+
 void
 ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 {
@@ -1608,7 +1717,6 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     llmgw_treq_t            req;
     llmgw_tjob_t           *job;
     ngx_llmgw_runner_t     *rn;
-    ngx_pool_cleanup_t     *cln;
     ngx_llmgw_task_body_t   body;
 
     ngx_memzero(&body, sizeof(body));
@@ -1629,10 +1737,7 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
     req.method = (llmgw_str_t) { (char *) r->method_name.data,
                                  r->method_name.len };
     req.path = (llmgw_str_t) { (char *) r->uri.data, r->uri.len };
-    /* the query as it came: a ?key= in it was masked for the logs */
-    req.args = ctx->args.data
-               ? (llmgw_str_t) { (char *) ctx->args.data, ctx->args.len }
-               : (llmgw_str_t) { (char *) r->args.data, r->args.len };
+    req.args = ngx_llmgw_task_args(r, ctx);
     if (r->headers_in.content_type != NULL) {
         req.content_type = (llmgw_str_t) {
             (char *) r->headers_in.content_type->value.data,
@@ -1679,33 +1784,11 @@ ngx_llmgw_task_start(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         return;
     }
 
-    /* the job keeps its own references: it may outlive the request */
-    ngx_llmgw_cache_ref(ctx->snapshot);
-
-    rn = ngx_llmgw_runner_new(job, ctx->snapshot);
+    rn = ngx_llmgw_task_runner(r, ctx, job, &body);
     if (rn == NULL) {
-        ngx_llmgw_task_body_free(&body);
-        ngx_llmgw_cache_release(ctx->snapshot);
         ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
     }
-
-    rn->body = body;                /* the job reads it in place */
-
-    rn->token = llmgw_token_ref(ctx->token);
-    rn->request = r;
-
-    cln = ngx_pool_cleanup_add(r->pool, 0);
-    if (cln == NULL) {
-        ngx_llmgw_runner_free(rn);
-        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
-
-    cln->handler = ngx_llmgw_task_request_gone;
-    cln->data = rn;
-    rn->cleanup = cln;
-    ctx->task = rn;
 
     if (ctx->troute.kind == LLMGW_TROUTE_CONTENT
         || (ctx->troute.kind == LLMGW_TROUTE_PROTOCOL

@@ -487,6 +487,7 @@ struct llmgw_tjob_s {
         DECODED, LOOKED_UP_QUERY, ORIGINS, CHANNEL, USAGE, RESERVED,
         BUILT, SENT, STREAMING, EVENT, PARSED, SUBMIT_USAGE, FINAL_USAGE,
         CREATED, RENDERED, ERROR_RENDERED, RUNTIME_SLEPT,
+        REFUSED,            /* refused before the job: native.error */
         /* a request waiting for its task */
         WAIT_SLEPT, WAIT_CLAIMED, WAIT_LOOKED, WAIT_RELEASED, DOWNLOADED,
         /* artifacts */
@@ -3643,6 +3644,10 @@ llmgw_tjob_s::next_request()
     case START:
         return start_request();
 
+    case REFUSED:
+        decode_ctx = Json(native_ctx());
+        return error_answer();
+
     case DECODED:
         if (!hook.ok) {
             return plugin_failed(nullptr);
@@ -4635,7 +4640,8 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
            upload has them): the first plugin by key, then route order */
         size_t n = snap_plugin_count(s);
         bool path_seen = false;
-        std::string_view best;
+        std::string_view best, best_path;
+        long path_plugin = -1, path_route = -1;
         std::vector<std::string> methods;
 
         for (size_t i = 0; i < n; i++) {
@@ -4650,6 +4656,12 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
                     continue;
                 }
                 path_seen = true;
+                if (path_route < 0 || more_specific(rp, best_path)) {
+                    /* whose native.error shapes a 405 on the path */
+                    path_plugin = static_cast<long>(i);
+                    path_route = static_cast<long>(k);
+                    best_path = rp;
+                }
                 std::string rm = upper(json_str(r, "method"));
                 if (rm.empty()) {
                     rm = "GET";
@@ -4672,6 +4684,8 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         if (path_seen && out->route < 0) {
             out->kind = LLMGW_TROUTE_NATIVE;
             out->method_ok = 0;
+            out->plugin = path_plugin;
+            out->route = path_route;
 
             std::sort(methods.begin(), methods.end());
             std::string allow;
@@ -4727,6 +4741,45 @@ llmgw_tjob_request(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
             }
         }
 
+        return j.release();
+
+    } catch (...) {
+        return nullptr;
+    }
+}
+
+
+extern "C" llmgw_tjob_t *
+llmgw_tjob_refusal(const llmgw_snapshot_t *s, const llmgw_task_conf_t *conf,
+    const llmgw_troute_t *route, const llmgw_treq_t *req,
+    const llmgw_verdict_t *v)
+{
+    if (route->kind != LLMGW_TROUTE_NATIVE || route->plugin < 0
+        || route->route < 0)
+    {
+        return nullptr;
+    }
+
+    llmgw_treq_t q {};
+    q.method = req->method;
+    q.path = req->path;
+    q.args = req->args;
+    q.request_id = req->request_id;
+
+    std::unique_ptr<llmgw_tjob_s> j(llmgw_tjob_request(s, conf, route, &q));
+
+    try {
+        if (!j || j->manifest == nullptr || j->route == nullptr
+            || !exports_has(j->manifest, "native.error"))
+        {
+            return nullptr;
+        }
+
+        j->phase = llmgw_tjob_s::REFUSED;
+        j->err_status = v->status;
+        j->err_type = v->type ? v->type : "gateway_error";
+        j->err_code = v->code ? v->code : "";
+        j->err_message = v->message;
         return j.release();
 
     } catch (...) {

@@ -161,6 +161,20 @@ llmgw_tjob_t *llmgw_tjob_request(const llmgw_snapshot_t *s,
     const llmgw_treq_t *req);
 
 /*
+ * A refusal the gateway makes on a plugin's native route before a job
+ * could start (the key, its address, group and quota, the rate limit, the
+ * method), shaped by the plugin's native.error: a job whose steps call the
+ * hook with the route's context (method, path, params, query; the body
+ * none) and answer with its envelope, or in the error contract when the
+ * hook fails or returns no JSON object.  NULL when the route's plugin
+ * exports no native.error (or out of memory): the caller answers in the
+ * contract.  The request's token and body are not used.
+ */
+llmgw_tjob_t *llmgw_tjob_refusal(const llmgw_snapshot_t *s,
+    const llmgw_task_conf_t *conf, const llmgw_troute_t *route,
+    const llmgw_treq_t *req, const llmgw_verdict_t *v);
+
+/*
  * A poll job over tasks claimed by llmgw_task_claim() (their JSON rows), all
  * of one plugin and channel when the plugin polls in batches, else one task.
  */

@@ -8,7 +8,8 @@
 //     replacing it;
 //   - the arguments of parseSubmitResponse and parseTaskResult; the
 //     DriverContext's requestHeaders and auth;
-//   - native.error for model_not_found and a throwing decoder;
+//   - native.error for model_not_found and a throwing decoder, and for the
+//     gateway's refusals before the route runs (401, 403, 429, 405);
 //   - SSE submit: event ids, the per-event cap, a JSON answer;
 //   - a legacy channel type claimed twice; meta.baseUrl and allowedHosts;
 //   - the per-file cap of an upload; two plugins on equal route shapes.
@@ -20,7 +21,8 @@ import assert from 'node:assert/strict';
 import { after, afterEach, before, describe, test } from 'node:test';
 
 import {
-    assertError, assertOk, createDb, dropDb, hex, settle, sleep, startGateway, stopAll,
+    assertError, assertOk, createDb, dropDb, hex, makeKey, makeUserKey, settle, sleep, startGateway,
+    stopAll,
 } from '../lib/harness.mjs';
 import {
     account, assertErrorShape, expectUsed, getTask, multipartBody, sseFrame, startVendor,
@@ -143,10 +145,14 @@ export const native = {
              data: task.data === undefined ? null : task.data };
   },
 };
-${errorRenderer ? `
+${errorRenderer === 'throw' ? `
+native.error = function (req, e) {
+  throw new Error('the error renderer failed too');
+};` : errorRenderer ? `
 native.error = function (req, e) {
   return { vendor_error: { code: e.code, message: e.message, status: e.httpStatus,
-                           retryable: e.retryable, path: req.path } };
+                           retryable: e.retryable, path: req.path, method: req.method,
+                           params: req.params, query: req.query, body: req.body.kind } };
 };` : ''}
 `;
 }
@@ -437,6 +443,26 @@ describe('task plugin rules of the specification', { timeout: 180000 }, () => {
     /* native.error                                                        */
     /* ------------------------------------------------------------------ */
 
+    /* r is the envelope the plugin's native.error made for status and
+       code, on the route and with the context of opts */
+    function shaped(env, r, status, code, { method = 'POST', p = '/gen', params = {}, query, body } = {}) {
+        assert.equal(r.status, status, r.text);
+        const e = r.json && r.json.vendor_error;
+        assert.ok(e, `shaped by native.error: ${r.text}`);
+        assert.equal(r.json.error, undefined, r.text);
+        assert.equal(e.code, code, r.text);
+        assert.equal(e.status, status, r.text);
+        assert.equal(e.retryable, status === 429 || status >= 500, r.text);
+        assert.equal(typeof e.message, 'string', r.text);
+        assert.equal(e.method, method, r.text);
+        assert.equal(e.path, `/${env.key}/v1${p}`, r.text);
+        assert.deepEqual(e.params, params, r.text);
+        assert.deepEqual(e.query, query, r.text);
+        assert.equal(e.body, body, r.text);
+        assert.match(r.headers['x-request-id'] || '', /\S/, 'the request id header stays');
+        return e;
+    }
+
     /*
      * README, client API: "native.error, when exported, shapes that
      * plugin's errors"; contract facts: native.error(decode ctx, {code,
@@ -446,24 +472,88 @@ describe('task plugin rules of the specification', { timeout: 180000 }, () => {
     test('native.error shapes model_not_found (503) and a throwing decoder\'s plugin_error (500)', async () => {
         const v = await newVendor();
         const env = await setup({ vendors: [v], errorRenderer: true });
-        const shaped = (r, status, code) => {
-            assert.equal(r.status, status, r.text);
-            const e = r.json && r.json.vendor_error;
-            assert.ok(e, `shaped by native.error: ${r.text}`);
-            assert.equal(r.json.error, undefined, r.text);
-            assert.equal(e.code, code, r.text);
-            assert.equal(e.status, status, r.text);
-            assert.equal(typeof e.message, 'string');
-            assert.equal(typeof e.retryable, 'boolean');
-            assert.equal(e.path, `/${env.key}/v1/gen`);
-            return e;
-        };
-        shaped(await gen(env, { model: `unknown-${hex(4)}` }), 503, 'model_not_found');
-        const e = shaped(await gen(env, { model: env.model, throw: 'decoder says no' }), 500, 'plugin_error');
+        const opts = { query: {}, body: 'json' };
+        shaped(env, await gen(env, { model: `unknown-${hex(4)}` }), 503, 'model_not_found', opts);
+        const e = shaped(env, await gen(env, { model: env.model, throw: 'decoder says no' }), 500,
+            'plugin_error', opts);
         assert.match(e.message, /decoder says no/);
         await sleep(200);
         assert.equal(v.requests.length, 0, 'nothing reached the vendor');
         await expectUsed(gw, db, env.acct, 0);
+    });
+
+    /*
+     * README, client API: native.error shapes the plugin's errors on its
+     * routes, also the gateway's own refusals before the route runs: the
+     * key (401), its address, group and model (403), the rate limit (429,
+     * its Retry-After kept) and the method (405, its Allow kept).  The
+     * hook gets the route's context (method, path, params, query, no body)
+     * and never the key.
+     */
+    test('native.error shapes 401, 403, 429 and 405 on the plugin\'s routes, headers kept', async () => {
+        const v = await newVendor();
+        const env = await setup({ vendors: [v], errorRenderer: true, wait: false });
+        const group = `nelim-${hex(3)}`;
+        const t0 = Date.now();
+        assertOk(await gw.admin('PUT', '/api/group', { [group]: 1 }), 'PUT /api/group');
+        assertOk(await gw.admin('PUT', '/api/rate_limit',
+            { groups: { [group]: { duration_minutes: 1, total: 1, success: 0 } } }), 'PUT /api/rate_limit');
+        await settle(t0);
+
+        const refused = (r, status, code, opts = {}) =>
+            shaped(env, r, status, code, { query: { q: ['1'] }, body: 'none', ...opts });
+
+        /* 401: no key, a wrong key (which the hook never sees) */
+        refused(await native(env, 'POST', '/gen?q=1', { key: null, body: { model: env.model } }),
+            401, 'invalid_token');
+        const wrong = `sk-${hex(24)}`;
+        const r401 = await native(env, 'GET', '/tasks/task_x1?q=1', { key: wrong });
+        refused(r401, 401, 'invalid_token', { method: 'GET', p: '/tasks/task_x1',
+            params: { task_id: 'task_x1' } });
+        assert.ok(!r401.text.includes(wrong), r401.text);
+
+        /* 403: an address outside the key's list, the key's group, its models */
+        const ipKey = (await makeKey(gw, env.acct.user.id, { allow_ips: ['203.0.113.0/24'] })).key;
+        refused(await native(env, 'POST', '/gen?q=1', { key: ipKey, body: { model: env.model } }),
+            403, 'access_denied');
+        const noGroup = (await makeUserKey(gw, { group: `gone-${hex(3)}` })).key;
+        refused(await native(env, 'POST', '/gen?q=1', { key: noGroup, body: { model: env.model } }),
+            403, 'group_unavailable');
+        const modelKey = (await makeKey(gw, env.acct.user.id,
+            { models: [env.models[1]] })).key;
+        /* (after the decoder, which read the body) */
+        refused(await native(env, 'POST', '/gen?q=1', { key: modelKey, body: { model: env.model } }),
+            403, 'model_not_allowed', { body: 'json' });
+
+        /* 429, with its Retry-After */
+        const limited = (await makeUserKey(gw, { group })).key;
+        await native(env, 'POST', '/gen?q=1', { key: limited, body: { model: env.model } });
+        const r429 = await native(env, 'POST', '/gen?q=1', { key: limited, body: { model: env.model } });
+        refused(r429, 429, 'rate_limit_exceeded');
+        assert.match(r429.headers['retry-after'] || '', /^[1-9][0-9]*$/, 'Retry-After kept');
+
+        /* 405, with its Allow */
+        const r405 = await native(env, 'DELETE', '/gen?q=1');
+        refused(r405, 405, 'method_not_allowed', { method: 'DELETE' });
+        assert.equal(r405.headers.allow, 'POST');
+
+        await sleep(200);
+        assert.equal(v.requests.length, 0, 'nothing reached the vendor');
+    });
+
+    /* A native.error that throws leaves the standard contract, headers and all. */
+    test('a native.error that throws: the gateway\'s refusals in the error contract', async () => {
+        const v = await newVendor();
+        const env = await setup({ vendors: [v], errorRenderer: 'throw' });
+        assertError(await native(env, 'POST', '/gen', { key: `sk-${hex(24)}`, body: { model: env.model } }),
+            401, { code: 'invalid_token' });
+        const ipKey = (await makeKey(gw, env.acct.user.id, { allow_ips: ['203.0.113.0/24'] })).key;
+        assertError(await native(env, 'POST', '/gen', { key: ipKey, body: { model: env.model } }),
+            403, { code: 'access_denied' });
+        const r405 = await native(env, 'PUT', '/gen');
+        assertError(r405, 405, { code: 'method_not_allowed' });
+        assert.equal(r405.headers.allow, 'POST');
+        assertError(await gen(env, { model: `unknown-${hex(4)}` }), 503, { code: 'model_not_found' });
     });
 
     /* ------------------------------------------------------------------ */

@@ -503,8 +503,9 @@ test_route_native_paths_with_parameters(void **state)
     check_route("POST", "/vid/v1/generate", LLMGW_TROUTE_NATIVE, 0, 0, 1);
     check_route("GET", "/vid/v1/tasks/abc", LLMGW_TROUTE_NATIVE, 0, 1, 1);
     check_route("GET", "/vid/v2/jobs/abc", LLMGW_TROUTE_NATIVE, 0, 2, 1);
-    /* a known path with another method: 405, not 404 */
-    check_route("GET", "/vid/v1/generate", LLMGW_TROUTE_NATIVE, -1, -1, 0);
+    /* a known path with another method: 405, not 404; it names the route
+       of that path, whose plugin's native.error shapes the 405 */
+    check_route("GET", "/vid/v1/generate", LLMGW_TROUTE_NATIVE, 0, 0, 0);
 }
 
 
@@ -637,8 +638,10 @@ test_route_most_specific_wins_over_plugin_order(void **state)
        segment, though the other has a literal second */
     check_overlap("GET", "/m/y/z", 0, 2, 1);
     check_overlap("GET", "/n/y/z", 1, 2, 1);
-    /* the method still has to match: 405, not another plugin's route */
-    check_overlap("PUT", "/zz-a/submit", -1, -1, 0);
+    /* the method still has to match: 405, not another plugin's route; the
+       405 names the most specific route of the path */
+    check_overlap("PUT", "/zz-a/submit", 1, 0, 0);
+    check_overlap("PUT", "/other/submit", 0, 0, 0);
 }
 
 
@@ -758,6 +761,112 @@ test_native_route_body_errors_go_through_native_error(void **state)
         json_decref(b);
         llmgw_tjob_free(j);
     }
+}
+
+
+/* A refusal before the job (here a 405, and a 429) is shaped by the
+ * native.error of the route's plugin, with the route's context and no
+ * body; a hook that fails or returns no object leaves the contract. */
+static llmgw_tjob_t *
+refusal_job(const char *method, const char *path, int status,
+    const char *code)
+{
+    llmgw_troute_t   r;
+    llmgw_treq_t     q;
+    llmgw_verdict_t  v;
+
+    llmgw_task_route(snap, S(method), S(path), &r);
+    assert_int_equal(r.kind, LLMGW_TROUTE_NATIVE);
+
+    memset(&q, 0, sizeof(q));
+    q.method = S(method);
+    q.path = S(path);
+    q.args = LLMGW_STR("v=1");
+    q.request_id = LLMGW_STR("req-9");
+    llmgw_verdict_set(&v, status, "gateway_error", code, "refused here");
+
+    return llmgw_tjob_refusal(snap, &conf, &r, &q, &v);
+}
+
+
+static void
+test_native_route_refusals_go_through_native_error(void **state)
+{
+    llmgw_tjob_t  *j;
+    json_t        *f, *b;
+
+    (void) state;
+
+    j = refusal_job("GET", "/vid/v1/generate", 405, "method_not_allowed");
+    assert_non_null(j);
+    f = expect_hook(j, "native.error", "sha-vid");
+    assert_json_eq(hook_arg(f, 0),
+                   "{'method':'GET','path':'/vid/v1/generate',"
+                   "'params':{},'query':{'v':['1']},"
+                   "'body':{'kind':'none'}}");
+    assert_json_eq(hook_arg(f, 1),
+                   "{'code':'method_not_allowed','message':'refused here',"
+                   "'httpStatus':405,'retryable':false}");
+    json_decref(f);
+    hook_ok(j, "{'vendor_error':'no'}");
+    b = expect_respond(j, 405);
+    assert_json_eq(b, "{'vendor_error':'no'}");
+    json_decref(b);
+    llmgw_tjob_free(j);
+
+    /* the path's parameters are given; a 429 is retryable */
+    j = refusal_job("GET", "/vid/v1/tasks/t1", 429, "rate_limit_exceeded");
+    assert_non_null(j);
+    f = expect_hook(j, "native.error", "sha-vid");
+    assert_json_eq(json_object_get(hook_arg(f, 0), "params"),
+                   "{'task_id':'t1'}");
+    assert_true(json_is_true(json_object_get(hook_arg(f, 1), "retryable")));
+    json_decref(f);
+    hook_reply(j, "{'ok':false,'error':{'kind':'threw','message':'x'}}");
+    expect_error(j, 429, "gateway_error", "rate_limit_exceeded",
+                 "refused here (request id: req-9)");
+    llmgw_tjob_free(j);
+
+    j = refusal_job("POST", "/vid/v1/generate", 401, "invalid_token");
+    assert_non_null(j);
+    json_decref(expect_hook(j, "native.error", "sha-vid"));
+    hook_ok(j, "[1]");
+    expect_error(j, 401, "gateway_error", "invalid_token", "refused here");
+    llmgw_tjob_free(j);
+
+    /* the runtime unavailable: the contract */
+    j = refusal_job("POST", "/vid/v1/generate", 403, "access_denied");
+    assert_non_null(j);
+    json_decref(expect_hook(j, "native.error", "sha-vid"));
+    llmgw_tjob_hook_done(j, -1, "down", 4);
+    expect_error(j, 403, "gateway_error", "access_denied", "refused here");
+    llmgw_tjob_free(j);
+}
+
+
+static void
+test_refusals_without_native_error_are_the_callers(void **state)
+{
+    llmgw_troute_t   r;
+    llmgw_treq_t     q;
+    llmgw_verdict_t  v;
+
+    (void) state;
+
+    memset(&q, 0, sizeof(q));
+    q.method = LLMGW_STR("POST");
+    q.path = LLMGW_STR("/v1/tasks/bat");
+    llmgw_verdict_set(&v, 401, "gateway_error", "invalid_token", "no");
+
+    /* not a native route */
+    llmgw_task_route(snap, q.method, q.path, &r);
+    assert_null(llmgw_tjob_refusal(snap, &conf, &r, &q, &v));
+
+    /* bat exports no native.error: shaped as if it were vid's route */
+    r.kind = LLMGW_TROUTE_NATIVE;
+    r.plugin = 1;
+    r.route = 0;
+    assert_null(llmgw_tjob_refusal(snap, &conf, &r, &q, &v));
 }
 
 
@@ -2326,6 +2435,9 @@ main(void)
             test_native_query_routes_take_the_id_from_their_parameter),
         cmocka_unit_test(
             test_native_route_body_errors_go_through_native_error),
+        cmocka_unit_test(
+            test_native_route_refusals_go_through_native_error),
+        cmocka_unit_test(test_refusals_without_native_error_are_the_callers),
         cmocka_unit_test(
             test_submit_runs_usage_reserve_build_send_parse_create),
         cmocka_unit_test(test_submit_without_model_is_model_not_specified),
