@@ -2536,7 +2536,10 @@ llmgw_tjob_s::protocol_rendered()
                                                            "finished_at"))
                             : json_null());
 
-        if (status == "FAILURE" && json_object_get(o, "error") == nullptr) {
+        /* a render's error stands, unless it says nothing (null) */
+        json_t *said = json_object_get(o, "error");
+
+        if (status == "FAILURE" && (said == nullptr || json_is_null(said))) {
             json_t *e = json_object();
             json_object_set_new(e, "code", json_string("task_failed"));
             json_object_set_new(e, "message",

@@ -148,6 +148,9 @@ describe('host protocols', { timeout: 180000 }, () => {
         const v = (await getVideo(r.json.id, { key: acct.key })).json;
         assertVideo(v, { status: 'failed', progress: 0 });
         assert.deepEqual(v.error, { code: 'task_failed', message: 'content policy' });
+        /* a render's error: null says nothing: the host's stands */
+        const vn = (await getVideo(r.json.id, { key: acct.key, query: '?nullerror=1' })).json;
+        assert.deepEqual(vn.error, { code: 'task_failed', message: 'content policy' });
         const led = await waitLedger(db, r.json.id, ['reserve', 'refund']);
         assert.equal(led.refund, led.reserve);
         await expectUsed(gw, db, acct, 0);
