@@ -27,10 +27,17 @@ export const meta = {
   },
 };
 
-/* The client's JSON body (POST /v1/tasks/my-video). */
+/* The client's body (POST /v1/tasks/my-video): a JSON body is the object
+   itself; a form or multipart body comes as {kind, fields: {name: [values]}},
+   of which the first value of each field is taken. */
 function input(ctx) {
   const b = ctx.requestBody;
-  return b && b.kind === 'json' && b.value && typeof b.value === 'object' ? b.value : {};
+  if (b && (b.kind === 'form' || b.kind === 'multipart') && b.fields) {
+    const o = {};
+    for (const k of Object.keys(b.fields)) o[k] = b.fields[k][0];
+    return o;
+  }
+  return b && typeof b === 'object' && !Array.isArray(b) ? b : {};
 }
 
 function duration(ctx) {

@@ -420,7 +420,13 @@ export interface OriginTask {
 }
 
 export interface DriverContext extends ChannelContext {
-    /** Normalised request body. */
+    /**
+     * Normalised request body: what a route's decoder returned as
+     * requestBody; for POST /v1/tasks/{pluginKey}, a JSON body as the value
+     * itself, and a form or multipart body as
+     * `{kind: "form" | "multipart", fields: {name: string[]}}` (files are in
+     * `files`).
+     */
     readonly requestBody: ReadonlyJSON;
     readonly requestHeaders: { readonly [name: string]: string };
     readonly action: string;

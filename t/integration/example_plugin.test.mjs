@@ -46,7 +46,7 @@ describe('the example task plugin', { timeout: 120000 }, () => {
 
         const submit = () => gw.req('POST', '/v1/tasks/my-video', { key: acct.key,
             headers: { 'Content-Type': 'application/json' },
-            body: JSON.stringify({ model: 'video-1', prompt: 'a red kite', duration: 5 }) });
+            body: JSON.stringify({ model: 'video-1', prompt: 'a red kite', duration: 8 }) });
         let r;
         await waitFor(async () => (r = await submit()).status === 200, 5000,
             { what: 'the plugin serves' });
@@ -61,10 +61,18 @@ describe('the example task plugin', { timeout: 120000 }, () => {
         assert.equal(view.progress, '100%');
         assert.match(view.data.video_url, /^https:\/\/cdn\.example\/vid-.*\.mp4$/);
 
-        /* reserved for the 5 s asked, settled to the 5 s made: 5 x 0.05 USD */
+        /* reserved for the 8 s asked (not the plugin's 5 s default), settled
+           to the 8 s made: 8 x 0.05 USD */
         const led = await waitLedger(db, r.json.task_id, ['reserve', 'settle']);
-        assert.equal(led.reserve, 5 * 0.05 * USD);
+        assert.equal(led.reserve, Math.round(8 * 0.05 * USD));
         assert.equal(led.settle, 0);
-        await expectUsed(gw, db, acct, 5 * 0.05 * USD);
+        await expectUsed(gw, db, acct, Math.round(8 * 0.05 * USD));
+
+        /* a form body reaches the plugin as its fields */
+        const f = assertOk(await gw.req('POST', '/v1/tasks/my-video', { key: acct.key,
+            headers: { 'Content-Type': 'application/x-www-form-urlencoded' },
+            body: 'model=video-1&prompt=a+kite&duration=3' }));
+        const fled = await waitLedger(db, f.json.task_id, ['reserve']);
+        assert.equal(fled.reserve, Math.round(3 * 0.05 * USD));
     });
 });
