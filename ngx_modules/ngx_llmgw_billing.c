@@ -393,6 +393,13 @@ ngx_llmgw_billing_key_check(ngx_llmgw_ctx_t *ctx, llmgw_verdict_t *v)
 
     if (tok != NULL) {
         rc = ngx_llmgw_bal_spent(tok, v);
+
+    } else if (!llmgw_token_unlimited(ctx->token)
+               && llmgw_token_remain_quota(ctx->token) <= 0)
+    {
+        llmgw_verdict_set(v, NGX_HTTP_UNAUTHORIZED, "gateway_error",
+                          "invalid_token", "Invalid token");
+        rc = NGX_DECLINED;
     }
 
     ngx_shmtx_unlock(&shm->shpool->mutex);

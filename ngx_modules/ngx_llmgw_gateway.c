@@ -292,7 +292,9 @@ ngx_llmgw_after_token(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx,
     ctx->token_id = llmgw_token_id(t);
     ctx->user_id = llmgw_token_user_id(t);
 
-    if (llmgw_token_check(t, (int64_t) ngx_time(), &v) != 0
+    /* whether the key has quota left is the zone's to say: it may know a
+       later balance than the record (a refund, say) */
+    if (llmgw_token_check_standing(t, (int64_t) ngx_time(), &v) != 0
         || ngx_llmgw_billing_key_check(ctx, &v) != NGX_OK)
     {
         return ngx_llmgw_send_error(r, ctx, &v);

@@ -310,7 +310,13 @@ int64_t llmgw_token_user_bal_rev(const llmgw_token_t *t);
 /* The effective group: the token's, else the user's, else "default". */
 llmgw_str_t llmgw_token_group(const llmgw_token_t *t);
 
-/* 401 Invalid token: disabled, expired, exhausted, user disabled. */
+/*
+ * 401 Invalid token: disabled, expired, user disabled; with exhausted, also
+ * when the record shows no quota left.  The gateway leaves that to the
+ * balance in the shared zone, which may know a later one (a refund).
+ */
+int llmgw_token_check_standing(const llmgw_token_t *t, int64_t now,
+    llmgw_verdict_t *v);
 int llmgw_token_check(const llmgw_token_t *t, int64_t now,
     llmgw_verdict_t *v);
 /* 403 access_denied when the address is outside the allow list. */

@@ -200,11 +200,11 @@ llmgw_token_group(const llmgw_token_t *t)
 }
 
 
-extern "C" int
-llmgw_token_check(const llmgw_token_t *t, int64_t now, llmgw_verdict_t *v)
+static int
+token_refused(const llmgw_token_t *t, int64_t now, bool exhausted,
+    llmgw_verdict_t *v)
 {
     bool expired = t->expired_time != -1 && t->expired_time <= now;
-    bool exhausted = !t->unlimited && t->remain_quota <= 0;
 
     /* one message for every reason: the caller learns nothing about keys */
     if (!t->enabled || !t->user_enabled || expired || exhausted) {
@@ -214,6 +214,21 @@ llmgw_token_check(const llmgw_token_t *t, int64_t now, llmgw_verdict_t *v)
     }
 
     return 0;
+}
+
+
+extern "C" int
+llmgw_token_check_standing(const llmgw_token_t *t, int64_t now,
+    llmgw_verdict_t *v)
+{
+    return token_refused(t, now, false, v);
+}
+
+
+extern "C" int
+llmgw_token_check(const llmgw_token_t *t, int64_t now, llmgw_verdict_t *v)
+{
+    return token_refused(t, now, !t->unlimited && t->remain_quota <= 0, v);
 }
 
 

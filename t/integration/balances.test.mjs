@@ -122,7 +122,7 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
                     `where datname = '${db.name}'`);
                 await sleep(3500);
                 /* an unknown key: its lookup waits for a connection */
-                const lookup = g.chat(`sk-${hex(48)}`, M, { timeoutMs: 20000 });
+                const lookup = g.chat(`sk-${hex(24)}`, M, { timeoutMs: 20000 });
                 await sleep(200);
                 if (back) {
                     await allow();
@@ -169,7 +169,7 @@ describe('balances in the shared zone', { timeout: 120000 }, () => {
             await sleep(500);
             /* an unknown key: a lookup queued now */
             const body = JSON.stringify({ model: M, messages: [{ role: 'user', content: 'hi' }] });
-            sock.write(`Authorization: Bearer sk-${hex(48)}\r\n` +
+            sock.write(`Authorization: Bearer sk-${hex(24)}\r\n` +
                 'Content-Type: application/json\r\n' +
                 `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
             await stopping;

@@ -1143,7 +1143,9 @@ describe('SSE submit timeouts: the head within llmgw_task_http_timeout, the stre
 
 describe('task timeout: the outer deadline fails and refunds', { timeout: 120000 }, () => {
     const TIMEOUT_S = 3;
+    /* one worker: the one that read a key's record is the one asked again */
     const s = vendorSuite({
+        workers: 1,
         http: `llmgw_task_poll_interval ${POLL_MS}ms;\n  llmgw_task_poll_max_failures 3;\n  ` +
             `llmgw_task_timeout ${TIMEOUT_S}s;`,
     });
@@ -1174,13 +1176,19 @@ describe('task timeout: the outer deadline fails and refunds', { timeout: 120000
         const r = assertOk(await submitTask(gw, env, { model: env.model }, { key: tok.key }));
         /* spent: refused as a key without quota */
         assertError(await submitTask(gw, env, { model: env.model }, { key: tok.key }), 401);
+        /* the key's record read again after the charge (a change of the
+           key drops it): it says no quota left, and is kept for
+           llmgw_key_cache_ttl (10 s) */
+        assertOk(await gw.admin('PATCH', `/api/token/${tok.id}`, { name: 'read-again' }));
+        await sleep(300);
+        assertError(await submitTask(gw, env, { model: env.model }, { key: tok.key }), 401);
         /* the claim that finds the task past its deadline refunds it, and
            the worker learns the balance from the claim's answer (without
            its revision the refund was not learned: the key stayed refused) */
         await waitLedger(db, r.json.task_id, ['reserve', 'refund'], { ms: TIMEOUT_S * 1000 + 5000 });
         /* the claim's answer reaches the worker a moment after its commit;
-           without the revisions the key is refused until its record is
-           read again (llmgw_key_cache_ttl, 10 s) */
+           without the revisions, or with the record's word taken over the
+           zone's, the key is refused until its record is read again */
         let again;
         for (const end = Date.now() + 1500; Date.now() < end; await sleep(100)) {
             again = await submitTask(gw, env, { model: env.model }, { key: tok.key });
