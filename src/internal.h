@@ -97,6 +97,14 @@ void append_json_string(std::string &out, std::string_view s);
 /* At most max bytes of s, never splitting a UTF-8 sequence. */
 std::string_view utf8_prefix(std::string_view s, size_t max);
 
+/*
+ * Decodes %XX escapes (and "+" as a space when plus_space).  A bad escape
+ * is an error when strict (form bodies), else kept as written (queries, as
+ * browsers and most servers do).
+ */
+bool percent_decode(std::string_view in, bool plus_space, bool strict,
+    std::string &out);
+
 /* A name (a model's) as an error message shows it: llmgw_shown(). */
 std::string shown(std::string_view name);
 
