@@ -179,6 +179,10 @@ json_has_string(const json_t *arr, std::string_view v)
  */
 std::string_view gateway_path_prefix(std::string_view route_path);
 
+/* A path the host serves for every plugin (task.cpp): a host protocol's,
+   /v1/videos and the others, or the task API's. */
+bool host_task_path(std::string_view path);
+
 /* The parsed client body of a request (request.cpp). */
 const json_t *req_json(const llmgw_req_t *r);
 llmgw_endpoint_e req_endpoint(const llmgw_req_t *r);
