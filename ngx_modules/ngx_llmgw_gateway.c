@@ -945,8 +945,9 @@ ngx_llmgw_header(ngx_http_request_t *r, const char *name, size_t len)
 
 /*
  * A key sent as ?key= (the Gemini SDKs send it so) is copied for the
- * lookup, then masked for the logs (ngx_llmgw_mask_query_key).  A task
- * route gets its query as it came (a copy): it is the plugin's.
+ * lookup, then masked for the logs (ngx_llmgw_mask_query_key) with every
+ * other key parameter (llmgw_query_key_mask).  A task route gets its query
+ * as it came (a copy): it is the plugin's.
  */
 static ngx_int_t
 ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
@@ -969,7 +970,7 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
         }
     }
 
-    if (ngx_http_arg(r, (u_char *) "key", 3, &v) != NGX_OK) {
+    if (llmgw_query_key_count((char *) r->args.data, r->args.len) == 0) {
         return NGX_OK;
     }
 
@@ -980,16 +981,20 @@ ngx_llmgw_take_query_key(ngx_http_request_t *r, ngx_llmgw_ctx_t *ctx)
 
     ctx->args.len = r->args.len;
 
-    ctx->query_key.data = ngx_pstrdup(r->pool, &v);
-    if (ctx->query_key.data == NULL) {
-        return NGX_ERROR;
-    }
+    /* read as $arg_key reads it; "?%6Bey=" and "?a=1;key=" are masked
+       as keys all the same, but not read */
+    if (ngx_http_arg(r, (u_char *) "key", 3, &v) == NGX_OK) {
+        ctx->query_key.data = ngx_pstrdup(r->pool, &v);
+        if (ctx->query_key.data == NULL) {
+            return NGX_ERROR;
+        }
 
-    /* the value as a URL parser reads it: %2D is the "-" it encodes */
-    dst = ctx->query_key.data;
-    src = ctx->query_key.data;
-    ngx_unescape_uri(&dst, &src, v.len, 0);
-    ctx->query_key.len = dst - ctx->query_key.data;
+        /* the value as a URL parser reads it: %2D is the "-" it encodes */
+        dst = ctx->query_key.data;
+        src = ctx->query_key.data;
+        ngx_unescape_uri(&dst, &src, v.len, 0);
+        ctx->query_key.len = dst - ctx->query_key.data;
+    }
 
     cln = ngx_pool_cleanup_add(r->main->pool, sizeof(ngx_llmgw_saved_query_t));
     if (cln == NULL) {
@@ -1089,8 +1094,7 @@ ngx_llmgw_post_read(ngx_http_request_t *r)
     slcf = ngx_http_get_module_loc_conf(r, ngx_http_llmgw_module);
 
     if (!slcf->server_errors
-        || ngx_strlcasestrn(r->args.data, r->args.data + r->args.len,
-                            (u_char *) "key=", 4 - 1) == NULL)
+        || llmgw_query_key_count((char *) r->args.data, r->args.len) == 0)
     {
         return NGX_DECLINED;
     }

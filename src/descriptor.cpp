@@ -514,33 +514,6 @@ is_allowed_host(const Url &u, const llmgw_desc_policy_t &p)
     return false;
 }
 
-std::string
-percent_decode(std::string_view s)
-{
-    auto hexval = [](char h) -> int {
-        if (h >= '0' && h <= '9') return h - '0';
-        if (h >= 'a' && h <= 'f') return h - 'a' + 10;
-        if (h >= 'A' && h <= 'F') return h - 'A' + 10;
-        return -1;
-    };
-    std::string out;
-
-    for (size_t i = 0; i < s.size(); i++) {
-        int hi, lo;
-
-        if (s[i] == '%' && i + 2 < s.size()
-            && (hi = hexval(s[i + 1])) >= 0 && (lo = hexval(s[i + 2])) >= 0)
-        {
-            out += static_cast<char>(hi * 16 + lo);
-            i += 2;
-        } else {
-            out += s[i];
-        }
-    }
-
-    return out;
-}
-
 /* The credential as is or percent-encoded anywhere in s. */
 bool
 carries_credential(std::string_view s, const Ctx &c)
@@ -549,8 +522,11 @@ carries_credential(std::string_view s, const Ctx &c)
         return false;
     }
 
+    std::string decoded;
+
     return s.find(c.cred) != std::string_view::npos
-           || percent_decode(s).find(c.cred) != std::string::npos;
+           || (percent_decode(s, false, false, decoded)
+               && decoded.find(c.cred) != std::string::npos);
 }
 
 /* A request that may carry credentials goes to the channel or allowedHosts. */

@@ -177,7 +177,8 @@ invalid_url_hint(std::string_view path)
     }
 
     if (starts_with(path, "/")
-        && match_path("/v1" + std::string(path)).ep != LLMGW_EP_NONE)
+        && (match_path("/v1" + std::string(path)).ep != LLMGW_EP_NONE
+            || llmgw::host_task_path("/v1" + std::string(path))))
     {
         return ": the path is missing /v1; add /v1 to the base URL";
     }

@@ -80,57 +80,6 @@ trim(std::string_view s)
     return s;
 }
 
-int
-hex_value(char c)
-{
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    c = lower(c);
-    return (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
-}
-
-/*
- * Decodes %XX escapes (and "+" as a space when plus_space).  A bad escape
- * is an error when strict (form bodies), else kept as written (queries, as
- * browsers and most servers do).
- */
-bool
-percent_decode(std::string_view in, bool plus_space, bool strict,
-    std::string &out)
-{
-    out.clear();
-    out.reserve(in.size());
-
-    for (size_t i = 0; i < in.size(); i++) {
-        char c = in[i];
-
-        if (c == '+' && plus_space) {
-            out.push_back(' ');
-            continue;
-        }
-
-        if (c == '%') {
-            int hi = i + 2 < in.size() ? hex_value(in[i + 1]) : -1;
-            int lo = hi >= 0 ? hex_value(in[i + 2]) : -1;
-
-            if (lo >= 0) {
-                out.push_back(static_cast<char>(hi * 16 + lo));
-                i += 2;
-                continue;
-            }
-
-            if (strict) {
-                return false;
-            }
-        }
-
-        out.push_back(c);
-    }
-
-    return true;
-}
-
 /* ISO-8859-1 bytes as UTF-8 (RFC 5987 allows that charset too). */
 std::string
 latin1_to_utf8(std::string_view s)

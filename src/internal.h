@@ -102,6 +102,14 @@ std::string_view utf8_prefix(std::string_view s, size_t max);
    it has none. */
 void balances_answered(json_t *root, llmgw_balance_cb cb, void *arg);
 
+/*
+ * Decodes %XX escapes (and "+" as a space when plus_space).  A bad escape
+ * is an error when strict (form bodies), else kept as written (queries, as
+ * browsers and most servers do).
+ */
+bool percent_decode(std::string_view in, bool plus_space, bool strict,
+    std::string &out);
+
 /* A name (a model's) as an error message shows it: llmgw_shown(). */
 std::string shown(std::string_view name);
 
@@ -175,6 +183,10 @@ json_has_string(const json_t *arr, std::string_view v)
  * reached (endpoint.cpp).
  */
 std::string_view gateway_path_prefix(std::string_view route_path);
+
+/* A path the host serves for every plugin (task.cpp): a host protocol's,
+   /v1/videos and the others, or the task API's. */
+bool host_task_path(std::string_view path);
 
 /* The parsed client body of a request (request.cpp). */
 const json_t *req_json(const llmgw_req_t *r);

@@ -157,27 +157,69 @@ llmgw_key_generate(char out[52])
 }
 
 
-extern "C" size_t
-llmgw_query_key_mask(char *query, size_t len)
+namespace {
+
+bool
+starts_parameter(char c)
+{
+    return c == '&' || c == ';' || c == '#';
+}
+
+
+/*
+ * Where the '=' of a parameter starting at q[at] is when its name, percent-
+ * decoded, is "key" in any case; else npos.  "%6Bey" and "k%65y" name what
+ * any URL parser reads as key.
+ */
+size_t
+key_name_end(std::string_view q, size_t at)
+{
+    /* the longest spelling: every letter escaped, "%6B%65%79" */
+    constexpr size_t kLongestName = 9;
+    std::string name;
+    size_t eq = at;
+
+    while (eq < q.size() && eq - at <= kLongestName && q[eq] != '='
+           && !starts_parameter(q[eq]))
+    {
+        eq++;
+    }
+
+    if (eq == q.size() || q[eq] != '='
+        || !llmgw::percent_decode(q.substr(at, eq - at), false, false, name))
+    {
+        return std::string_view::npos;
+    }
+
+    return name.size() == 3 && strncasecmp(name.data(), "key", 3) == 0
+           ? eq : std::string_view::npos;
+}
+
+
+/*
+ * Calls f(from, to) for the value of every key parameter.  A value runs to
+ * the next '&', as ngx_http_arg() reads it.  Besides the '&' that
+ * ngx_http_arg() knows, a ';' (the old form separator) starts a parameter,
+ * and so does a '#': nginx ends $args at a '#', but $request and
+ * $request_uri keep what follows as the client sent it ("?alt=sse#&key=").
+ * A key the gateway does not read there is a key still.
+ */
+template <typename F>
+size_t
+for_each_key_value(std::string_view q, F f)
 {
     size_t n = 0;
 
-    /*
-     * From "key=" (any case) to the next '&', as ngx_http_arg() reads a
-     * value.  nginx ends $args at a '#', but $request and $request_uri
-     * keep what follows as the client sent it ("?alt=sse#&key=..."): a
-     * '#' starts a parameter too, and ends none.
-     */
-    for (size_t at = 0; at < len; ) {
-        if (len - at > 4 && strncasecmp(query + at, "key=", 4) == 0) {
-            size_t end = at + 4;
+    for (size_t at = 0; at < q.size(); ) {
+        size_t eq = key_name_end(q, at);
 
-            while (end < len && query[end] != '&') {
-                end++;
-            }
+        if (eq != std::string_view::npos) {
+            size_t end = q.find('&', eq + 1);
 
-            if (end > at + 4) {
-                std::memset(query + at + 4, '*', end - at - 4);
+            end = end == std::string_view::npos ? q.size() : end;
+
+            if (end > eq + 1) {
+                f(eq + 1, end);
                 n++;
             }
 
@@ -185,7 +227,7 @@ llmgw_query_key_mask(char *query, size_t len)
             continue;
         }
 
-        while (at < len && query[at] != '&' && query[at] != '#') {
+        while (at < q.size() && !starts_parameter(q[at])) {
             at++;
         }
 
@@ -193,4 +235,24 @@ llmgw_query_key_mask(char *query, size_t len)
     }
 
     return n;
+}
+
+} // namespace
+
+
+extern "C" size_t
+llmgw_query_key_count(const char *query, size_t len)
+{
+    return for_each_key_value(std::string_view(query, len),
+                              [](size_t, size_t) {});
+}
+
+
+extern "C" size_t
+llmgw_query_key_mask(char *query, size_t len)
+{
+    return for_each_key_value(std::string_view(query, len),
+                              [query](size_t from, size_t to) {
+                                  std::memset(query + from, '*', to - from);
+                              });
 }

@@ -142,11 +142,16 @@ int llmgw_key_generate(char out[52]);
 
 /*
  * Overwrites with '*' the value of every "key" parameter of a query string
- * (the part after '?', a fragment included), as ngx_http_arg() finds them
- * and also after a '#'; returns how many.  A key sent as ?key= must not
- * reach the logs.
+ * (the part after '?', a fragment included); returns how many.  A key
+ * parameter is one whose name, percent-decoded, is "key" in any case,
+ * after the start, a '&', a ';' or a '#': the ones ngx_http_arg() finds
+ * and every other spelling that plainly carries a key.  A key sent in the
+ * query must not reach the logs.
  */
 size_t llmgw_query_key_mask(char *query, size_t len);
+
+/* How many key parameters with a value llmgw_query_key_mask() would mask. */
+size_t llmgw_query_key_count(const char *query, size_t len);
 
 
 /* ---- IP allow lists (cidr.cpp) ---- */

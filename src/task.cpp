@@ -4553,6 +4553,100 @@ llmgw_tjob_s::next()
 }
 
 
+namespace {
+
+struct HostRoute {
+    llmgw_troute_e       kind = LLMGW_TROUTE_NONE;
+    llmgw_tproto_e       proto = LLMGW_TPROTO_NONE;
+    const char          *allow = "";
+};
+
+
+/*
+ * The paths the host serves for every plugin, whatever the method: the
+ * host protocols' and the task API's (SUBMIT stands for /v1/tasks/{x},
+ * a submit with POST, else a query).
+ */
+HostRoute
+host_route(const std::vector<std::string_view> &seg)
+{
+    size_t n = seg.size();
+
+    if (n < 2 || seg[0] != "v1") {
+        return {};
+    }
+
+    if (seg[1] == "videos" && n == 2) {
+        return { LLMGW_TROUTE_PROTOCOL, LLMGW_TPROTO_VIDEO_CREATE, "POST" };
+    }
+    if (seg[1] == "videos" && n == 3) {
+        return { LLMGW_TROUTE_PROTOCOL, LLMGW_TPROTO_VIDEO_GET, "GET" };
+    }
+    if (seg[1] == "videos" && n == 4 && seg[3] == "content") {
+        return { LLMGW_TROUTE_PROTOCOL, LLMGW_TPROTO_VIDEO_CONTENT,
+                 "GET, HEAD" };
+    }
+    if (seg[1] == "responses" && n == 2) {
+        return { LLMGW_TROUTE_PROTOCOL, LLMGW_TPROTO_RESPONSES_CREATE,
+                 "POST" };
+    }
+    if (seg[1] == "responses" && n == 3) {
+        return { LLMGW_TROUTE_PROTOCOL, LLMGW_TPROTO_RESPONSES_GET, "GET" };
+    }
+    if (seg[1] == "images" && n == 3
+        && (seg[2] == "generations" || seg[2] == "edits"))
+    {
+        return { LLMGW_TROUTE_PROTOCOL,
+                 seg[2] == "edits" ? LLMGW_TPROTO_IMAGE_EDIT
+                                   : LLMGW_TPROTO_IMAGE_GENERATE,
+                 "POST" };
+    }
+
+    if (seg[1] != "tasks") {
+        return {};
+    }
+
+    /* a task's artifacts, and the content of one */
+    if (n == 4 && seg[3] == "artifacts") {
+        return { LLMGW_TROUTE_ARTIFACTS, LLMGW_TPROTO_NONE, "GET" };
+    }
+    if (n == 6 && seg[3] == "artifacts" && seg[5] == "content") {
+        return { LLMGW_TROUTE_CONTENT, LLMGW_TPROTO_NONE, "GET, HEAD" };
+    }
+    if (n == 3) {
+        return { LLMGW_TROUTE_SUBMIT, LLMGW_TPROTO_NONE, "GET, POST" };
+    }
+
+    return {};
+}
+
+
+/* Whether a list such as "GET, HEAD" names the method. */
+bool
+allows(std::string_view allow, std::string_view method)
+{
+    for (size_t at = 0; at < allow.size(); ) {
+        size_t end = std::min(allow.find(", ", at), allow.size());
+
+        if (allow.substr(at, end - at) == method) {
+            return true;
+        }
+        at = end + 2;
+    }
+
+    return false;
+}
+
+} /* namespace */
+
+
+bool
+llmgw::host_task_path(std::string_view path)
+{
+    return host_route(segments(path)).kind != LLMGW_TROUTE_NONE;
+}
+
+
 /* ------------------------------------------------------------------ */
 /* the C API                                                           */
 
@@ -4568,73 +4662,20 @@ llmgw_task_route(const llmgw_snapshot_t *s, llmgw_str_t method,
         std::string m = upper(sv(method));
         auto seg = segments(p);
 
-        /* the host protocols' paths */
-        llmgw_tproto_e proto = LLMGW_TPROTO_NONE;
-        const char *allow = "POST";
+        HostRoute h = host_route(seg);
 
-        if (seg.size() == 2 && seg[0] == "v1" && seg[1] == "videos") {
-            proto = LLMGW_TPROTO_VIDEO_CREATE;
-        } else if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "videos") {
-            proto = LLMGW_TPROTO_VIDEO_GET;
-            allow = "GET";
-        } else if (seg.size() == 4 && seg[0] == "v1" && seg[1] == "videos"
-                   && seg[3] == "content")
-        {
-            proto = LLMGW_TPROTO_VIDEO_CONTENT;
-            allow = "GET, HEAD";
-        } else if (seg.size() == 2 && seg[0] == "v1"
-                   && seg[1] == "responses")
-        {
-            proto = LLMGW_TPROTO_RESPONSES_CREATE;
-        } else if (seg.size() == 3 && seg[0] == "v1"
-                   && seg[1] == "responses")
-        {
-            proto = LLMGW_TPROTO_RESPONSES_GET;
-            allow = "GET";
-        } else if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "images"
-                   && (seg[2] == "generations" || seg[2] == "edits"))
-        {
-            proto = seg[2] == "edits" ? LLMGW_TPROTO_IMAGE_EDIT
-                                      : LLMGW_TPROTO_IMAGE_GENERATE;
+        if (h.kind == LLMGW_TROUTE_SUBMIT && m != "POST") {
+            h.kind = LLMGW_TROUTE_GET;
         }
 
-        if (proto != LLMGW_TPROTO_NONE) {
-            out->kind = LLMGW_TROUTE_PROTOCOL;
-            out->proto = proto;
-            out->method_ok = m == allow
-                             || (proto == LLMGW_TPROTO_VIDEO_CONTENT
-                                 && (m == "GET" || m == "HEAD"));
-            std::snprintf(out->allow, sizeof(out->allow), "%s", allow);
-            return;
-        }
+        if (h.kind != LLMGW_TROUTE_NONE) {
+            out->kind = h.kind;
+            out->proto = h.proto;
+            out->method_ok = allows(h.allow, m);
+            std::snprintf(out->allow, sizeof(out->allow), "%s", h.allow);
 
-        /* a task's artifacts, and the content of one */
-        if (seg.size() >= 4 && seg[0] == "v1" && seg[1] == "tasks"
-            && seg[3] == "artifacts")
-        {
-            if (seg.size() == 4) {
-                out->kind = LLMGW_TROUTE_ARTIFACTS;
-                out->method_ok = m == "GET";
-                std::snprintf(out->allow, sizeof(out->allow), "GET");
-                return;
-            }
-            if (seg.size() == 6 && seg[5] == "content") {
-                out->kind = LLMGW_TROUTE_CONTENT;
-                out->method_ok = m == "GET" || m == "HEAD";
-                std::snprintf(out->allow, sizeof(out->allow), "GET, HEAD");
-                return;
-            }
-        }
-
-        if (seg.size() == 3 && seg[0] == "v1" && seg[1] == "tasks") {
-            std::snprintf(out->allow, sizeof(out->allow), "GET, POST");
-            if (m == "POST") {
-                out->kind = LLMGW_TROUTE_SUBMIT;
+            if (h.kind == LLMGW_TROUTE_SUBMIT) {
                 out->plugin = snap_plugin_find(s, seg[2]);
-                out->method_ok = 1;
-            } else {
-                out->kind = LLMGW_TROUTE_GET;
-                out->method_ok = m == "GET";
             }
             return;
         }

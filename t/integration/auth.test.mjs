@@ -9,7 +9,7 @@ import { after, before, describe, test } from 'node:test';
 
 import {
     assertError, assertOk, createDb, eventually, hex, httpRequest, makeChannel, makeKey,
-    makeUser, makeUserKey, psql, settle, startGateway, tearDown, uniq, PROPAGATION_MS,
+    makeUser, makeUserKey, psql, rawHttp, settle, startGateway, tearDown, uniq, PROPAGATION_MS,
 } from '../lib/harness.mjs';
 import { startMock } from '../lib/mock.mjs';
 
@@ -93,6 +93,29 @@ describe('authentication', { timeout: 180000 }, () => {
             assertError(r, 401, { code: 'invalid_token', message: 'Invalid token' });
         }
         assert.equal(mock.requests.length, before, 'refused requests reach no upstream');
+    });
+
+    /* what the README says of error_log levels: nginx, not the gateway,
+       quotes both lines, at info, before any module sees the request */
+    test('two Authorization headers get 400; nginx quotes both keys at info only', async () => {
+        const { key } = await makeUserKey(gw);
+        const other = `sk-${hex(24)}`;
+        const before = mock.requests.length;
+        const r = await rawHttp(gw.port, `POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n`
+            + `Authorization: Bearer ${key}\r\nAuthorization: Bearer ${other}\r\n`
+            + 'Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}');
+        assert.equal(r.status, 400);
+        assert.equal(JSON.parse(r.body).error.code, 'bad_request');
+        assert.equal(mock.requests.length, before);
+
+        const lines = await eventually(() => {
+            const found = gw.errorLog().split('\n').filter((l) => l.includes(key.slice(3))
+                || l.includes(other.slice(3)));
+            assert.equal(found.length, 1, 'one line names the keys');
+            return found;
+        }, { ms: 3000 });
+        assert.match(lines[0], / \[info\] .*client sent duplicate header line: "Authorization: Bearer sk-\w+", previous value: "Authorization: Bearer sk-\w+" while reading client request headers/);
+        assert.ok(lines[0].includes(other.slice(3)) && lines[0].includes(key.slice(3)));
     });
 
     test('disabled, expired and exhausted keys get 401', async () => {

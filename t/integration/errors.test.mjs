@@ -139,6 +139,27 @@ describe('error contract', { timeout: 180000 }, () => {
         }
     });
 
+    test('404 Invalid URL explains a missing or doubled /v1 before a task, protocol, rerank or messages path', async () => {
+        const paths = [
+            ['POST', '/videos'], ['GET', '/videos/video_1'], ['GET', '/videos/video_1/content'],
+            ['POST', '/responses'], ['GET', '/responses/resp_1'],
+            ['POST', '/images/generations'], ['POST', '/images/edits'],
+            ['POST', '/rerank'], ['POST', '/messages'],
+            ['POST', '/tasks/some-plugin'], ['GET', '/tasks/task_1/artifacts'],
+        ];
+        for (const [method, p] of paths) {
+            for (const [path, hint] of [
+                [p, 'the path is missing /v1; add /v1 to the base URL'],
+                [`/v1/v1${p}`, 'the path has /v1 twice; set the base URL to the host plus one /v1'],
+            ]) {
+                const r = await gw.req(method, path, { key, body: method === 'GET' ? undefined : {} });
+                const e = assertError(r, 404, { code: 'invalid_url', message: 'Invalid URL' });
+                assert.match(e.message, new RegExp(`^Invalid URL \\(${method} ${path}\\): ${hint} \\(request id: `),
+                    `${method} ${path}: ${e.message}`);
+            }
+        }
+    });
+
     test('405 method_not_allowed names the allowed methods in its Allow header', async () => {
         for (const [method, p, allow] of [
             ['GET', '/v1/chat/completions', 'POST'], ['PUT', '/v1/messages', 'POST'],

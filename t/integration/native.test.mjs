@@ -376,6 +376,45 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
                 'the error log names the request, masked');
         });
 
+        test('every spelling of a key parameter shows masked in the access and error logs: KEY=, %6Bey=, k%65y=, ;key=', async () => {
+            const p = `/v1beta/models/${M.keylog}:generateContent`;
+            const body = ttsBody('spellings');
+            const other = `sk-${hex(24)}`;
+            const stars = '*'.repeat(key.length);
+            gm.handler = (req, res) => sendJson(res, 200, geminiAudioText());
+
+            /* read as the key: the name in any case, after a '&' */
+            assertOk(await gw.req('POST', `${p}?KEY=${key}&sp=1`, { body }));
+            /* not read (no key is sent), but plainly keys */
+            for (const q of [`%6Bey=${key}&sp=2`, `k%65y=${key}&sp=3`, `alt=json;key=${key}&sp=4`]) {
+                assertError(await gw.req('POST', `${p}?${q}`, { body }), 401, { code: 'invalid_token' });
+            }
+            /* masked from the start: the refused first try logs the request */
+            assertOk(await gw.req('POST', `${p}?sp=5&%6B%65%79=${other};x=1`, { key, body }));
+
+            const access = await eventually(() => {
+                const text = fs.readFileSync(path.join(gw.dir, 'keys.log'), 'utf8');
+                assert.ok(text.includes('sp=5'), text);
+                return text;
+            }, { ms: 3000 });
+            const errors = gw.errorLog();
+            for (const secret of [key.slice(3), other.slice(3)]) {
+                assert.ok(!access.includes(secret), `access log:\n${access}`);
+                assert.ok(!errors.includes(secret), 'the error log holds a key');
+            }
+            const line = (q, argKey = '-') => `"POST ${p}?${q} HTTP/1.1" ${p}?${q} ${q} ${argKey}\n`;
+            assert.ok(access.includes(line(`KEY=${stars}&sp=1`, stars)), access);
+            assert.ok(access.includes(line(`%6Bey=${stars}&sp=2`)), access);
+            assert.ok(access.includes(line(`k%65y=${stars}&sp=3`)), access);
+            assert.ok(access.includes(line(`alt=json;key=${stars}&sp=4`)), access);
+            const sp5 = `sp=5&%6B%65%79=${'*'.repeat(other.length + 4)}`;
+            assert.ok(access.includes(line(sp5)), access);
+            assert.ok(errors.includes(`request: "POST ${p}?KEY=${stars}&sp=1 HTTP/1.1"`),
+                'the error log names the request, masked');
+            assert.ok(errors.includes(`request: "POST ${p}?${sp5} HTTP/1.1"`),
+                'the error log names the request, masked');
+        });
+
         test('a ?key= is masked also where nginx refuses before the gateway, and on /api and /metrics', async () => {
             const p = `/v1beta/models/${M.keylog}:generateContent`;
             const stars = '*'.repeat(key.length);

@@ -363,12 +363,12 @@ describe('task engine: submit, native routes, descriptors, billing', { timeout: 
         const up = `up-${hex(4)}`;
         const body = { model: env.model, prompt: 'a dog', up_id: up };
         /* a key= in the query is the plugin's: masked in the logs only */
-        const r = assertOk(await native(env, 'POST', '/generate?x=1&x=2&key=vendor-arg-1',
-            { body }), 'native submit');
+        const r = assertOk(await native(env, 'POST',
+            '/generate?x=1&x=2&key=vendor-arg-1&y=1;key=vendor-arg-2', { body }), 'native submit');
         const id = r.json.vendor_id;
         assert.match(id, /^task_/, r.text);
         assert.equal(r.json.route, `/${env.key}/v1/generate`);
-        assert.deepEqual(r.json.query, { x: ['1', '2'], key: ['vendor-arg-1'] });
+        assert.deepEqual(r.json.query, { x: ['1', '2'], key: ['vendor-arg-1'], y: ['1;key=vendor-arg-2'] });
         assert.ok(!TERMINAL.includes(r.json.state), r.text);
         const c = env.vendor.submits()[0].json.ctx;
         assert.deepEqual(c.requestBody, body, 'the decoder\'s requestBody');

@@ -273,7 +273,11 @@ static void
 test_missing_v1_is_invalid_url(void **state)
 {
     static const char *paths[] = {
-        "/chat/completions", "/messages", "/rerank", "/models"
+        "/chat/completions", "/messages", "/rerank", "/models",
+        "/models/m:generateContent", "/videos", "/videos/video_1",
+        "/videos/video_1/content", "/responses", "/responses/resp_1",
+        "/images/generations", "/images/edits", "/tasks/my-plugin",
+        "/tasks/task_1/artifacts", "/tasks/task_1/artifacts/video/content"
     };
     char              want[256];
     llmgw_endpoint_t  ep;
@@ -285,6 +289,39 @@ test_missing_v1_is_invalid_url(void **state)
         assert_int_equal(ep.ep, LLMGW_EP_INVALID_URL);
         assert_string_equal(ep.message, want);
     }
+}
+
+
+/* The host protocols' and the task API's paths are the gateway's too. */
+static void
+test_doubled_v1_before_a_task_path_says_so(void **state)
+{
+    static const char *paths[] = {
+        "/v1/v1/videos", "/v1/v1/videos/video_1", "/v1/v1/responses",
+        "/v1/v1/images/generations", "/v1/v1/images/edits",
+        "/v1/v1/tasks/task_1"
+    };
+    char              want[256];
+    llmgw_endpoint_t  ep;
+
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        ep = classify("POST", paths[i]);
+        snprintf(want, sizeof(want), "Invalid URL (POST %s): the path has "
+                 "/v1 twice; set the base URL to the host plus one /v1",
+                 paths[i]);
+        assert_int_equal(ep.ep, LLMGW_EP_INVALID_URL);
+        assert_string_equal(ep.message, want);
+    }
+}
+
+
+static void
+test_other_paths_of_a_known_name_have_no_hint(void **state)
+{
+    assert_plain_invalid("POST", "/videos/video_1/other");
+    assert_plain_invalid("POST", "/images/variations");
+    assert_plain_invalid("POST", "/tasks");
+    assert_plain_invalid("POST", "/tasks/task_1/files");
 }
 
 
@@ -344,6 +381,8 @@ main(void)
         cmocka_unit_test(test_v1_prefix_of_other_segment_is_not_doubled),
         cmocka_unit_test(test_only_v1_is_invalid_url),
         cmocka_unit_test(test_missing_v1_is_invalid_url),
+        cmocka_unit_test(test_doubled_v1_before_a_task_path_says_so),
+        cmocka_unit_test(test_other_paths_of_a_known_name_have_no_hint),
         cmocka_unit_test(test_long_path_is_cut_to_128_chars_in_message),
         cmocka_unit_test(test_long_doubled_v1_path_keeps_hint),
     };

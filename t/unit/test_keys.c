@@ -210,13 +210,45 @@ test_query_key_mask_goes_past_a_fragment_mark(void **state)
 }
 
 
+/* Spellings ngx_http_arg() does not read are keys all the same. */
+static void
+test_query_key_mask_hides_percent_encoded_names(void **state)
+{
+    char q[] = "%6Bey=sk-1&k%65y=sk-2&%4B%45%59=sk-3&ke%79=&alt=sse";
+    char r[] = "%6Be=sk-1&%6Beyy=sk-2&k%65y2=x&%2Bkey=y&%6B%65%79%00=z";
+
+    assert_int_equal(mask(q), 3);
+    assert_string_equal(q, "%6Bey=****&k%65y=****&%4B%45%59=****&ke%79="
+                           "&alt=sse");
+    assert_int_equal(llmgw_query_key_count(r, strlen(r)), 0);
+    assert_int_equal(mask(r), 0);
+    assert_string_equal(r, "%6Be=sk-1&%6Beyy=sk-2&k%65y2=x&%2Bkey=y"
+                           "&%6B%65%79%00=z");
+}
+
+
+/* A value runs to the next '&', as ngx_http_arg() reads it. */
+static void
+test_query_key_mask_hides_keys_after_a_semicolon(void **state)
+{
+    char q[] = "a=1;key=sk-1&b=2;KEY=sk-2;c=3&d=4";
+    char r[] = "key=sk-1;alt=sse&x=1";
+
+    assert_int_equal(llmgw_query_key_count(q, strlen(q)), 2);
+    assert_int_equal(mask(q), 2);
+    assert_string_equal(q, "a=1;key=****&b=2;KEY=********&d=4");
+    assert_int_equal(mask(r), 1);
+    assert_string_equal(r, "key=************&x=1");
+}
+
+
 static void
 test_query_key_mask_leaves_a_query_without_key(void **state)
 {
-    char q[] = "alt=sse&apikey=1&key2=3";
+    char q[] = "alt=sse&apikey=1&key2=3&x=key=4&%=key=5";
 
     assert_int_equal(mask(q), 0);
-    assert_string_equal(q, "alt=sse&apikey=1&key2=3");
+    assert_string_equal(q, "alt=sse&apikey=1&key2=3&x=key=4&%=key=5");
     assert_int_equal(llmgw_query_key_mask(q, 0), 0);
 }
 
@@ -238,6 +270,8 @@ main(void)
         cmocka_unit_test(test_generated_keys_differ_and_hash),
         cmocka_unit_test(test_query_key_mask_hides_every_key_parameter_only),
         cmocka_unit_test(test_query_key_mask_goes_past_a_fragment_mark),
+        cmocka_unit_test(test_query_key_mask_hides_percent_encoded_names),
+        cmocka_unit_test(test_query_key_mask_hides_keys_after_a_semicolon),
         cmocka_unit_test(test_query_key_mask_leaves_a_query_without_key),
     };
 
