@@ -821,7 +821,21 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             model: M.cheap, Model: 'gpt-4-32k', max_tokens: 1,
             messages: [{ role: 'user', content: 'hi' }] } });
         assertError(r, 400, { code: 'invalid_request', message: 'member "Model" differs' });
+        /* nor inside the objects the gateway reads or rewrites: a case-blind
+           upstream would take "Include_Usage": false over the include_usage
+           the gateway adds, send no usage and be billed by the estimate */
+        r = await gw.chat(a.key, M.cheap, { extra: {
+            stream: true, max_tokens: 1, stream_options: { Include_Usage: false } } });
+        assertError(r, 400, {
+            code: 'invalid_request', message: 'member "stream_options.Include_Usage" differs' });
         assert.equal(oa.requests.length, before, 'the upstream was not called');
+        const gmBefore = gm.requests.length;
+        r = await gw.req('POST', `/v1beta/models/${M.gm}:generateContent`, { key: a.key, body: {
+            contents: [{ role: 'user', parts: [{ text: 'hi' }] }],
+            generationConfig: { maxOutputTokens: 1, MaxOutputTokens: 100000 } } });
+        assertError(r, 400, {
+            code: 'invalid_request', message: 'member "generationConfig.MaxOutputTokens" differs' });
+        assert.equal(gm.requests.length, gmBefore, 'the Gemini upstream was not called');
         /* the rerank options the gateway reads: a case-blind upstream would
            take "TOP_N" as the top_n the gateway did not check */
         const rrBefore = rr.requests.length;
