@@ -2900,7 +2900,9 @@ gemini_usage(const json_t *meta)
 {
     ChatUsage u;
 
-    u.prompt = json_int(meta, "promptTokenCount", 0);
+    /* the prompt of tool use is counted apart from it (usage.cpp) */
+    u.prompt = json_int(meta, "promptTokenCount", 0)
+               + json_int(meta, "toolUsePromptTokenCount", 0);
     u.reasoning = json_int(meta, "thoughtsTokenCount", 0);
     /* thinking is billed as output */
     u.completion = json_int(meta, "candidatesTokenCount", 0) + u.reasoning;

@@ -170,6 +170,19 @@ private:
     bool              capturing_ = false;
 };
 
+/*
+ * Gemini's counts as the stream has stated them so far: a chunk's
+ * usageMetadata may leave out one an earlier chunk gave (the prompt), which
+ * then stands.
+ */
+struct GeminiCounts {
+    int64_t  prompt = 0;
+    int64_t  tool_use_prompt = 0;
+    int64_t  candidates = 0;
+    int64_t  thoughts = 0;
+    int64_t  cached = 0;
+};
+
 } /* namespace */
 
 struct llmgw_resp_s {
@@ -185,6 +198,7 @@ struct llmgw_resp_s {
     std::string       out;              /* re-framed SSE when filtering */
     size_t            text_bytes = 0;   /* delivered completion text */
     llmgw_usage_t     usage {};
+    GeminiCounts      gemini;
     /* a stream's final usage came (OpenAI's usage chunk, Anthropic's
        message_delta, Gemini's chunk with a finishReason): before that, a
        reported count is partial */
@@ -421,46 +435,55 @@ take_anthropic(const JsonView &u, llmgw_usage_t &out)
     out.known = 1;
 }
 
+/*
+ * Gemini's usageMetadata: its promptTokenCount leaves out the prompt of
+ * tool use (toolUsePromptTokenCount, the results of a code execution or a
+ * search the model made), which is billed as prompt too; thinking is
+ * billed as output.  A count a later chunk leaves out keeps what an
+ * earlier one said (counts, which holds them, starts at 0).
+ */
 void
-take_gemini(const JsonView &u, llmgw_usage_t &out)
+take_gemini(const JsonView &u, GeminiCounts &counts, llmgw_usage_t &out)
 {
     if (!u.is_object()) {
         return;
     }
 
-    int64_t prompt = 0, candidates = 0, thoughts = 0, cached = 0;
+    GeminiCounts t = counts;
     const CountField fields[] = {
-        { "promptTokenCount", &prompt },
-        { "candidatesTokenCount", &candidates },
-        { "thoughtsTokenCount", &thoughts },
-        { "cachedContentTokenCount", &cached },
+        { "promptTokenCount", &t.prompt },
+        { "toolUsePromptTokenCount", &t.tool_use_prompt },
+        { "candidatesTokenCount", &t.candidates },
+        { "thoughtsTokenCount", &t.thoughts },
+        { "cachedContentTokenCount", &t.cached },
     };
 
-    if (!counts_taken(take_counts(u, fields, false), out)) {
+    if (!counts_taken(take_counts(u, fields, true), out)) {
         return;
     }
 
-    out.prompt_tokens = prompt;
-    /* thinking tokens are billed as output */
-    out.completion_tokens = candidates + thoughts;
-    out.cache_read_tokens = std::min(cached, prompt);
+    counts = t;
+    out.prompt_tokens = t.prompt + t.tool_use_prompt;
+    out.completion_tokens = t.candidates + t.thoughts;
+    out.cache_read_tokens = std::min(t.cached, t.prompt);
     out.cache_in_prompt = 1;
     out.known = 1;
 }
 
-/* The usage of an answer (a JSON body, or a stream event) in its dialect. */
+/* The usage of an answer (a JSON body, or a stream event) in its dialect,
+   into r's. */
 void
-take_usage(Wire w, const JsonView &body, llmgw_usage_t &out)
+take_usage(Wire w, const JsonView &body, llmgw_resp_s &r)
 {
     switch (w) {
     case Wire::gemini:
-        take_gemini(body.get("usageMetadata"), out);
+        take_gemini(body.get("usageMetadata"), r.gemini, r.usage);
         break;
     case Wire::anthropic:
-        take_anthropic(body.get("usage"), out);
+        take_anthropic(body.get("usage"), r.usage);
         break;
     default:
-        take_openai(body.get("usage"), out);
+        take_openai(body.get("usage"), r.usage);
     }
 }
 
@@ -723,12 +746,12 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
         Wire w = wire_of(r->ep, r->type);
 
         if (w == Wire::openai) {
-            take_usage(w, j, r->usage);
+            take_usage(w, j, *r);
             r->final_usage = r->final_usage || j.get("usage").is_object();
             drop = r->usage_injected && is_usage_only(j);
 
         } else if (w == Wire::gemini) {
-            take_usage(w, j, r->usage);
+            take_usage(w, j, *r);
             j.get("candidates").each_element([&](const JsonView &c) {
                 r->final_usage = r->final_usage
                                  || c.get("finishReason").string_length() > 0;
@@ -815,7 +838,7 @@ finish_json(llmgw_resp_s &r)
             Wire w = wire_of(r.ep, r.type);
             std::string one = std::string("{\"") + usage_member(w) + "\":"
                               + r.overflow_usage->value() + "}";
-            take_usage(w, JsonView::parse(one), r.usage);
+            take_usage(w, JsonView::parse(one), r);
         }
         return;
     }
@@ -837,7 +860,7 @@ finish_json(llmgw_resp_s &r)
         return;
     }
 
-    take_usage(wire_of(r.ep, r.type), b, r.usage);
+    take_usage(wire_of(r.ep, r.type), b, r);
 
     if (r.usage.known) {
         return;

@@ -589,6 +589,52 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         await charged(a, r, { prompt: 12, completion: 100, quota: (12 + 100 * 2) * 0.5, isStream: true });
     });
 
+    test('Gemini tool-use prompt tokens are billed as prompt: JSON, stream and a converted chat answer', async () => {
+        /* promptTokenCount leaves them out: total = 10 + 900 + 5 */
+        const usage = {
+            promptTokenCount: 10, toolUsePromptTokenCount: 900, candidatesTokenCount: 5,
+            totalTokenCount: 915,
+        };
+        const quota = (910 + 5 * 2) * 0.5;
+        const body = { contents: [{ role: 'user', parts: [{ text: 'what is 6 x 7' }] }] };
+        gm.handler = (req, res) => sendJson(res, 200, geminiAnswer({ text: '42', usage }));
+        let a = await account(gw);
+        let r = await gw.req('POST', `/v1beta/models/${M.gm}:generateContent`, { key: a.key, body });
+        await charged(a, r, { prompt: 910, completion: 5, quota });
+
+        a = await account(gw);
+        r = assertOk(await gw.chat(a.key, M.gm));
+        assert.equal(r.json.usage.prompt_tokens, 910, r.text);
+        assert.equal(r.json.usage.total_tokens, 915, r.text);
+        await charged(a, r, { prompt: 910, completion: 5, quota });
+
+        gm.handler = (req, res) => geminiStream(res, ['4', '2'], usage);
+        a = await account(gw);
+        r = await gw.req('POST', `/v1beta/models/${M.gm}:streamGenerateContent?alt=sse`,
+            { key: a.key, body });
+        await charged(a, r, { prompt: 910, completion: 5, quota, isStream: true });
+    });
+
+    test('Gemini stream: a count a later chunk leaves out keeps what an earlier chunk said', async () => {
+        gm.handler = (req, res) => {
+            sseHead(res);
+            const chunk = (text, usageMetadata, last) => `data: ${JSON.stringify({
+                candidates: [{ content: { role: 'model', parts: [{ text }] }, index: 0,
+                    ...(last ? { finishReason: 'STOP' } : {}) }],
+                usageMetadata,
+            })}\r\n\r\n`;
+            res.end(chunk('a', { promptTokenCount: 1000, candidatesTokenCount: 1 }, false)
+                + chunk('b', { candidatesTokenCount: 10, totalTokenCount: 1010 }, true));
+        };
+        const a = await account(gw);
+        const r = await gw.req('POST', `/v1beta/models/${M.gm}:streamGenerateContent?alt=sse`, {
+            key: a.key, body: { contents: [{ role: 'user', parts: [{ text: 'hello' }] }] },
+        });
+        await charged(a, r, {
+            prompt: 1000, completion: 10, quota: (1000 + 10 * 2) * 0.5, isStream: true,
+        });
+    });
+
     test('Gemini stream without alt=sse: one JSON array, billed from the last usageMetadata', async () => {
         gm.handler = (req, res) => geminiStream(res, ['a', 'b', 'c'],
             { promptTokenCount: 10, candidatesTokenCount: 40, totalTokenCount: 50 });
