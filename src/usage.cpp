@@ -829,6 +829,20 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     r->out.append("\n");
 }
 
+/*
+ * An error object under a 2xx and nothing else: OpenAI's and Gemini's
+ * {"error": {...}}, Anthropic's {"type":"error"}, without the parts of an
+ * answer (choices, candidates, content).  It is no answer: the next
+ * channel, uncharged.  An answer with "error": null is one.
+ */
+bool
+error_only(const JsonView &b)
+{
+    return (b.get("error").is_object() || b.get("type").string_equals("error"))
+           && !b.get("choices") && !b.get("candidates") && !b.get("content")
+           && !b.get("results");
+}
+
 void
 finish_json(llmgw_resp_s &r)
 {
@@ -845,7 +859,7 @@ finish_json(llmgw_resp_s &r)
 
     JsonView b = JsonView::parse(r.body);
 
-    r.valid = b.is_object();
+    r.valid = b.is_object() && !error_only(b);
 
     if (!b) {
         r.text_bytes = r.body.size();
