@@ -4790,22 +4790,23 @@ json_t *
 rerank_meta(const json_t *upstream)
 {
     json_t *meta = json_object();
-    const json_t *billed = json_object_get(json_object_get(upstream, "meta"),
-                                           "billed_units");
-    const json_t *usage = json_object_get(upstream, "usage");
+    Json counts(json_object());
+    RerankCount c;
 
-    if (json_is_object(billed) && json_object_size(billed) > 0) {
-        put_copy(meta, "billed_units", billed);
-        return meta;
+    /* what is read for billing, not the documents */
+    for (const char *k : { "meta", "usage" }) {
+        if (json_t *v = json_object_get(upstream, k)) {
+            put_copy(counts.get(), k, v);
+        }
     }
 
-    int64_t tokens = json_int(usage, "total_tokens",
-                              json_int(usage, "prompt_tokens", -1));
+    std::string text = json_dump(counts.get());
 
-    if (tokens >= 0) {
-        json_t *t = json_object();
-        put_int(t, "input_tokens", tokens);
-        put(meta, "tokens", t);
+    if (rerank_count(JsonView::parse(text), c)) {
+        json_t *n = json_object();
+
+        put_int(n, c.name, c.count);
+        put(meta, c.billed_units ? "billed_units" : "tokens", n);
     }
 
     return meta;

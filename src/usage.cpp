@@ -497,37 +497,11 @@ usage_member(Wire w)
 void
 take_rerank(const JsonView &body, llmgw_usage_t &out)
 {
-    JsonView billed = body.get("meta").get("billed_units");
+    RerankCount c;
 
-    /* billed units that hold no count ({}) leave the usage to read */
-    if (billed.is_object()) {
-        int64_t units = 0, input = 0;
-        const CountField fields[] = {
-            { "search_units", &units },
-            { "input_tokens", &input },
-        };
-
-        if (take_counts(billed, fields, false) > 0) {
-            out.prompt_tokens = units != 0 ? units : input;
-            out.known = 1;
-            return;
-        }
-    }
-
-    JsonView u = body.get("usage");
-
-    if (u.is_object()) {
-        int64_t total = 0, prompt = 0;
-        const CountField fields[] = {
-            { "total_tokens", &total },
-            { "prompt_tokens", &prompt },
-        };
-
-        if (take_counts(u, fields, false) > 0) {
-            out.prompt_tokens = u.get("total_tokens").is_number() ? total
-                                                                  : prompt;
-            out.known = 1;
-        }
+    if (rerank_count(body, c)) {
+        out.prompt_tokens = c.count;
+        out.known = 1;
     }
 }
 
@@ -1589,3 +1563,51 @@ llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u)
     u->cache_read_tokens = bound(u->cache_read_tokens);
     u->cache_creation_tokens = bound(u->cache_creation_tokens);
 }
+
+
+namespace llmgw {
+
+bool
+rerank_count(const JsonView &upstream, RerankCount &c)
+{
+    JsonView billed = upstream.get("meta").get("billed_units");
+    JsonView u = upstream.get("usage");
+
+    /* billed units that hold no count ({}) leave the usage to read */
+    if (billed.is_object()) {
+        int64_t units = 0, input = 0;
+        const CountField fields[] = {
+            { "search_units", &units },
+            { "input_tokens", &input },
+        };
+
+        if (take_counts(billed, fields, false) > 0) {
+            bool by_units = units != 0
+                            || !billed.get("input_tokens").is_number();
+
+            c.billed_units = true;
+            c.name = by_units ? "search_units" : "input_tokens";
+            c.count = by_units ? units : input;
+            return true;
+        }
+    }
+
+    if (u.is_object()) {
+        int64_t total = 0, prompt = 0;
+        const CountField fields[] = {
+            { "total_tokens", &total },
+            { "prompt_tokens", &prompt },
+        };
+
+        if (take_counts(u, fields, false) > 0) {
+            c.billed_units = false;
+            c.name = "input_tokens";
+            c.count = u.get("total_tokens").is_number() ? total : prompt;
+            return true;
+        }
+    }
+
+    return false;
+}
+
+} /* namespace llmgw */

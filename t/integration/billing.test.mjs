@@ -696,6 +696,44 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         });
     }
 
+    test('the rerank meta the client sees says what is billed', async () => {
+        const handler = rr.handler;
+        const cases = [
+            /* refused for billing: billed by the estimate, not shown */
+            [{ billed_units: { search_units: -1 } }, { total_tokens: 2 ** 41 }, {}, undefined],
+            [{ billed_units: { search_units: -1 } }, { total_tokens: 7 },
+                { tokens: { input_tokens: 7 } }, 7],
+            /* search units, when given, are billed rather than input tokens */
+            [{ billed_units: { search_units: 2, input_tokens: 100 } }, undefined,
+                { billed_units: { search_units: 2 } }, 2],
+        ];
+        try {
+            for (const [meta, usage, shown, units] of cases) {
+                rr.handler = (req, res, rec) => sendJson(res, 200, {
+                    id: `cohere-${hex(6)}`,
+                    results: rec.json.documents.map((d, index) => ({
+                        index, relevance_score: 1 / (index + 1) })),
+                    meta, ...(usage ? { usage } : {}),
+                });
+                const a = await account(gw);
+                const r = assertOk(await gw.req('POST', '/v1/rerank', {
+                    key: a.key, body: { model: M.cohere, query: 'q', documents: ['d0', 'd1'] } }));
+                assert.deepEqual(r.json.meta, shown, r.text);
+                const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+                if (units !== undefined) {
+                    assert.equal(row.prompt_tokens, units, JSON.stringify(row));
+                } else {
+                    /* the estimate of a few short strings */
+                    assert.ok(row.prompt_tokens > 0 && row.prompt_tokens < 20,
+                        JSON.stringify(row));
+                }
+                await expectCharged(gw, a, row.quota);
+            }
+        } finally {
+            rr.handler = handler;
+        }
+    });
+
     test('rerank without usage: the query and documents by estimate, nothing as output, with or without documents back', async () => {
         const documents = ['a'.repeat(800), 'b'.repeat(800), 'c'.repeat(800), 'd'.repeat(800)];
         const rows = [];
