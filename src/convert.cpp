@@ -4836,15 +4836,13 @@ rerank_request(int to_type, const json_t *in, std::string_view upstream_model,
             return false;
         }
 
-        if (query == nullptr || json_is_null(query)
-            || (json_is_string(query) && json_string_length(query) == 0))
-        {
+        if (query == nullptr || json_is_null(query)) {
             err = "field query is required";
             return false;
         }
 
-        if (!json_is_string(query)) {
-            err = "query must be a string";
+        if (!json_is_string(query) || json_string_length(query) == 0) {
+            err = "query must be a non-empty string";
             return false;
         }
 

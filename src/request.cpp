@@ -317,12 +317,10 @@ required_field(llmgw_endpoint_e ep, std::string_view model,
                || field[F_GENERATION_CONFIG].is_object()
                || field[F_GENERATION_CONFIG_SNAKE].is_object()
                ? nullptr : "generationConfig";
-    case LLMGW_EP_RERANK:
-        if (!field[F_QUERY].is_string()) {
-            return "query";
-        }
-        return field[F_DOCUMENTS].is_array() ? nullptr : "documents";
     default:
+        /* a rerank's are checked by rerank_request, which says what is
+           wrong with one that is given ("query must be a non-empty
+           string") */
         return nullptr;
     }
 }

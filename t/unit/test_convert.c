@@ -2617,7 +2617,9 @@ test_rerank_validation_names_the_field(void **state)
     rerank_req_error("{'model':'r','documents':['a']}",
                      "field query is required");
     rerank_req_error("{'model':'r','query':'','documents':['a']}",
-                     "field query is required");
+                     "query must be a non-empty string");
+    rerank_req_error("{'model':'r','query':5,'documents':['a']}",
+                     "query must be a non-empty string");
     rerank_req_error("{'model':'r','query':'q'}",
                      "field documents is required");
     rerank_req_error("{'model':'r','query':'q','documents':[]}",

@@ -388,6 +388,19 @@ test_rerank_needs_query_and_documents(void **state)
     assert_refused(LLMGW_EP_RERANK, no_path_model,
                    "{\"model\":\"rerank-v3.5\",\"query\":\"q\"}",
                    "invalid_request", "field documents is required");
+    /* one that is given but wrong says what is wrong with it */
+    assert_refused(LLMGW_EP_RERANK, no_path_model,
+                   "{\"model\":\"rerank-v3.5\",\"query\":5,"
+                   "\"documents\":[\"a\"]}",
+                   "invalid_request", "query must be a non-empty string");
+    assert_refused(LLMGW_EP_RERANK, no_path_model,
+                   "{\"model\":\"rerank-v3.5\",\"query\":\"\","
+                   "\"documents\":[\"a\"]}",
+                   "invalid_request", "query must be a non-empty string");
+    assert_refused(LLMGW_EP_RERANK, no_path_model,
+                   "{\"model\":\"rerank-v3.5\",\"query\":\"q\","
+                   "\"documents\":\"aa\"}",
+                   "invalid_request", "documents must be a non-empty array");
 
     r = parse_ok(LLMGW_EP_RERANK, no_path_model,
                  "{\"model\":\"rerank-v3.5\",\"query\":\"capital\","
