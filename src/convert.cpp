@@ -2900,7 +2900,9 @@ gemini_usage(const json_t *meta)
 {
     ChatUsage u;
 
-    u.prompt = json_int(meta, "promptTokenCount", 0);
+    /* the prompt of tool use is counted apart from it (usage.cpp) */
+    u.prompt = json_int(meta, "promptTokenCount", 0)
+               + json_int(meta, "toolUsePromptTokenCount", 0);
     u.reasoning = json_int(meta, "thoughtsTokenCount", 0);
     /* thinking is billed as output */
     u.completion = json_int(meta, "candidatesTokenCount", 0) + u.reasoning;
@@ -4788,22 +4790,23 @@ json_t *
 rerank_meta(const json_t *upstream)
 {
     json_t *meta = json_object();
-    const json_t *billed = json_object_get(json_object_get(upstream, "meta"),
-                                           "billed_units");
-    const json_t *usage = json_object_get(upstream, "usage");
+    Json counts(json_object());
+    RerankCount c;
 
-    if (json_is_object(billed) && json_object_size(billed) > 0) {
-        put_copy(meta, "billed_units", billed);
-        return meta;
+    /* what is read for billing, not the documents */
+    for (const char *k : { "meta", "usage" }) {
+        if (json_t *v = json_object_get(upstream, k)) {
+            put_copy(counts.get(), k, v);
+        }
     }
 
-    int64_t tokens = json_int(usage, "total_tokens",
-                              json_int(usage, "prompt_tokens", -1));
+    std::string text = json_dump(counts.get());
 
-    if (tokens >= 0) {
-        json_t *t = json_object();
-        put_int(t, "input_tokens", tokens);
-        put(meta, "tokens", t);
+    if (rerank_count(JsonView::parse(text), c)) {
+        json_t *n = json_object();
+
+        put_int(n, c.name, c.count);
+        put(meta, c.billed_units ? "billed_units" : "tokens", n);
     }
 
     return meta;
@@ -4833,15 +4836,13 @@ rerank_request(int to_type, const json_t *in, std::string_view upstream_model,
             return false;
         }
 
-        if (query == nullptr || json_is_null(query)
-            || (json_is_string(query) && json_string_length(query) == 0))
-        {
+        if (query == nullptr || json_is_null(query)) {
             err = "field query is required";
             return false;
         }
 
-        if (!json_is_string(query)) {
-            err = "query must be a string";
+        if (!json_is_string(query) || json_string_length(query) == 0) {
+            err = "query must be a non-empty string";
             return false;
         }
 

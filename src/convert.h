@@ -136,6 +136,24 @@ bool rerank_request(int to_type, const json_t *in,
 bool rerank_response(int from_type, const json_t *upstream,
     const json_t *client_request, Json &out, std::string &err);
 
+/*
+ * The count a rerank answer is billed by (usage.cpp): one of its
+ * meta.billed_units (search_units, else input_tokens), else its usage
+ * tokens (total_tokens, else prompt_tokens).  A value that is no count
+ * (negative, fractional, past 2^40, a string) is not taken; false when
+ * none is, and the answer is billed by the request's estimate.  The meta a
+ * client is shown says that count and nothing else.
+ */
+struct RerankCount {
+    bool         billed_units;  /* meta.billed_units, else meta.tokens */
+    const char  *name;          /* search_units or input_tokens */
+    int64_t      count;
+};
+
+class JsonView;
+
+bool rerank_count(const JsonView &upstream, RerankCount &c);
+
 } /* namespace llmgw */
 
 extern "C" {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -190,11 +191,29 @@ fold_name(std::string_view n)
 }
 
 /*
+ * Whether a member name is not one of names but matches one without letter
+ * case ("Model"): an upstream written in Go reads it as that field (the
+ * last one wins there), so what the gateway checked and billed would not
+ * be what ran.
+ */
+bool
+lookalike_of(std::string_view name, const std::string_view *names, size_t n)
+{
+    if (name.size() > 64 || std::find(names, names + n, name) != names + n) {
+        return false;
+    }
+
+    std::string folded = fold_name(name);
+
+    return std::any_of(names, names + n, [&](std::string_view f) {
+        return folded == fold_name(f);
+    });
+}
+
+/*
  * One pass over the body's members: the fields, the last of a name as a
- * tree keeps it.  A member that is not one of them but matches one without
- * letter case ("Model") is put in lookalike: an upstream written in Go
- * reads it as that field (the last one wins there), so what the gateway
- * checked and billed would not be what ran.
+ * tree keeps it.  The first member that is a look-alike of one of them
+ * (lookalike_of) is put in lookalike.
  */
 void
 read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT],
@@ -212,19 +231,51 @@ read_fields(const JsonView &body, JsonView field[F_COUNT], int seen[F_COUNT],
             }
         }
 
-        if (!lookalike.empty() || name.size() > 64) {
-            return;
-        }
-
-        std::string folded = fold_name(name);
-
-        for (std::string_view f : kFieldNames) {
-            if (folded == fold_name(f)) {
-                lookalike = std::string(name);
-                return;
-            }
+        if (lookalike.empty() && lookalike_of(name, kFieldNames, F_COUNT)) {
+            lookalike = std::string(name);
         }
     });
+}
+
+/*
+ * The members of the fields' own objects that the gateway reads or writes
+ * (stream_options.include_usage, which it adds; the generation config's
+ * output limit and answer count, which it reserves for), checked as
+ * read_fields checks the top level: the first look-alike, as
+ * "object.Member", in lookalike.
+ */
+void
+nested_lookalike(const JsonView field[F_COUNT], std::string &lookalike)
+{
+    static constexpr std::string_view kStreamOptions[] = { "include_usage" };
+    static constexpr std::string_view kGenerationConfig[] = {
+        "maxOutputTokens", "max_output_tokens", "candidateCount",
+        "candidate_count"
+    };
+    struct Nested {
+        Field                    field;
+        const std::string_view  *names;
+        size_t                   count;
+    };
+    static constexpr Nested kNested[] = {
+        { F_STREAM_OPTIONS, kStreamOptions, std::size(kStreamOptions) },
+        { F_GENERATION_CONFIG, kGenerationConfig,
+          std::size(kGenerationConfig) },
+        { F_GENERATION_CONFIG_SNAKE, kGenerationConfig,
+          std::size(kGenerationConfig) },
+    };
+
+    for (const Nested &n : kNested) {
+        field[n.field].each_member([&](const JsonView &k, const JsonView &) {
+            std::string scratch;
+            std::string_view name = k.text(scratch);
+
+            if (lookalike.empty() && lookalike_of(name, n.names, n.count)) {
+                lookalike = std::string(kFieldNames[n.field]) + "."
+                            + std::string(name);
+            }
+        });
+    }
 }
 
 /*
@@ -266,12 +317,10 @@ required_field(llmgw_endpoint_e ep, std::string_view model,
                || field[F_GENERATION_CONFIG].is_object()
                || field[F_GENERATION_CONFIG_SNAKE].is_object()
                ? nullptr : "generationConfig";
-    case LLMGW_EP_RERANK:
-        if (!field[F_QUERY].is_string()) {
-            return "query";
-        }
-        return field[F_DOCUMENTS].is_array() ? nullptr : "documents";
     default:
+        /* a rerank's are checked by rerank_request, which says what is
+           wrong with one that is given ("query must be a non-empty
+           string") */
         return nullptr;
     }
 }
@@ -447,12 +496,16 @@ llmgw_req_parse(llmgw_endpoint_e ep, llmgw_str_t path_model, const char *body,
 
         read_fields(root, r->field, r->seen, lookalike);
 
+        if (lookalike.empty()) {
+            nested_lookalike(r->field, lookalike);
+        }
+
         if (!lookalike.empty()) {
             llmgw_verdict_set(v, 400, "gateway_error", "invalid_request",
                               "member \"%.*s\" differs from a field of "
                               "the request only by letter case; upstreams "
                               "that ignore case would read it as that field",
-                              (int) std::min<size_t>(lookalike.size(), 64),
+                              (int) std::min<size_t>(lookalike.size(), 96),
                               lookalike.data());
             return nullptr;
         }

@@ -170,6 +170,19 @@ private:
     bool              capturing_ = false;
 };
 
+/*
+ * Gemini's counts as the stream has stated them so far: a chunk's
+ * usageMetadata may leave out one an earlier chunk gave (the prompt), which
+ * then stands.
+ */
+struct GeminiCounts {
+    int64_t  prompt = 0;
+    int64_t  tool_use_prompt = 0;
+    int64_t  candidates = 0;
+    int64_t  thoughts = 0;
+    int64_t  cached = 0;
+};
+
 } /* namespace */
 
 struct llmgw_resp_s {
@@ -185,6 +198,7 @@ struct llmgw_resp_s {
     std::string       out;              /* re-framed SSE when filtering */
     size_t            text_bytes = 0;   /* delivered completion text */
     llmgw_usage_t     usage {};
+    GeminiCounts      gemini;
     /* a stream's final usage came (OpenAI's usage chunk, Anthropic's
        message_delta, Gemini's chunk with a finishReason): before that, a
        reported count is partial */
@@ -421,46 +435,55 @@ take_anthropic(const JsonView &u, llmgw_usage_t &out)
     out.known = 1;
 }
 
+/*
+ * Gemini's usageMetadata: its promptTokenCount leaves out the prompt of
+ * tool use (toolUsePromptTokenCount, the results of a code execution or a
+ * search the model made), which is billed as prompt too; thinking is
+ * billed as output.  A count a later chunk leaves out keeps what an
+ * earlier one said (counts, which holds them, starts at 0).
+ */
 void
-take_gemini(const JsonView &u, llmgw_usage_t &out)
+take_gemini(const JsonView &u, GeminiCounts &counts, llmgw_usage_t &out)
 {
     if (!u.is_object()) {
         return;
     }
 
-    int64_t prompt = 0, candidates = 0, thoughts = 0, cached = 0;
+    GeminiCounts t = counts;
     const CountField fields[] = {
-        { "promptTokenCount", &prompt },
-        { "candidatesTokenCount", &candidates },
-        { "thoughtsTokenCount", &thoughts },
-        { "cachedContentTokenCount", &cached },
+        { "promptTokenCount", &t.prompt },
+        { "toolUsePromptTokenCount", &t.tool_use_prompt },
+        { "candidatesTokenCount", &t.candidates },
+        { "thoughtsTokenCount", &t.thoughts },
+        { "cachedContentTokenCount", &t.cached },
     };
 
-    if (!counts_taken(take_counts(u, fields, false), out)) {
+    if (!counts_taken(take_counts(u, fields, true), out)) {
         return;
     }
 
-    out.prompt_tokens = prompt;
-    /* thinking tokens are billed as output */
-    out.completion_tokens = candidates + thoughts;
-    out.cache_read_tokens = std::min(cached, prompt);
+    counts = t;
+    out.prompt_tokens = t.prompt + t.tool_use_prompt;
+    out.completion_tokens = t.candidates + t.thoughts;
+    out.cache_read_tokens = std::min(t.cached, t.prompt);
     out.cache_in_prompt = 1;
     out.known = 1;
 }
 
-/* The usage of an answer (a JSON body, or a stream event) in its dialect. */
+/* The usage of an answer (a JSON body, or a stream event) in its dialect,
+   into r's. */
 void
-take_usage(Wire w, const JsonView &body, llmgw_usage_t &out)
+take_usage(Wire w, const JsonView &body, llmgw_resp_s &r)
 {
     switch (w) {
     case Wire::gemini:
-        take_gemini(body.get("usageMetadata"), out);
+        take_gemini(body.get("usageMetadata"), r.gemini, r.usage);
         break;
     case Wire::anthropic:
-        take_anthropic(body.get("usage"), out);
+        take_anthropic(body.get("usage"), r.usage);
         break;
     default:
-        take_openai(body.get("usage"), out);
+        take_openai(body.get("usage"), r.usage);
     }
 }
 
@@ -474,37 +497,11 @@ usage_member(Wire w)
 void
 take_rerank(const JsonView &body, llmgw_usage_t &out)
 {
-    JsonView billed = body.get("meta").get("billed_units");
+    RerankCount c;
 
-    /* billed units that hold no count ({}) leave the usage to read */
-    if (billed.is_object()) {
-        int64_t units = 0, input = 0;
-        const CountField fields[] = {
-            { "search_units", &units },
-            { "input_tokens", &input },
-        };
-
-        if (take_counts(billed, fields, false) > 0) {
-            out.prompt_tokens = units != 0 ? units : input;
-            out.known = 1;
-            return;
-        }
-    }
-
-    JsonView u = body.get("usage");
-
-    if (u.is_object()) {
-        int64_t total = 0, prompt = 0;
-        const CountField fields[] = {
-            { "total_tokens", &total },
-            { "prompt_tokens", &prompt },
-        };
-
-        if (take_counts(u, fields, false) > 0) {
-            out.prompt_tokens = u.get("total_tokens").is_number() ? total
-                                                                  : prompt;
-            out.known = 1;
-        }
+    if (rerank_count(body, c)) {
+        out.prompt_tokens = c.count;
+        out.known = 1;
     }
 }
 
@@ -723,12 +720,12 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
         Wire w = wire_of(r->ep, r->type);
 
         if (w == Wire::openai) {
-            take_usage(w, j, r->usage);
+            take_usage(w, j, *r);
             r->final_usage = r->final_usage || j.get("usage").is_object();
             drop = r->usage_injected && is_usage_only(j);
 
         } else if (w == Wire::gemini) {
-            take_usage(w, j, r->usage);
+            take_usage(w, j, *r);
             j.get("candidates").each_element([&](const JsonView &c) {
                 r->final_usage = r->final_usage
                                  || c.get("finishReason").string_length() > 0;
@@ -806,6 +803,20 @@ on_event(void *arg, const llmgw_sse_event_t *ev)
     r->out.append("\n");
 }
 
+/*
+ * An error object under a 2xx and nothing else: OpenAI's and Gemini's
+ * {"error": {...}}, Anthropic's {"type":"error"}, without the parts of an
+ * answer (choices, candidates, content).  It is no answer: the next
+ * channel, uncharged.  An answer with "error": null is one.
+ */
+bool
+error_only(const JsonView &b)
+{
+    return (b.get("error").is_object() || b.get("type").string_equals("error"))
+           && !b.get("choices") && !b.get("candidates") && !b.get("content")
+           && !b.get("results");
+}
+
 void
 finish_json(llmgw_resp_s &r)
 {
@@ -815,14 +826,14 @@ finish_json(llmgw_resp_s &r)
             Wire w = wire_of(r.ep, r.type);
             std::string one = std::string("{\"") + usage_member(w) + "\":"
                               + r.overflow_usage->value() + "}";
-            take_usage(w, JsonView::parse(one), r.usage);
+            take_usage(w, JsonView::parse(one), r);
         }
         return;
     }
 
     JsonView b = JsonView::parse(r.body);
 
-    r.valid = b.is_object();
+    r.valid = b.is_object() && !error_only(b);
 
     if (!b) {
         r.text_bytes = r.body.size();
@@ -837,7 +848,7 @@ finish_json(llmgw_resp_s &r)
         return;
     }
 
-    take_usage(wire_of(r.ep, r.type), b, r.usage);
+    take_usage(wire_of(r.ep, r.type), b, r);
 
     if (r.usage.known) {
         return;
@@ -1552,3 +1563,51 @@ llmgw_resp_usage(const llmgw_resp_t *r, llmgw_usage_t *u)
     u->cache_read_tokens = bound(u->cache_read_tokens);
     u->cache_creation_tokens = bound(u->cache_creation_tokens);
 }
+
+
+namespace llmgw {
+
+bool
+rerank_count(const JsonView &upstream, RerankCount &c)
+{
+    JsonView billed = upstream.get("meta").get("billed_units");
+    JsonView u = upstream.get("usage");
+
+    /* billed units that hold no count ({}) leave the usage to read */
+    if (billed.is_object()) {
+        int64_t units = 0, input = 0;
+        const CountField fields[] = {
+            { "search_units", &units },
+            { "input_tokens", &input },
+        };
+
+        if (take_counts(billed, fields, false) > 0) {
+            bool by_units = units != 0
+                            || !billed.get("input_tokens").is_number();
+
+            c.billed_units = true;
+            c.name = by_units ? "search_units" : "input_tokens";
+            c.count = by_units ? units : input;
+            return true;
+        }
+    }
+
+    if (u.is_object()) {
+        int64_t total = 0, prompt = 0;
+        const CountField fields[] = {
+            { "total_tokens", &total },
+            { "prompt_tokens", &prompt },
+        };
+
+        if (take_counts(u, fields, false) > 0) {
+            c.billed_units = false;
+            c.name = "input_tokens";
+            c.count = u.get("total_tokens").is_number() ? total : prompt;
+            return true;
+        }
+    }
+
+    return false;
+}
+
+} /* namespace llmgw */

@@ -74,6 +74,8 @@ describe('answers and faults', { timeout: 180000 }, () => {
         },
         'broken JSON': (req, res) => sendJson(res, 200, '{"id":"x","choices":[{"message":'),
         'an empty body': (req, res) => sendJson(res, 200, ''),
+        'an error object': (req, res) => sendJson(res, 200, {
+            error: { message: 'bad', type: 'invalid_request_error', code: null } }),
         'a JSON body cut short': (req, res) => {
             const body = JSON.stringify(openaiChat({ content: 'y'.repeat(4000) }));
             res.writeHead(200, { 'Content-Type': 'application/json',
@@ -122,6 +124,52 @@ describe('answers and faults', { timeout: 180000 }, () => {
             const t = (await gw.admin('GET', `/api/token/${token.id}`)).json;
             assert.equal(t.used_quota, 0);
             assert.equal(t.remain_quota, 100000);
+        });
+
+    test('an error object under a 200 on the native paths: 502 bad_response_body, nothing charged; an answer with error: null passes',
+        async () => {
+            const { key, token } = await makeUserKey(gw, {},
+                { unlimited_quota: false, remain_quota: 100000 });
+            const native = {
+                chat: { type: 1, body: { error: { message: 'bad', type: 'invalid_request_error' } },
+                    answer: { ...openaiChat({ content: 'fine',
+                        usage: { prompt_tokens: 3, completion_tokens: 2 } }), error: null } },
+                messages: { type: 14, body: { type: 'error',
+                    error: { type: 'overloaded_error', message: 'bad' } },
+                answer: { id: 'msg_1', type: 'message', role: 'assistant', model: 'm',
+                    content: [{ type: 'text', text: 'fine' }], stop_reason: 'end_turn',
+                    error: null, usage: { input_tokens: 3, output_tokens: 2 } } },
+                gemini: { type: 24, body: { error: { code: 400, message: 'bad',
+                    status: 'INVALID_ARGUMENT' } },
+                answer: { candidates: [{ content: { role: 'model', parts: [{ text: 'fine' }] },
+                    finishReason: 'STOP', index: 0 }], error: null,
+                    usageMetadata: { promptTokenCount: 3, candidatesTokenCount: 2 } } },
+            };
+            for (const [call, { type, body, answer }] of Object.entries(native)) {
+                const model = uniq('ans-err');
+                await makeChannel(gw, { type, base_url: bad.url, models: [model] });
+                await gw.admin('PUT', '/api/pricing', { [model]: { ratio: 1, completion_ratio: 1 } });
+                await sleep(1100);
+                const ask = () => (call === 'gemini'
+                    ? gw.req('POST', `/v1beta/models/${model}:generateContent`, { key, body: {
+                        contents: [{ role: 'user', parts: [{ text: 'hi' }] }] } })
+                    : gw[call](key, model));
+                bad.handler = (req, res) => sendJson(res, 200, body);
+                const r = await ask();
+                assertError(r, 502, { type: 'upstream_error', code: 'bad_response_body' });
+                const row = await rowOf(r);
+                assert.equal(row.type, 'error', `${call}: ${JSON.stringify(row)}`);
+                assert.equal(row.quota, 0, `${call}: ${JSON.stringify(row)}`);
+
+                bad.handler = (req, res) => sendJson(res, 200, answer);
+                const ok = assertOk(await ask(), call);
+                assert.ok(ok.text.includes('fine'), ok.text);
+                const paid = await rowOf(ok);
+                assert.equal(paid.type, 'consume', `${call}: ${JSON.stringify(paid)}`);
+                assert.equal(paid.quota, 5, `${call}: ${JSON.stringify(paid)}`);
+            }
+            const t = (await gw.admin('GET', `/api/token/${token.id}`)).json;
+            assert.ok(t.used_quota <= 15, JSON.stringify(t));
         });
 
     test('held answers: cut on the last channel is JSON 502; slow bodies get the read timeout per read',

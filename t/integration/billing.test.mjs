@@ -589,6 +589,52 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
         await charged(a, r, { prompt: 12, completion: 100, quota: (12 + 100 * 2) * 0.5, isStream: true });
     });
 
+    test('Gemini tool-use prompt tokens are billed as prompt: JSON, stream and a converted chat answer', async () => {
+        /* promptTokenCount leaves them out: total = 10 + 900 + 5 */
+        const usage = {
+            promptTokenCount: 10, toolUsePromptTokenCount: 900, candidatesTokenCount: 5,
+            totalTokenCount: 915,
+        };
+        const quota = (910 + 5 * 2) * 0.5;
+        const body = { contents: [{ role: 'user', parts: [{ text: 'what is 6 x 7' }] }] };
+        gm.handler = (req, res) => sendJson(res, 200, geminiAnswer({ text: '42', usage }));
+        let a = await account(gw);
+        let r = await gw.req('POST', `/v1beta/models/${M.gm}:generateContent`, { key: a.key, body });
+        await charged(a, r, { prompt: 910, completion: 5, quota });
+
+        a = await account(gw);
+        r = assertOk(await gw.chat(a.key, M.gm));
+        assert.equal(r.json.usage.prompt_tokens, 910, r.text);
+        assert.equal(r.json.usage.total_tokens, 915, r.text);
+        await charged(a, r, { prompt: 910, completion: 5, quota });
+
+        gm.handler = (req, res) => geminiStream(res, ['4', '2'], usage);
+        a = await account(gw);
+        r = await gw.req('POST', `/v1beta/models/${M.gm}:streamGenerateContent?alt=sse`,
+            { key: a.key, body });
+        await charged(a, r, { prompt: 910, completion: 5, quota, isStream: true });
+    });
+
+    test('Gemini stream: a count a later chunk leaves out keeps what an earlier chunk said', async () => {
+        gm.handler = (req, res) => {
+            sseHead(res);
+            const chunk = (text, usageMetadata, last) => `data: ${JSON.stringify({
+                candidates: [{ content: { role: 'model', parts: [{ text }] }, index: 0,
+                    ...(last ? { finishReason: 'STOP' } : {}) }],
+                usageMetadata,
+            })}\r\n\r\n`;
+            res.end(chunk('a', { promptTokenCount: 1000, candidatesTokenCount: 1 }, false)
+                + chunk('b', { candidatesTokenCount: 10, totalTokenCount: 1010 }, true));
+        };
+        const a = await account(gw);
+        const r = await gw.req('POST', `/v1beta/models/${M.gm}:streamGenerateContent?alt=sse`, {
+            key: a.key, body: { contents: [{ role: 'user', parts: [{ text: 'hello' }] }] },
+        });
+        await charged(a, r, {
+            prompt: 1000, completion: 10, quota: (1000 + 10 * 2) * 0.5, isStream: true,
+        });
+    });
+
     test('Gemini stream without alt=sse: one JSON array, billed from the last usageMetadata', async () => {
         gm.handler = (req, res) => geminiStream(res, ['a', 'b', 'c'],
             { promptTokenCount: 10, candidatesTokenCount: 40, totalTokenCount: 50 });
@@ -649,6 +695,44 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             await charged(a, r, { prompt: units, completion: 0, quota: units * 100 });
         });
     }
+
+    test('the rerank meta the client sees says what is billed', async () => {
+        const handler = rr.handler;
+        const cases = [
+            /* refused for billing: billed by the estimate, not shown */
+            [{ billed_units: { search_units: -1 } }, { total_tokens: 2 ** 41 }, {}, undefined],
+            [{ billed_units: { search_units: -1 } }, { total_tokens: 7 },
+                { tokens: { input_tokens: 7 } }, 7],
+            /* search units, when given, are billed rather than input tokens */
+            [{ billed_units: { search_units: 2, input_tokens: 100 } }, undefined,
+                { billed_units: { search_units: 2 } }, 2],
+        ];
+        try {
+            for (const [meta, usage, shown, units] of cases) {
+                rr.handler = (req, res, rec) => sendJson(res, 200, {
+                    id: `cohere-${hex(6)}`,
+                    results: rec.json.documents.map((d, index) => ({
+                        index, relevance_score: 1 / (index + 1) })),
+                    meta, ...(usage ? { usage } : {}),
+                });
+                const a = await account(gw);
+                const r = assertOk(await gw.req('POST', '/v1/rerank', {
+                    key: a.key, body: { model: M.cohere, query: 'q', documents: ['d0', 'd1'] } }));
+                assert.deepEqual(r.json.meta, shown, r.text);
+                const row = await rowOf(gw, a.token, r.headers['x-request-id']);
+                if (units !== undefined) {
+                    assert.equal(row.prompt_tokens, units, JSON.stringify(row));
+                } else {
+                    /* the estimate of a few short strings */
+                    assert.ok(row.prompt_tokens > 0 && row.prompt_tokens < 20,
+                        JSON.stringify(row));
+                }
+                await expectCharged(gw, a, row.quota);
+            }
+        } finally {
+            rr.handler = handler;
+        }
+    });
 
     test('rerank without usage: the query and documents by estimate, nothing as output, with or without documents back', async () => {
         const documents = ['a'.repeat(800), 'b'.repeat(800), 'c'.repeat(800), 'd'.repeat(800)];
@@ -821,7 +905,21 @@ describe('billing: the charge for known usage', { timeout: 240000 }, () => {
             model: M.cheap, Model: 'gpt-4-32k', max_tokens: 1,
             messages: [{ role: 'user', content: 'hi' }] } });
         assertError(r, 400, { code: 'invalid_request', message: 'member "Model" differs' });
+        /* nor inside the objects the gateway reads or rewrites: a case-blind
+           upstream would take "Include_Usage": false over the include_usage
+           the gateway adds, send no usage and be billed by the estimate */
+        r = await gw.chat(a.key, M.cheap, { extra: {
+            stream: true, max_tokens: 1, stream_options: { Include_Usage: false } } });
+        assertError(r, 400, {
+            code: 'invalid_request', message: 'member "stream_options.Include_Usage" differs' });
         assert.equal(oa.requests.length, before, 'the upstream was not called');
+        const gmBefore = gm.requests.length;
+        r = await gw.req('POST', `/v1beta/models/${M.gm}:generateContent`, { key: a.key, body: {
+            contents: [{ role: 'user', parts: [{ text: 'hi' }] }],
+            generationConfig: { maxOutputTokens: 1, MaxOutputTokens: 100000 } } });
+        assertError(r, 400, {
+            code: 'invalid_request', message: 'member "generationConfig.MaxOutputTokens" differs' });
+        assert.equal(gm.requests.length, gmBefore, 'the Gemini upstream was not called');
         /* the rerank options the gateway reads: a case-blind upstream would
            take "TOP_N" as the top_n the gateway did not check */
         const rrBefore = rr.requests.length;

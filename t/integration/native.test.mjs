@@ -725,13 +725,22 @@ describe('native endpoints and conversion', { timeout: 300000 }, () => {
             const n = rr.requests.length;
             const cases = [
                 [{ query: 'q', documents: DOCS }, 'model_not_specified'],
-                [{ model: M.cohere, documents: DOCS }, undefined],
-                [{ model: M.cohere, query: 'q' }, undefined],
-                [{ model: M.cohere, query: 'q', documents: [] }, undefined],
+                [{ model: M.cohere, documents: DOCS }, 'invalid_request',
+                    'field query is required'],
+                [{ model: M.cohere, query: 'q' }, 'invalid_request', 'field documents is required'],
+                [{ model: M.cohere, query: 'q', documents: [] }, 'invalid_request',
+                    'documents must be a non-empty array'],
+                /* given but of the wrong kind: said so */
+                [{ model: M.cohere, query: 5, documents: DOCS }, 'invalid_request',
+                    'query must be a non-empty string'],
+                [{ model: M.cohere, query: '', documents: DOCS }, 'invalid_request',
+                    'query must be a non-empty string'],
+                [{ model: M.cohere, query: 'q', documents: 'aa' }, 'invalid_request',
+                    'documents must be a non-empty array'],
             ];
-            for (const [body, code] of cases) {
+            for (const [body, code, message] of cases) {
                 const r = await rerank(body);
-                assertError(r, 400, code ? { code } : {});
+                assertError(r, 400, message ? { code, message } : { code });
             }
             assert.equal(rr.requests.length, n, 'no upstream call for an invalid request');
         });

@@ -285,7 +285,10 @@ describe('proxy', { timeout: 180000 }, () => {
         oa.handler = (req, res, rec) => {
             if (!rec.json.stream) {
                 res.writeHead(200, { 'Content-Type': 'application/json', 'X-Debug-Auth': sent(rec) });
-                res.end(JSON.stringify({ error: { message: `Incorrect API key provided: ${sent(rec)}` } }));
+                /* an answer quoting it (an error object alone under a 200
+                   is no answer: the next channel, else 502) */
+                res.end(JSON.stringify(openaiChat({ model: rec.json.model,
+                    content: `The key you sent is ${sent(rec)}` })));
                 return;
             }
             res.writeHead(200, head(rec));
@@ -311,7 +314,7 @@ describe('proxy', { timeout: 180000 }, () => {
                 'messages stream, converted': await gw.messages(key, M, { extra: { stream: true } }),
                 'messages stream': await gw.messages(key, AM, { extra: { stream: true } }),
                 'chat stream, converted': await gw.chat(key, AM, { extra: { stream: true } }),
-                'chat, a 200 error object': await gw.chat(key, M),
+                'chat, a 200 answer quoting it': await gw.chat(key, M),
             };
             for (const [what, r] of Object.entries(answers)) {
                 const ctx = `${what}: ${r.status} ${JSON.stringify(r.headers)} ${r.text}`;

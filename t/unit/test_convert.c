@@ -2617,7 +2617,9 @@ test_rerank_validation_names_the_field(void **state)
     rerank_req_error("{'model':'r','documents':['a']}",
                      "field query is required");
     rerank_req_error("{'model':'r','query':'','documents':['a']}",
-                     "field query is required");
+                     "query must be a non-empty string");
+    rerank_req_error("{'model':'r','query':5,'documents':['a']}",
+                     "query must be a non-empty string");
     rerank_req_error("{'model':'r','query':'q'}",
                      "field documents is required");
     rerank_req_error("{'model':'r','query':'q','documents':[]}",
@@ -2771,6 +2773,47 @@ test_rerank_meta_without_billed_counts_shows_the_usage(void **state)
 
     assert_null(at(j, "meta/billed_units"));
     assert_int_equal(int_at(j, "meta/tokens/input_tokens"), 44);
+    json_decref(j);
+}
+
+
+/* The meta shown says what is billed: a value refused for billing is not
+   shown, and of search units and input tokens only the one billed. */
+static void
+test_rerank_meta_says_what_is_billed(void **state)
+{
+    static const char req[] = "{'model':'r','query':'q','documents':['a']}";
+    json_t *j = rerank_resp(34,
+        "{'results':[{'index':0,'relevance_score':0.5}],"
+        "'meta':{'billed_units':{'search_units':-1}},"
+        "'usage':{'total_tokens':2199023255552}}", req);
+    (void) state;
+
+    assert_int_equal(size_at(j, "meta"), 0);
+    json_decref(j);
+
+    j = rerank_resp(34,
+        "{'results':[{'index':0,'relevance_score':0.5}],"
+        "'meta':{'billed_units':{'search_units':-1}},"
+        "'usage':{'total_tokens':7}}", req);
+    assert_null(at(j, "meta/billed_units"));
+    assert_int_equal(int_at(j, "meta/tokens/input_tokens"), 7);
+    json_decref(j);
+
+    j = rerank_resp(34,
+        "{'results':[{'index':0,'relevance_score':0.5}],"
+        "'meta':{'billed_units':{'search_units':2,'input_tokens':100,"
+        "'classifications':-5}}}", req);
+    assert_int_equal(int_at(j, "meta/billed_units/search_units"), 2);
+    assert_int_equal(size_at(j, "meta/billed_units"), 1);
+    json_decref(j);
+
+    j = rerank_resp(34,
+        "{'results':[{'index':0,'relevance_score':0.5}],"
+        "'meta':{'billed_units':{'search_units':0,'input_tokens':100}}}",
+        req);
+    assert_int_equal(int_at(j, "meta/billed_units/input_tokens"), 100);
+    assert_int_equal(size_at(j, "meta/billed_units"), 1);
     json_decref(j);
 }
 
@@ -3149,6 +3192,7 @@ main(void)
             test_rerank_without_return_documents_has_no_document),
         cmocka_unit_test(test_rerank_documents_come_from_upstream_or_client),
         cmocka_unit_test(test_rerank_meta_keeps_only_upstream_billed_units),
+        cmocka_unit_test(test_rerank_meta_says_what_is_billed),
         cmocka_unit_test(test_rerank_request_passes_upstream_options_on),
         cmocka_unit_test(test_rerank_results_name_each_document_once),
         cmocka_unit_test(test_rerank_meta_without_billed_counts_shows_the_usage),

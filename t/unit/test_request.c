@@ -332,6 +332,50 @@ test_gemini_speech_model_needs_generation_config(void **state)
 }
 
 
+/* Members inside the objects the gateway reads or rewrites that differ
+   from one it reads only by letter case: a case-blind upstream would read
+   them instead (stream_options.Include_Usage: false would take back the
+   usage the gateway asks for). */
+static void
+test_nested_lookalikes_refused(void **state)
+{
+    llmgw_req_t *r;
+    (void) state;
+
+    assert_refused(LLMGW_EP_CHAT, no_path_model,
+        "{\"model\":\"m\",\"stream\":true,\"messages\":[],"
+        "\"stream_options\":{\"Include_Usage\":false}}",
+        "invalid_request",
+        "member \"stream_options.Include_Usage\" differs from a field of "
+        "the request only by letter case; upstreams that ignore case would "
+        "read it as that field");
+    assert_refused(LLMGW_EP_GEMINI, S("gemini-pro"),
+        "{\"contents\":[],\"generationConfig\":{\"maxOutputTokens\":1,"
+        "\"MaxOutputTokens\":100000}}",
+        "invalid_request",
+        "member \"generationConfig.MaxOutputTokens\" differs from a field "
+        "of the request only by letter case; upstreams that ignore case "
+        "would read it as that field");
+    assert_refused(LLMGW_EP_GEMINI, S("gemini-pro"),
+        "{\"contents\":[],\"generation_config\":{\"Candidate_Count\":8}}",
+        "invalid_request",
+        "member \"generation_config.Candidate_Count\" differs from a field "
+        "of the request only by letter case; upstreams that ignore case "
+        "would read it as that field");
+
+    /* the exact names, and other members, pass */
+    r = parse_ok(LLMGW_EP_CHAT, no_path_model,
+        "{\"model\":\"m\",\"stream\":true,\"messages\":[],"
+        "\"stream_options\":{\"include_usage\":false,"
+        "\"Include_Obfuscation\":true}}");
+    llmgw_req_free(r);
+    r = parse_ok(LLMGW_EP_GEMINI, S("gemini-pro"),
+        "{\"contents\":[],\"generationConfig\":{\"maxOutputTokens\":1,"
+        "\"max_output_tokens\":2,\"candidateCount\":1,\"TopK\":3}}");
+    llmgw_req_free(r);
+}
+
+
 static void
 test_rerank_needs_query_and_documents(void **state)
 {
@@ -344,6 +388,19 @@ test_rerank_needs_query_and_documents(void **state)
     assert_refused(LLMGW_EP_RERANK, no_path_model,
                    "{\"model\":\"rerank-v3.5\",\"query\":\"q\"}",
                    "invalid_request", "field documents is required");
+    /* one that is given but wrong says what is wrong with it */
+    assert_refused(LLMGW_EP_RERANK, no_path_model,
+                   "{\"model\":\"rerank-v3.5\",\"query\":5,"
+                   "\"documents\":[\"a\"]}",
+                   "invalid_request", "query must be a non-empty string");
+    assert_refused(LLMGW_EP_RERANK, no_path_model,
+                   "{\"model\":\"rerank-v3.5\",\"query\":\"\","
+                   "\"documents\":[\"a\"]}",
+                   "invalid_request", "query must be a non-empty string");
+    assert_refused(LLMGW_EP_RERANK, no_path_model,
+                   "{\"model\":\"rerank-v3.5\",\"query\":\"q\","
+                   "\"documents\":\"aa\"}",
+                   "invalid_request", "documents must be a non-empty array");
 
     r = parse_ok(LLMGW_EP_RERANK, no_path_model,
                  "{\"model\":\"rerank-v3.5\",\"query\":\"capital\","
@@ -621,6 +678,7 @@ main(void)
         cmocka_unit_test(test_gemini_takes_the_model_from_the_path),
         cmocka_unit_test(test_gemini_needs_contents),
         cmocka_unit_test(test_gemini_speech_model_needs_generation_config),
+        cmocka_unit_test(test_nested_lookalikes_refused),
         cmocka_unit_test(test_rerank_needs_query_and_documents),
         cmocka_unit_test(test_rerank_reserves_no_output),
         cmocka_unit_test(

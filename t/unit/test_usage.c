@@ -850,6 +850,72 @@ test_gemini_stream_takes_the_last_usage_metadata(void **state)
 }
 
 
+/* Gemini's promptTokenCount leaves out the prompt of tool use: it is
+   billed as prompt too, in a JSON answer and in a stream. */
+static void
+test_gemini_tool_use_prompt_is_prompt(void **state)
+{
+    static const char body[] =
+        "{\"candidates\":[{\"content\":{\"role\":\"model\",\"parts\":"
+        "[{\"text\":\"42\"}]},\"finishReason\":\"STOP\"}],"
+        "\"usageMetadata\":{\"promptTokenCount\":10,"
+        "\"toolUsePromptTokenCount\":900,\"candidatesTokenCount\":5,"
+        "\"totalTokenCount\":915}}";
+    static const char stream[] =
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":"
+        "\"4\"}],\"role\":\"model\"}}],\"usageMetadata\":"
+        "{\"promptTokenCount\":10,\"toolUsePromptTokenCount\":900,"
+        "\"candidatesTokenCount\":1}}\r\n\r\n"
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":"
+        "\"2\"}],\"role\":\"model\"},\"finishReason\":\"STOP\"}],"
+        "\"usageMetadata\":{\"promptTokenCount\":10,"
+        "\"toolUsePromptTokenCount\":900,\"candidatesTokenCount\":5,"
+        "\"totalTokenCount\":915}}\r\n\r\n";
+    run_t r = run(LLMGW_EP_GEMINI, 24, 0, 0, body);
+    (void) state;
+
+    assert_usage(&r.u, 910, 5, 0, 0);
+    free(r.out);
+
+    r = run(LLMGW_EP_GEMINI, 24, 1, 0, stream);
+    assert_usage(&r.u, 910, 5, 0, 0);
+    free(r.out);
+}
+
+
+/* A later chunk's usageMetadata that leaves a count out keeps what an
+   earlier chunk said; one that states it replaces it. */
+static void
+test_gemini_stream_keeps_counts_a_later_chunk_leaves_out(void **state)
+{
+    static const char stream[] =
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":"
+        "\"a\"}],\"role\":\"model\"}}],\"usageMetadata\":"
+        "{\"promptTokenCount\":1000,\"candidatesTokenCount\":1}}\r\n\r\n"
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":"
+        "\"b\"}],\"role\":\"model\"},\"finishReason\":\"STOP\"}],"
+        "\"usageMetadata\":{\"candidatesTokenCount\":10,"
+        "\"totalTokenCount\":1010}}\r\n\r\n";
+    static const char restated[] =
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":"
+        "\"a\"}],\"role\":\"model\"}}],\"usageMetadata\":"
+        "{\"promptTokenCount\":1000,\"candidatesTokenCount\":1}}\r\n\r\n"
+        "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":"
+        "\"b\"}],\"role\":\"model\"},\"finishReason\":\"STOP\"}],"
+        "\"usageMetadata\":{\"promptTokenCount\":700,"
+        "\"candidatesTokenCount\":10}}\r\n\r\n";
+    run_t r = run(LLMGW_EP_GEMINI, 24, 1, 0, stream);
+    (void) state;
+
+    assert_usage(&r.u, 1000, 10, 0, 0);
+    free(r.out);
+
+    r = run(LLMGW_EP_GEMINI, 24, 1, 0, restated);
+    assert_usage(&r.u, 700, 10, 0, 0);
+    free(r.out);
+}
+
+
 /* Every single cut point, then one byte at a time: the same result. */
 static void
 assert_split_invariant(llmgw_endpoint_e ep, int type, int injected,
@@ -1183,6 +1249,9 @@ main(void)
         cmocka_unit_test(
             test_anthropic_stream_with_a_bad_final_count_is_billed_by_estimate),
         cmocka_unit_test(test_gemini_stream_takes_the_last_usage_metadata),
+        cmocka_unit_test(test_gemini_tool_use_prompt_is_prompt),
+        cmocka_unit_test(
+            test_gemini_stream_keeps_counts_a_later_chunk_leaves_out),
         cmocka_unit_test(test_stream_split_at_any_byte_gives_the_same_result),
         cmocka_unit_test(test_a_stream_ended_without_its_end_marker_was_cut),
         cmocka_unit_test(test_json_split_at_any_byte_gives_the_same_usage),
